@@ -1,0 +1,279 @@
+"""`spin-trtllm` command line. Bad input: exit code 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .config import SpinConfig
+from .errors import SpinError
+
+DEFAULT_SPARSITIES = (0.3, 0.4, 0.5)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _fmt(value: Any, pct: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:6.2f}%" if pct else f"{value:.3f}"
+
+
+def _print_table(results: Sequence[dict[str, Any]]) -> None:
+    head = ["trace", "variant", "target", "realized", "mean miss", "p99 miss", "recall",
+            "pearson", "eligible"]
+    rows = [[r["trace"], r.get("variant", ""), _fmt(r["target_sparsity"]),
+             _fmt(r["realized_sparsity"]), _fmt(r["mean_miss"]), _fmt(r["p99_miss"]),
+             _fmt(r["recall"]), _fmt(r["pearson"], pct=False), str(r["eligible_rows"])]
+            for r in results]
+    if not any(r[1] for r in rows):
+        head.pop(1)
+        rows = [r[:1] + r[2:] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def _write_json(path: Optional[str], payload: Any) -> None:
+    if not path:
+        return
+    try:
+        Path(path).write_text(json.dumps(payload, indent=2))
+    except OSError as err:
+        raise SpinError(f"--json {path}: cannot write ({err.strerror})") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _load_config(args: argparse.Namespace) -> SpinConfig:
+    cfg = SpinConfig.from_yaml(args.config) if getattr(args, "config", None) else SpinConfig()
+    overrides = {k: getattr(args, k, None) for k in
+                 ("exploration", "exploration_policy", "index_topk", "block_size", "seed")}
+    return cfg.with_overrides(**overrides) if any(v is not None for v in overrides.values()) else cfg
+
+
+def _json_results(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "masks"} for r in results]
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay.evaluate import check_sparsities, replay
+    from .replay.trace import SpinTrace
+
+    cfg = _load_config(args)
+    sparsities = check_sparsities(args.sparsity)
+    traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    results = []
+    for trace in traces:
+        keep = args.mask_layer if args.mask_plot else None
+        res = replay(trace, sparsities, cfg, progress=not args.quiet, keep_masks_for_layer=keep)
+        results.extend(res)
+        if args.mask_plot:
+            from .replay.plots import plot_topk_mask
+
+            out = _per_trace_path(args.mask_plot, trace.name, len(traces))
+            plot_topk_mask(trace, out, layer=args.mask_layer, selected=res[-1]["masks"],
+                           max_slots=args.mask_slots)
+            print(f"wrote {out}", file=sys.stderr)
+    _print_table(results)
+    _write_json(args.json, _json_results(results))
+    if args.plot:
+        from .replay.plots import plot_miss_curve
+
+        print(f"wrote {plot_miss_curve(results, args.plot)}", file=sys.stderr)
+    return 0
+
+
+def _per_trace_path(path: str, trace_name: str, count: int) -> Path:
+    p = Path(path)
+    return p if count == 1 else p.with_name(f"{p.stem}-{Path(trace_name).stem}{p.suffix}")
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from .replay.evaluate import check_sparsities, run_study
+    from .replay.trace import SpinTrace
+
+    cfg = _load_config(args)
+    sparsities = check_sparsities(args.sparsity)
+    results = []
+    for path in args.traces:
+        results.extend(run_study(SpinTrace.load(path), args.study, sparsities, cfg,
+                                 progress=not args.quiet))
+    _print_table(results)
+    _write_json(args.json, _json_results(results))
+    if args.plot:
+        from .replay.plots import plot_miss_curve
+
+        print(f"wrote {plot_miss_curve(results, args.plot)}", file=sys.stderr)
+    return 0
+
+
+def _print_predictors(out: dict[str, Any]) -> None:
+    print(f"{out['trace']}  (top-K = {out['index_topk']})")
+    print(f"  {'method':<20} {'pearson':>8} {'recall':>8} {'pairs':>7}")
+    for name, m in out["methods"].items():
+        print(f"  {name:<20} {_fmt(m['pearson'], pct=False):>8} {_fmt(m['recall']):>8} "
+              f"{m['pairs']:>7}")
+
+
+def cmd_compare_predictors(args: argparse.Namespace) -> int:
+    from .replay.predictors import compare_predictors
+    from .replay.trace import SpinTrace
+
+    outs = []
+    for path in args.traces:
+        out = compare_predictors(SpinTrace.load(path), index_topk=args.index_topk,
+                                 progress=not args.quiet)
+        _print_predictors(out)
+        outs.append(out)
+    _write_json(args.json, outs)
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .replay.synth import SynthConfig, synthesize
+
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(SynthConfig)
+              if getattr(args, f.name, None) is not None}
+    trace = synthesize(SynthConfig(**fields), progress=not args.quiet)
+    trace.save(args.output)
+    print(f"wrote {args.output}: {trace.num_steps} steps x {trace.num_layers} layers x "
+          f"{trace.next_n} rows, up to {trace.max_slots} slots, {trace.scores.numel()} scores")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .replay.trace import SpinTrace
+
+    for path in args.traces:
+        t = SpinTrace.load(path)
+        meta = t.metadata()
+        print(f"{path}: {t.num_steps} steps, {t.num_layers} layers, next_n {t.next_n}, "
+              f"slots {int(t.row_len.min())}..{t.max_slots}, turns {len(t.turn_starts())}, "
+              f"scores {str(t.scores.dtype).split('.')[-1]} x {t.scores.numel()}")
+        print("  metadata: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .replay.evaluate import check_sparsities, replay
+    from .replay.predictors import compare_predictors
+    from .replay.synth import SynthConfig, synthesize
+
+    sparsities = check_sparsities(args.sparsity)
+    synth = SynthConfig(steps=args.steps, layers=args.layers, prompt_slots=args.slots,
+                        next_n=args.next_n, seed=args.seed or 0)
+    print(f"demo: synthetic trace, {synth.steps} decode steps, {synth.layers} indexer layers, "
+          f"{synth.prompt_slots} slots, next_n {synth.next_n}", file=sys.stderr)
+    trace = synthesize(synth, progress=not args.quiet)
+    trace.name = "demo-synthetic"
+    out = compare_predictors(trace, progress=not args.quiet)
+    _print_predictors(out)
+    print()
+    results = replay(trace, sparsities, _load_config(args), progress=not args.quiet)
+    _print_table(results)
+    _write_json(args.json, {"predictors": out, "replay": _json_results(results)})
+    return 0
+
+
+# ---- parser -----------------------------------------------------------------------------------
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="SpinConfig YAML (flat, spin:, or sparse_attention_config:)")
+    p.add_argument("--exploration", type=float, help="exploration share gamma (0 disables)")
+    p.add_argument("--exploration-policy", choices=["random", "staleness", "age"])
+    p.add_argument("--index-topk", type=int, help="K (default: the trace's metadata)")
+    p.add_argument("--block-size", type=int, help="block size (default: the trace's metadata)")
+    p.add_argument("--seed", type=int, help="exploration RNG seed")
+
+
+def _add_common(p: argparse.ArgumentParser, sparsity: bool = True) -> None:
+    if sparsity:
+        p.add_argument("--sparsity", type=float, nargs="+", default=list(DEFAULT_SPARSITIES),
+                       help="target block sparsities (default 0.3 0.4 0.5)")
+    p.add_argument("--json", help="write results as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="spin-trtllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("replay", help="replay SPIN over traces and report miss/sparsity")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    _add_common(p)
+    _add_config_flags(p)
+    p.add_argument("--plot", help="PNG: mean/p99 miss vs realized sparsity")
+    p.add_argument("--mask-plot", help="PNG: Figure-1-style top-K mask of one layer, with the "
+                                       "blocks SPIN skipped at the last target sparsity")
+    p.add_argument("--mask-layer", type=int, default=0)
+    p.add_argument("--mask-slots", type=int, help="slots shown in --mask-plot (default all)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("ablate", help="the paper's ablations: reduction, exploration or mtp")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--study", required=True, choices=["reduction", "exploration", "mtp"])
+    _add_common(p)
+    _add_config_flags(p)
+    p.add_argument("--plot", help="PNG: miss vs realized sparsity per variant")
+    p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("compare-predictors", help="Table 1: prev-iter vs prev-layer vs random")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--index-topk", type=int, help="K (default: the trace's metadata)")
+    _add_common(p, sparsity=False)
+    p.set_defaults(func=cmd_compare_predictors)
+
+    p = sub.add_parser("synth", help="write a synthetic SPIN trace v1")
+    p.add_argument("output", metavar="OUT.safetensors")
+    from .replay.synth import SynthConfig
+
+    for f in dataclasses.fields(SynthConfig):
+        kind = type(f.default)
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                       type=kind if kind in (int, float) else str,
+                       help=f"default {f.default}")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("info", help="validate traces and print their shape and metadata")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("demo", help="the main job: synthesize a trace, compare predictors, "
+                                    "replay SPIN at several sparsities")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--slots", type=int, default=8192)
+    p.add_argument("--next-n", type=int, default=1)
+    _add_common(p)
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpinError as err:
+        print(f"spin-trtllm: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"spin-trtllm: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spin-trtllm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

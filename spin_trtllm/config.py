@@ -1,0 +1,131 @@
+"""SpinConfig: the one validated source of truth for every SPIN knob.
+
+Loadable from a dict, from YAML, or from a TensorRT-LLM ``sparse_attention_config`` block
+that carries a ``spin:`` sub-block. Invalid values and unknown keys raise SpinConfigError
+naming the field and the rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import SpinConfigError
+
+# index_topk defaults of the two TensorRT-LLM DSA algorithms.
+TRTLLM_ALGORITHM_TOPK = {"deepseek_v4": 512, "dsa": 2048}
+
+
+class SpinConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
+
+    block_size: int = Field(64, ge=1, le=1 << 16, description="KV slots per block (one page)")
+    target_sparsity: float = Field(0.4, ge=0.0, lt=1.0, description="rho: fraction of blocks to skip")
+    ema_decay: float = Field(0.5, ge=0.0, lt=1.0, description="alpha of the V/D EMAs")
+    exploration: float = Field(0.05, ge=0.0, lt=1.0, description="gamma: share of m_t explored")
+    exploration_policy: Literal["random", "staleness", "age"] = "random"
+    index_topk: int = Field(512, ge=1, description="K of the post-indexer top-K")
+    warmup_steps: int = Field(1, ge=1, description="dense decode steps after each reset")
+    keep_sink: bool = True
+    keep_newest: bool = True
+    reduction: Literal["A0", "A1", "A2"] = "A1"
+    pooling: Literal["max", "mean", "top4"] = "max"
+    mtp_mask: Literal["row0", "union"] = "union"
+    mtp_update: Literal["row0", "prefix_valid"] = "prefix_valid"
+    state_dtype: Literal["float32", "float16"] = "float32"
+    seed: int = Field(0, ge=0, lt=1 << 32, description="exploration RNG seed (uint32)")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise SpinConfigError(_describe(err)) from None
+
+    # ---- loaders -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "SpinConfig":
+        """Flat dict of SpinConfig fields, or a dict holding `sparse_attention_config`/`spin`."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise SpinConfigError(f"spin config: expected a mapping, got {type(data).__name__}")
+        if "sparse_attention_config" in data:
+            return cls.from_trtllm(data["sparse_attention_config"])
+        if set(data) == {"spin"}:
+            return cls.from_dict(data["spin"])
+        return cls(**dict(data))
+
+    @classmethod
+    def from_trtllm(cls, block: Mapping[str, Any]) -> "SpinConfig":
+        """From a TensorRT-LLM sparse_attention_config block with a `spin:` sub-block.
+
+        `index_topk` is taken from the block (or the algorithm's default); the other keys of
+        the block belong to TensorRT-LLM and are left to it.
+        """
+        if not isinstance(block, Mapping):
+            raise SpinConfigError(
+                f"sparse_attention_config: expected a mapping, got {type(block).__name__}")
+        algorithm = block.get("algorithm")
+        if algorithm not in TRTLLM_ALGORITHM_TOPK:
+            raise SpinConfigError(
+                f"sparse_attention_config.algorithm: must be one of "
+                f"{sorted(TRTLLM_ALGORITHM_TOPK)} for SPIN, got {algorithm!r}")
+        spin = block.get("spin")
+        if spin is None:
+            spin = {}
+        if not isinstance(spin, Mapping):
+            raise SpinConfigError(
+                f"sparse_attention_config.spin: expected a mapping, got {type(spin).__name__}")
+        fields = dict(spin)
+        outer_topk = block.get("index_topk", TRTLLM_ALGORITHM_TOPK[algorithm])
+        if "index_topk" in fields and fields["index_topk"] != outer_topk:
+            raise SpinConfigError(
+                f"sparse_attention_config.spin.index_topk: {fields['index_topk']!r} conflicts "
+                f"with sparse_attention_config.index_topk {outer_topk!r}; set it once")
+        fields["index_topk"] = outer_topk
+        return cls(**fields)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SpinConfig":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise SpinConfigError(f"spin config {path}: cannot read ({err.strerror})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise SpinConfigError(f"spin config {path}: not valid YAML ({_first_line(err)})") from None
+        try:
+            return cls.from_dict(data)
+        except SpinConfigError as err:
+            raise SpinConfigError(f"{path}: {err}") from None
+
+    def with_overrides(self, **changes: Any) -> "SpinConfig":
+        """A validated copy with some fields changed (None values are ignored)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return SpinConfig(**data)
+
+    @property
+    def min_blocks(self) -> int:
+        """ceil(K / b): the budget floor that leaves room for K slots."""
+        return -(-self.index_topk // self.block_size)
+
+
+def _first_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "config"
+        if e["type"] == "extra_forbidden":
+            parts.append(f"{field}: unknown key (valid keys: {', '.join(SpinConfig.model_fields)})")
+        else:
+            parts.append(f"{field}: {e['msg']} (got {e.get('input')!r})")
+    return "spin config: " + "; ".join(parts)

@@ -1,0 +1,5 @@
+"""Trace format, synthetic traces, replay metrics, predictor comparison and plots."""
+
+from .trace import SpinTrace
+
+__all__ = ["SpinTrace"]

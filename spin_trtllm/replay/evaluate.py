@@ -1,0 +1,225 @@
+"""Replay SPIN over a trace of dense indexer scores and measure what its block masks miss.
+
+Metric definitions (the README repeats them):
+- warm-up steps score everything and are not counted;
+- eligible row = a non-warm-up row where m_t < B_t, and (with MTP) a committed row r <= a;
+- miss = |true top-K' slots outside the selected blocks| / K', K' = min(K, N_t); the true
+  top-K' is torch.topk of the row's dense scores;
+- mean miss and p99 miss over eligible rows (p99 = numpy.percentile, linear);
+- realized sparsity = 1 - sum(selected blocks) / sum(B_t) over all non-warm-up rows (every
+  MTP row, since the indexer scores every row; a row counts the union blocks it can see);
+- top-K recall = 1 - mean miss; Pearson correlation of predicted vs true slot scores over
+  each eligible row's visible slots, averaged over rows (A2 predicts blocks: no Pearson).
+All target sparsities of one call replay together as a batch of independent streams.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..config import SpinConfig
+from ..errors import SpinError
+from ..reference import SpinState, decode_step
+from .trace import SpinTrace
+
+
+def config_for_trace(trace: SpinTrace, cfg: Optional[SpinConfig]) -> SpinConfig:
+    """K and block size from the trace's metadata unless the config set them explicitly."""
+    cfg = cfg or SpinConfig()
+    explicit = cfg.model_fields_set
+    return cfg.with_overrides(
+        index_topk=None if "index_topk" in explicit else trace.index_topk,
+        block_size=None if "block_size" in explicit else trace.block_size)
+
+
+def check_sparsities(sparsities: Sequence[float]) -> list[float]:
+    out = []
+    for s in sparsities:
+        if not (0.0 <= float(s) < 1.0):
+            raise SpinError(f"target sparsity {s}: must satisfy 0 <= x < 1")
+        out.append(float(s))
+    if not out:
+        raise SpinError("give at least one target sparsity")
+    return out
+
+
+def true_topk_slots(dense: torch.Tensor, n: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-K' slot ids of dense scores [..., W] and a validity mask of the K' entries."""
+    width = dense.shape[-1]
+    kk = min(k, width)
+    idx = dense.topk(kk, dim=-1).indices
+    k_row = torch.clamp(n.to(torch.int64), max=k)
+    valid = torch.arange(kk, device=dense.device) < k_row.unsqueeze(-1)
+    return idx, valid
+
+
+def row_pearson(pred: torch.Tensor, true: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation per row over visible entries; NaN where a side is constant."""
+    cnt = visible.sum(-1).clamp(min=1)
+    zero = torch.zeros((), dtype=torch.float64, device=pred.device)
+    p = torch.where(visible, pred.double(), zero)
+    t = torch.where(visible, true.double(), zero)
+    pm = p.sum(-1, keepdim=True) / cnt.unsqueeze(-1)
+    tm = t.sum(-1, keepdim=True) / cnt.unsqueeze(-1)
+    dp = torch.where(visible, p - pm, zero)
+    dt = torch.where(visible, t - tm, zero)
+    cov = (dp * dt).sum(-1)
+    den = torch.sqrt((dp * dp).sum(-1) * (dt * dt).sum(-1))
+    return torch.where(den > 0, cov / torch.where(den > 0, den, 1.0), torch.nan)
+
+
+def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: float,
+             rows: int) -> dict[str, Any]:
+    eligible = int(miss.size)
+    mean = float(miss.mean()) if eligible else None
+    finite_p = pearson[np.isfinite(pearson)]
+    return {
+        "realized_sparsity": (1.0 - selected / total) if total else None,
+        "mean_miss": mean,
+        "p99_miss": float(np.percentile(miss, 99, method="linear")) if eligible else None,
+        "recall": (1.0 - mean) if eligible else None,
+        "pearson": float(finite_p.mean()) if finite_p.size else None,
+        "eligible_rows": eligible,
+        "rows": rows,
+    }
+
+
+def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConfig] = None,
+           progress: bool = False, pearson: bool = True, label: Optional[str] = None,
+           keep_masks_for_layer: Optional[int] = None) -> list[dict[str, Any]]:
+    """Replay SPIN at each target sparsity; one result dict per sparsity."""
+    cfg = config_for_trace(trace, cfg)
+    sparsities = check_sparsities(sparsities)
+    S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
+    G = S * L
+    b, K = cfg.block_size, cfg.index_topk
+    capacity = max(trace.max_slots, int(trace.query_pos.max()) + 1)
+    state = SpinState.zeros(G, capacity, cfg)
+    rho = torch.tensor(sparsities, dtype=torch.float64).repeat_interleave(L)
+    layer_ids = torch.arange(L).repeat(S)
+    request_ids = torch.zeros(G, dtype=torch.int64)
+    turn_starts = trace.turn_starts()
+    accepted = trace.accepted_or_zero().to(torch.int64)
+
+    miss_rows: list[torch.Tensor] = []      # per step: miss [G, R] (nan where not eligible)
+    pearson_rows: list[torch.Tensor] = []
+    sel_blocks = torch.zeros(G, dtype=torch.float64)
+    tot_blocks = torch.zeros(G, dtype=torch.float64)
+    counted_rows = torch.zeros(G, dtype=torch.int64)
+    masks = [] if keep_masks_for_layer is not None else None
+
+    for t in tqdm(range(T), desc=f"replay {trace.name}", disable=not progress, leave=False,
+                  unit="step"):
+        if t in turn_starts:
+            state.reset(step=t)
+        dense = trace.step_scores(t)                                   # [L, R, W]
+        width = dense.shape[-1]
+        n = trace.row_len[t].to(torch.int64).repeat(S, 1)              # [G, R]
+        q = trace.query_pos[t].to(torch.int64).expand(G, R)
+        step = torch.full((G,), t, dtype=torch.int64)
+        acc = accepted[t].expand(G)
+        dense_g = dense.repeat(S, 1, 1)
+        sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, rho, request_ids,
+                                     layer_ids, step)
+
+        # miss against the true top-K' (computed once per layer, shared by all sparsities)
+        idx, valid_k = true_topk_slots(dense, trace.row_len[t], K)     # [L, R, k]
+        idx = idx.repeat(S, 1, 1)
+        valid_k = valid_k.repeat(S, 1, 1)
+        hit = sel.mask.gather(1, (idx // b).flatten(1)).view_as(idx)
+        k_row = valid_k.sum(-1).clamp(min=1)
+        miss = ((valid_k & ~hit).sum(-1).double() / k_row)
+        committed = torch.arange(R) <= acc[:, None]
+        eligible = sel.eligible & committed
+        miss_rows.append(torch.where(eligible, miss, torch.nan))
+        if pearson and slot_pred is not None:
+            visible = torch.arange(width) < n.unsqueeze(-1)
+            pr = row_pearson(slot_pred, dense_g, visible)
+            pearson_rows.append(torch.where(eligible, pr, torch.nan))
+
+        # realized sparsity: every row of non-warm-up streams, union blocks each row can see
+        live = ~sel.dense
+        row_valid = torch.arange(sel.mask.shape[-1]) < sel.n_blocks.unsqueeze(-1)
+        seen = (sel.mask.unsqueeze(1) & row_valid).sum(-1)
+        sel_blocks += torch.where(live, seen.sum(-1).double(), 0.0)
+        tot_blocks += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
+        counted_rows += torch.where(live, R, 0)
+        if masks is not None:
+            masks.append(sel.mask.view(S, L, -1)[:, keep_masks_for_layer].clone())
+
+    miss_all = torch.stack(miss_rows).view(T, S, L, R).numpy()
+    pear_all = (torch.stack(pearson_rows).view(T, S, L, R).numpy() if pearson_rows
+                else np.full((T, S, L, R), np.nan))
+    sel_sl = sel_blocks.view(S, L).numpy()
+    tot_sl = tot_blocks.view(S, L).numpy()
+    rows_sl = counted_rows.view(S, L).numpy()
+    base = cfg.model_dump()
+    base.pop("target_sparsity")
+    results = []
+    for s, rho_s in enumerate(sparsities):
+        m = miss_all[:, s]
+        p = pear_all[:, s]
+        entry = {"trace": trace.name, "target_sparsity": rho_s}
+        if label is not None:
+            entry["variant"] = label
+        entry.update(_summary(m[np.isfinite(m)], p[np.isfinite(m)], sel_sl[s].sum(),
+                              tot_sl[s].sum(), int(rows_sl[s].sum())))
+        entry["steps"], entry["layers"], entry["next_n"] = T, L, R
+        entry["config"] = base
+        entry["per_layer"] = []
+        for layer in range(L):
+            ml, pl = m[:, layer], p[:, layer]
+            per = {"layer": layer}
+            per.update(_summary(ml[np.isfinite(ml)], pl[np.isfinite(ml)], sel_sl[s, layer],
+                                tot_sl[s, layer], int(rows_sl[s, layer])))
+            entry["per_layer"].append(per)
+        if masks is not None:
+            entry["masks"] = torch.stack([mk[s] for mk in masks]) if masks else None
+        results.append(entry)
+    return results
+
+
+# ---- studies ----------------------------------------------------------------------------------
+STUDIES = ("reduction", "exploration", "mtp")
+
+
+def study_variants(study: str, base: SpinConfig, next_n: int) -> list[tuple[str, SpinConfig]]:
+    """The paper's ablations (section 4.5-4.6) as labelled configs derived from `base`."""
+    if study == "reduction":
+        core = base.with_overrides(exploration=0.0)
+        return [("A0", core.with_overrides(reduction="A0"))] + [
+            (f"{red}-{pool}", core.with_overrides(reduction=red, pooling=pool))
+            for red in ("A1", "A2") for pool in ("max", "mean", "top4")]
+    if study == "exploration":
+        gamma = base.exploration or 0.05
+        return [("none", base.with_overrides(exploration=0.0))] + [
+            (policy, base.with_overrides(exploration=gamma, exploration_policy=policy))
+            for policy in ("random", "staleness", "age")]
+    if study == "mtp":
+        if next_n < 2:
+            raise SpinError("the mtp study needs a trace with next_n > 1 (MTP rows)")
+        core = base.with_overrides(exploration=0.0)
+        return [(f"mask={mk},update={up}", core.with_overrides(mtp_mask=mk, mtp_update=up))
+                for mk in ("union", "row0") for up in ("prefix_valid", "row0")]
+    raise SpinError(f"unknown study {study!r}: choose one of {', '.join(STUDIES)}")
+
+
+def run_study(trace: SpinTrace, study: str, sparsities: Sequence[float],
+              cfg: Optional[SpinConfig] = None, progress: bool = False) -> list[dict[str, Any]]:
+    base = config_for_trace(trace, cfg)
+    results = []
+    for label, variant in study_variants(study, base, trace.next_n):
+        results.extend(replay(trace, sparsities, variant, progress=progress, label=label))
+    return results
+
+
+def replay_many(paths: Iterable[str], sparsities: Sequence[float], cfg: Optional[SpinConfig],
+                progress: bool = False) -> list[dict[str, Any]]:
+    results = []
+    for path in paths:
+        results.extend(replay(SpinTrace.load(path), sparsities, cfg, progress=progress))
+    return results

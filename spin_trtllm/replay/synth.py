@@ -1,0 +1,216 @@
+"""Synthetic SPIN traces: indexer scores with the structure SPIN predicts from.
+
+The score of slot i for a query at slot position q in layer l is a sum of
+  vertical   persistent important slots (weights 2-5), occasionally extended by new context
+             and partly re-drawn on a sudden attention shift,
+  diagonal   RoPE-like periodic bands in the relative offset o = q - i (weights 1.5-3),
+  sink       the first `sink_slots` slots,
+  local      recent offsets, decaying with distance,
+  content    a small static per-(layer, slot) term, plus fresh Gaussian noise every row.
+
+Positions (tokens counted from 0, c = compress_ratio, p = tokens visible to row 0 of a step,
+starting at prompt_slots * c):
+  row r of a step queries token p - 1 + r and sees tokens [0, p + r)
+  row_len[t, l, r]  n_r = (p + r) // c        complete compressed slots visible
+  query_pos[t, r]   q_r = (p + r - 1) // c    slot holding the query token
+so n_r >= 1, n_r is non-decreasing in r, q_r >= n_r - 1, and with c = 1 n_r = q_r + 1 and
+row 0 of step 0 sees exactly prompt_slots slots. A step commits accepted + 1 tokens
+(p += accepted + 1); a later turn first appends turn_slots * c tokens (turn_slots slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..errors import SpinError
+from .trace import SpinTrace
+
+MAX_NEXT_N = 8
+MAX_NOISE = 10.0     # with the other terms bounded (< 30) keeps |score| well inside float16
+SCORE_CLAMP = 99.0   # hard bound for the rare far noise tail
+_INT_RULES = {
+    "steps": (1, None), "layers": (1, None), "prompt_slots": (1, None),
+    "next_n": (1, MAX_NEXT_N), "index_topk": (1, None), "block_size": (1, None),
+    "turns": (1, None), "turn_slots": (0, None), "vertical": (0, None),
+    "diagonal_bands": (0, None), "sink_slots": (0, None), "local_window": (0, None),
+    "seed": (0, (1 << 64) - 1),
+}
+_FLOAT_RULES = {"shift_prob": (0.0, 1.0), "noise": (0.0, MAX_NOISE), "accept_prob": (0.0, 1.0)}
+_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    steps: int = 200            # decode steps T
+    layers: int = 4             # indexer layers L
+    prompt_slots: int = 4096    # indexer slots visible at step 0 (after prefill), in slot units
+    next_n: int = 1             # MTP rows R = draft length + 1 (1..8)
+    compress_ratio: int = 1     # 1 (V3.2) or 4 (V4 C4A: one slot per 4 tokens)
+    index_topk: int = 512
+    block_size: int = 64
+    turns: int = 1              # turns > 1 inserts new user-message slots and marks turn_start
+    turn_slots: int = 256       # slots appended at the start of each later turn (new user message)
+    vertical: int = 64          # persistent important slots per layer (vertical lines)
+    diagonal_bands: int = 3     # RoPE-like relative-offset bands per layer (diagonals)
+    sink_slots: int = 4
+    local_window: int = 32      # recent slots with elevated scores (in slots)
+    shift_prob: float = 0.01    # per (step, layer) probability of re-drawing half the vertical set
+    noise: float = 0.3
+    accept_prob: float = 0.7    # per-draft acceptance probability for MTP (geometric process)
+    dtype: str = "float16"      # scores dtype: float16 or float32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in _INT_RULES.items():
+            value = getattr(self, name)
+            rule = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+            if (not isinstance(value, int) or isinstance(value, bool) or value < lo
+                    or (hi is not None and value > hi)):
+                raise SpinError(f"SynthConfig.{name} must be {rule}, got {value!r}")
+        if self.compress_ratio not in (1, 4):
+            raise SpinError(f"SynthConfig.compress_ratio must be 1 (V3.2) or 4 (V4 C4A), "
+                            f"got {self.compress_ratio!r}")
+        if self.turns > self.steps:
+            raise SpinError(f"SynthConfig.turns must be <= steps = {self.steps} "
+                            f"(each turn starts on its own step), got {self.turns}")
+        for name, (lo, hi) in _FLOAT_RULES.items():
+            value = getattr(self, name)
+            # `not lo <= v <= hi` also rejects NaN.
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not lo <= value <= hi):
+                raise SpinError(f"SynthConfig.{name} must be a number in [{lo:g}, {hi:g}], "
+                                f"got {value!r}")
+        if self.dtype not in _DTYPES:
+            raise SpinError(f"SynthConfig.dtype must be one of {sorted(_DTYPES)}, "
+                            f"got {self.dtype!r}")
+
+
+def _plan(cfg: SynthConfig, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                            list[int]]:
+    """Row lengths n [T, R] and query positions q [T, R] (int64), and the turn-start steps."""
+    c, T, R = cfg.compress_ratio, cfg.steps, cfg.next_n
+    turn_steps = [k * T // cfg.turns for k in range(cfg.turns)]  # evenly spaced, distinct
+    committed = accepted.to(torch.int64) + 1
+    before = torch.cat([torch.zeros(1, dtype=torch.int64), committed.cumsum(0)[:-1]])
+    appended = torch.zeros(T, dtype=torch.int64)
+    appended[turn_steps[1:]] = cfg.turn_slots * c
+    p = cfg.prompt_slots * c + before + appended.cumsum(0)  # tokens visible to row 0
+    seen = p.unsqueeze(1) + torch.arange(R, dtype=torch.int64)  # tokens visible to row r
+    return seen // c, (seen - 1) // c, turn_steps
+
+
+def _diagonal_table(cfg: SynthConfig, g: torch.Generator, width: int) -> torch.Tensor:
+    """float32 [L, width]: diagonal + local term as a function of the offset o = q - i."""
+    L, B = cfg.layers, cfg.diagonal_bands
+    o = torch.arange(width, dtype=torch.float32)
+    table = torch.zeros(L, width)
+    if B:
+        # RoPE-like: periods spread log-uniformly over 64..4096 slots, so a few bands are visible.
+        period = torch.exp2(6.0 + 6.0 * torch.rand(L, B, 1, generator=g))
+        phase = torch.rand(L, B, 1, generator=g) * period
+        sigma = 0.75 + 1.75 * torch.rand(L, B, 1, generator=g)
+        weight = 1.5 + 1.5 * torch.rand(L, B, 1, generator=g)
+        m = torch.remainder(o - phase, period)
+        dist = torch.minimum(m, period - m)
+        table += (weight * torch.exp(-0.5 * (dist / sigma) ** 2)).sum(1)
+    if cfg.local_window:
+        near = o < cfg.local_window
+        tau = max(cfg.local_window / 4.0, 1.0)
+        table += torch.where(near, 3.0 * torch.exp(-o / tau), torch.zeros(())).unsqueeze(0)
+    return table
+
+
+def _draw_weights(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return 2.0 + 3.0 * torch.rand(shape, generator=g)
+
+
+def synthesize(cfg: SynthConfig, progress: bool = False) -> SpinTrace:
+    """Generate a validated synthetic SpinTrace; bit-identical for the same config."""
+    from tqdm import tqdm
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    T, L, R = cfg.steps, cfg.layers, cfg.next_n
+    dtype = _DTYPES[cfg.dtype]
+
+    if R > 1:
+        # Geometric acceptance: drafts accepted in order until the first rejection.
+        ok = (torch.rand(T, R - 1, generator=g) < cfg.accept_prob).to(torch.int32)
+        accepted = ok.cumprod(1).sum(1).to(torch.int32)
+    else:
+        accepted = torch.zeros(T, dtype=torch.int32)
+    n, q, turn_steps = _plan(cfg, accepted)
+    n_max, q_max = int(n.max()), int(q.max())
+
+    per_step = L * n.sum(1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), per_step.cumsum(0)]).tolist()
+    out = torch.empty(offsets[-1], dtype=dtype)
+
+    # Static per-(layer, slot) terms, drawn once for every slot the run will ever see.
+    static = 0.5 * torch.randn(L, n_max, generator=g)
+    sinks = min(cfg.sink_slots, n_max)
+    static[:, :sinks] += 3.0 + 2.0 * torch.rand(L, sinks, generator=g)
+    # Reversed offset table: slice [M-1-q, M-1-q+n) maps slot i to offset q - i without a copy.
+    diag_rev = _diagonal_table(cfg, g, q_max + 1).flip(-1).contiguous()
+    top = q_max
+
+    vert = torch.zeros(L, n_max)
+    k0 = min(cfg.vertical, cfg.prompt_slots)
+    if k0:
+        pos = torch.rand(L, cfg.prompt_slots, generator=g).argsort(1)[:, :k0]
+        vert.scatter_(1, pos, _draw_weights((L, k0), g))
+    base = static + vert
+    # Density of important slots, reused for context that appears later.
+    density = min(cfg.vertical / cfg.prompt_slots, 0.5)
+    turn_set = set(turn_steps[1:])
+    seen_hi = cfg.prompt_slots
+    n_list, q_list = n.tolist(), q.tolist()
+
+    for t in tqdm(range(T), desc="synth", unit="step", disable=not progress):
+        hi = n_list[t][-1]
+        if hi > seen_hi and density > 0:
+            # New context may add vertical lines; a new user message draws more attention.
+            d = min(2 * density, 1.0) if t in turn_set else density
+            fresh = torch.rand(L, hi - seen_hi, generator=g) < d
+            w = torch.where(fresh, _draw_weights((L, hi - seen_hi), g), torch.zeros(()))
+            vert[:, seen_hi:hi] = w
+            base[:, seen_hi:hi] = static[:, seen_hi:hi] + w
+        seen_hi = max(seen_hi, hi)
+
+        ctx = n_list[t][0]
+        shifted = (torch.rand(L, generator=g) < cfg.shift_prob).nonzero().flatten().tolist()
+        for l in shifted:  # rare: re-draw a random half of this layer's vertical set
+            idx = (vert[l, :seen_hi] > 0).nonzero().flatten()
+            k = (idx.numel() + 1) // 2
+            if k == 0:
+                continue
+            gone = idx[torch.randperm(idx.numel(), generator=g)[:k]]
+            vert[l, gone] = 0.0
+            base[l, gone] = static[l, gone]
+            new = torch.randint(0, ctx, (k,), generator=g)
+            vert[l, new] = _draw_weights((k,), g)
+            base[l, new] = static[l, new] + vert[l, new]
+
+        row_n, row_q = n_list[t], q_list[t]
+        stride = sum(row_n)  # one layer's rows of this step, packed (layer, row, slot)
+        pre = 0
+        for r in range(R):
+            nr, s = row_n[r], top - row_q[r]
+            x = torch.empty(L, nr).normal_(0.0, cfg.noise, generator=g)
+            x += base[:, :nr]
+            x += diag_rev[:, s:s + nr]
+            x.clamp_(-SCORE_CLAMP, SCORE_CLAMP)
+            out.as_strided((L, nr), (stride, 1), offsets[t] + pre).copy_(x)
+            pre += nr
+
+    row_len = n.to(torch.int32).unsqueeze(1).expand(T, L, R).contiguous()
+    settings = " ".join(f"{f.name}={getattr(cfg, f.name)}" for f in fields(cfg)
+                        if f.name != "seed")
+    trace = SpinTrace(
+        scores=out, row_len=row_len, query_pos=q.to(torch.int32),
+        index_topk=cfg.index_topk, block_size=cfg.block_size,
+        turn_start=torch.tensor(turn_steps, dtype=torch.int32) if cfg.turns > 1 else None,
+        accepted=accepted if R > 1 else None, compress_ratio=cfg.compress_ratio,
+        source=f"synth seed={cfg.seed} {settings}", name=f"<synth seed={cfg.seed}>")
+    return trace.validate()

@@ -1,0 +1,242 @@
+"""SPIN trace v1: dense indexer scores of a decode run, the interchange format of replay.
+
+A safetensors file. Metadata (strings): format=spin-trace, version=1, index_topk,
+block_size, next_n, optional compress_ratio and source. Tensors:
+  scores     float16/float32 [sum(row_len)]  packed in (step, layer, row, slot) order
+  row_len    int32 [T, L, R]                 visible slots of each row
+  query_pos  int32 [T, R]                    query position in slot coordinates
+  turn_start int32 [n]   optional            steps that begin a turn (step 0 always does)
+  accepted   int32 [T]   optional, required when R > 1: accepted draft rows per step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import TraceError
+
+FORMAT = "spin-trace"
+VERSION = 1
+REQUIRED_TENSORS = ("scores", "row_len", "query_pos")
+OPTIONAL_TENSORS = ("turn_start", "accepted")
+REQUIRED_META = ("format", "version", "index_topk", "block_size", "next_n")
+OPTIONAL_META = ("compress_ratio", "source")
+
+
+@dataclass
+class SpinTrace:
+    scores: torch.Tensor
+    row_len: torch.Tensor
+    query_pos: torch.Tensor
+    index_topk: int
+    block_size: int
+    turn_start: Optional[torch.Tensor] = None
+    accepted: Optional[torch.Tensor] = None
+    compress_ratio: Optional[int] = None
+    source: Optional[str] = None
+    name: str = "<memory>"
+    _offsets: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+
+    # ---- shape helpers ----------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return int(self.row_len.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.row_len.shape[1])
+
+    @property
+    def next_n(self) -> int:
+        return int(self.row_len.shape[2])
+
+    @property
+    def max_slots(self) -> int:
+        return int(self.row_len.max()) if self.row_len.numel() else 0
+
+    def turn_starts(self) -> set[int]:
+        starts = {0}
+        if self.turn_start is not None:
+            starts.update(int(x) for x in self.turn_start.tolist())
+        return starts
+
+    def accepted_or_zero(self) -> torch.Tensor:
+        if self.accepted is None:
+            return torch.zeros(self.num_steps, dtype=torch.int32)
+        return self.accepted
+
+    def step_offsets(self) -> torch.Tensor:
+        """int64 [T + 1]: where each step's scores start in `scores`."""
+        if self._offsets is None:
+            per_step = self.row_len.to(torch.int64).sum(dim=(1, 2))
+            self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), per_step.cumsum(0)])
+        return self._offsets
+
+    def step_scores(self, t: int, width: Optional[int] = None) -> torch.Tensor:
+        """float32 [L, R, width] dense scores of step t, -inf past each row's length."""
+        lens = self.row_len[t].to(torch.int64)  # [L, R]
+        width = int(lens.max()) if width is None else width
+        start = int(self.step_offsets()[t])
+        flat = self.scores[start:start + int(lens.sum())].float()
+        if bool((lens == width).all()):
+            return flat.view(lens.shape[0], lens.shape[1], width)
+        row_start = (lens.flatten().cumsum(0) - lens.flatten()).view_as(lens)
+        pos = torch.arange(width)
+        valid = pos < lens.unsqueeze(-1)
+        idx = (row_start.unsqueeze(-1) + pos).clamp(max=max(flat.numel() - 1, 0))
+        out = flat[idx] if flat.numel() else torch.zeros(idx.shape)
+        return out.masked_fill(~valid, float("-inf"))
+
+    # ---- validation -------------------------------------------------------------------------
+    def validate(self) -> "SpinTrace":
+        where = f"trace {self.name}"
+
+        def fail(msg: str) -> None:
+            raise TraceError(f"{where}: {msg}")
+
+        for key, value in (("index_topk", self.index_topk), ("block_size", self.block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                fail(f"metadata {key} must be a positive integer, got {value!r}")
+        if self.compress_ratio is not None and (
+                not isinstance(self.compress_ratio, int) or self.compress_ratio < 1):
+            fail(f"metadata compress_ratio must be a positive integer, got {self.compress_ratio!r}")
+        for name, tensor, dtypes, ndim in (
+                ("scores", self.scores, (torch.float16, torch.float32), 1),
+                ("row_len", self.row_len, (torch.int32,), 3),
+                ("query_pos", self.query_pos, (torch.int32,), 2)):
+            if not isinstance(tensor, torch.Tensor):
+                fail(f"tensor '{name}' is missing")
+            if tensor.dtype not in dtypes:
+                fail(f"tensor '{name}' must be {'/'.join(str(d).split('.')[-1] for d in dtypes)}, "
+                     f"got {str(tensor.dtype).split('.')[-1]}")
+            if tensor.dim() != ndim:
+                fail(f"tensor '{name}' must have {ndim} dims, got shape {list(tensor.shape)}")
+        T, L, R = self.row_len.shape
+        if T < 1 or L < 1 or R < 1:
+            fail(f"row_len shape {list(self.row_len.shape)} must be [T>=1, L>=1, R>=1]")
+        if tuple(self.query_pos.shape) != (T, R):
+            fail(f"query_pos shape {list(self.query_pos.shape)} must be [T, R] = [{T}, {R}]")
+        if bool((self.row_len < 1).any()):
+            t, l, r = (self.row_len < 1).nonzero()[0].tolist()
+            fail(f"row_len[{t},{l},{r}] = {int(self.row_len[t, l, r])}: every row needs >= 1 slot")
+        total = int(self.row_len.to(torch.int64).sum())
+        if total != self.scores.numel():
+            fail(f"scores has {self.scores.numel()} values but row_len sums to {total} "
+                 f"(truncated or mismatched packing)")
+        too_small = self.query_pos.unsqueeze(1) < self.row_len - 1
+        if bool(too_small.any()):
+            t, l, r = too_small.nonzero()[0].tolist()
+            fail(f"query_pos[{t},{r}] = {int(self.query_pos[t, r])} is before the last visible "
+                 f"slot {int(self.row_len[t, l, r]) - 1} of layer {l} (offsets q - i must be >= 0)")
+        if not bool(torch.isfinite(self.scores).all()):
+            bad = int((~torch.isfinite(self.scores)).nonzero()[0])
+            fail(f"scores[{bad}] = {float(self.scores[bad])} is not finite")
+        if self.turn_start is not None:
+            ts = self.turn_start
+            if ts.dtype != torch.int32 or ts.dim() != 1:
+                fail(f"tensor 'turn_start' must be int32 [n], got {str(ts.dtype).split('.')[-1]} "
+                     f"{list(ts.shape)}")
+            if bool(((ts < 0) | (ts >= T)).any()):
+                fail(f"turn_start values must be step indices in [0, {T}), got {ts.tolist()[:8]}")
+        if self.accepted is None:
+            if R > 1:
+                fail(f"tensor 'accepted' is required when next_n = {R} > 1")
+        else:
+            acc = self.accepted
+            if acc.dtype != torch.int32 or tuple(acc.shape) != (T,):
+                fail(f"tensor 'accepted' must be int32 [T] = [{T}], got "
+                     f"{str(acc.dtype).split('.')[-1]} {list(acc.shape)}")
+            if bool(((acc < 0) | (acc > R - 1)).any()):
+                t = int(((acc < 0) | (acc > R - 1)).nonzero()[0])
+                fail(f"accepted[{t}] = {int(acc[t])} is outside [0, next_n - 1 = {R - 1}]")
+        return self
+
+    # ---- file I/O ---------------------------------------------------------------------------
+    def metadata(self) -> dict[str, str]:
+        meta = {"format": FORMAT, "version": str(VERSION), "index_topk": str(self.index_topk),
+                "block_size": str(self.block_size), "next_n": str(self.next_n)}
+        if self.compress_ratio is not None:
+            meta["compress_ratio"] = str(self.compress_ratio)
+        if self.source is not None:
+            meta["source"] = self.source
+        return meta
+
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        self.validate()
+        tensors = {"scores": self.scores.contiguous(), "row_len": self.row_len.contiguous(),
+                   "query_pos": self.query_pos.contiguous()}
+        if self.turn_start is not None:
+            tensors["turn_start"] = self.turn_start.contiguous()
+        if self.accepted is not None:
+            tensors["accepted"] = self.accepted.contiguous()
+        path = Path(path)
+        try:
+            save_file(tensors, str(path), metadata=self.metadata())
+        except OSError as err:
+            raise TraceError(f"trace {path}: cannot write ({err.strerror})") from None
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SpinTrace":
+        from safetensors import safe_open
+
+        path = Path(path)
+        where = f"trace {path}"
+        if not path.is_file():
+            raise TraceError(f"{where}: no such file")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                names = set(f.keys())
+                tensors = {k: f.get_tensor(k) for k in names}
+        except Exception as err:  # safetensors raises its own types for truncated/garbage files
+            raise TraceError(f"{where}: not a readable safetensors file "
+                             f"({' '.join(str(err).split())[:200]})") from None
+        if meta.get("format") != FORMAT:
+            raise TraceError(f"{where}: metadata format must be '{FORMAT}', got {meta.get('format')!r}")
+        if meta.get("version") != str(VERSION):
+            raise TraceError(f"{where}: unsupported version {meta.get('version')!r} "
+                             f"(this reader handles version {VERSION})")
+        unknown_meta = sorted(set(meta) - set(REQUIRED_META) - set(OPTIONAL_META))
+        if unknown_meta:
+            raise TraceError(f"{where}: unknown metadata keys {unknown_meta}")
+        missing_meta = [k for k in REQUIRED_META if k not in meta]
+        if missing_meta:
+            raise TraceError(f"{where}: missing metadata keys {missing_meta}")
+        missing = [k for k in REQUIRED_TENSORS if k not in names]
+        if missing:
+            raise TraceError(f"{where}: missing tensors {missing} (found {sorted(names)})")
+        unknown = sorted(names - set(REQUIRED_TENSORS) - set(OPTIONAL_TENSORS))
+        if unknown:
+            raise TraceError(f"{where}: unknown tensors {unknown} "
+                             f"(allowed: {list(REQUIRED_TENSORS + OPTIONAL_TENSORS)})")
+
+        def meta_int(key: str) -> Optional[int]:
+            if key not in meta:
+                return None
+            try:
+                return int(meta[key])
+            except ValueError:
+                raise TraceError(f"{where}: metadata {key} must be an integer, "
+                                 f"got {meta[key]!r}") from None
+
+        trace = cls(scores=tensors["scores"], row_len=tensors["row_len"],
+                    query_pos=tensors["query_pos"], index_topk=meta_int("index_topk"),
+                    block_size=meta_int("block_size"), turn_start=tensors.get("turn_start"),
+                    accepted=tensors.get("accepted"), compress_ratio=meta_int("compress_ratio"),
+                    source=meta.get("source"), name=str(path))
+        if trace.row_len.dim() == 3 and meta_int("next_n") != trace.next_n:
+            raise TraceError(f"{where}: metadata next_n = {meta['next_n']} but row_len has "
+                             f"{trace.next_n} rows per step")
+        return trace.validate()
+
+
+def pack_rows(rows: list[torch.Tensor], dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Concatenate per-row score vectors (already in (step, layer, row) order)."""
+    return torch.cat([r.reshape(-1) for r in rows]).to(dtype) if rows else torch.zeros(0, dtype=dtype)
