@@ -105,8 +105,9 @@ class SpinConfig(BaseModel):
             raise SpinConfigError(f"{path}: {err}") from None
 
     def with_overrides(self, **changes: Any) -> "SpinConfig":
-        """A validated copy with some fields changed (None values are ignored)."""
-        data = self.model_dump()
+        """A validated copy with some fields changed (None values are ignored). Fields left at
+        their defaults stay unset, so callers can still tell explicit choices apart."""
+        data = {name: getattr(self, name) for name in self.model_fields_set}
         data.update({k: v for k, v in changes.items() if v is not None})
         return SpinConfig(**data)
 

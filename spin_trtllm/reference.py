@@ -177,14 +177,13 @@ def pool_blocks(x: torch.Tensor, block_size: int, pooling: str) -> torch.Tensor:
     if pad:
         x = torch.nn.functional.pad(x, (0, pad), value=NEG_INF)
     x = x.view(*x.shape[:-1], nb, block_size)
-    finite = torch.isfinite(x)
     if pooling == "max":
         return x.amax(-1)
     if pooling == "top4":
         x = x.topk(min(4, block_size), dim=-1).values
-        finite = torch.isfinite(x)
     elif pooling != "mean":
         raise SpinError(f"pooling: unknown method {pooling!r}")
+    finite = torch.isfinite(x)
     count = finite.sum(-1)
     total = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1)
     return torch.where(count > 0, total / count.clamp(min=1), NEG_INF)
@@ -332,15 +331,20 @@ def update_state(state: SpinState, scores: torch.Tensor, mask: torch.Tensor, n: 
 
 def _ema_vd(state: SpinState, z: torch.Tensor, scored: torch.Tensor, q: torch.Tensor,
             a: float) -> None:
-    """V[p] and D[q - p] <- a * old + (1 - a) * z[p] for scored positions p (< z's width)."""
+    """V[p] and D[q - p] <- a * old + (1 - a) * z[p] for scored positions p (< z's width).
+
+    D is updated by gathering, per offset o, the position p = q - o: dense ops, no scatter."""
     width = z.shape[-1]
     V = state.V[:, :width]
-    v_new = a * V.float() + (1.0 - a) * z
-    state.V[:, :width] = torch.where(scored, v_new.to(V.dtype), V)
-    g, p = scored.nonzero(as_tuple=True)
-    o = q[g] - p
-    d_new = a * state.D[g, o].float() + (1.0 - a) * z[g, p]
-    state.D[g, o] = d_new.to(state.D.dtype)
+    state.V[:, :width] = torch.where(scored, (a * V.float() + (1.0 - a) * z).to(V.dtype), V)
+    d_width = min(state.D.shape[1], int(q.max()) + 1)
+    pos = q.unsqueeze(-1) - torch.arange(d_width, device=z.device)     # p = q - o
+    inside = (pos >= 0) & (pos < width)
+    pos = pos.clamp(0, width - 1)
+    hit = inside & scored.gather(1, pos)
+    D = state.D[:, :d_width]
+    d_new = a * D.float() + (1.0 - a) * z.gather(1, pos)
+    state.D[:, :d_width] = torch.where(hit, d_new.to(D.dtype), D)
 
 
 # ---- one decode step (select -> score -> update) ----------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from spin_trtllm.errors import SpinError
@@ -300,3 +302,39 @@ def test_boundary_config_synthesizes():
                                 turns=3, turn_slots=0, vertical=0, diagonal_bands=0,
                                 sink_slots=0, local_window=0, noise=0.0, seed=(1 << 64) - 1))
     assert int(tr.row_len.min()) >= 1 and tr.turn_start.tolist() == [0, 1, 2]
+
+
+def test_thread_setting_is_restored():
+    before = torch.get_num_threads()
+    synthesize(small(steps=2))
+    assert torch.get_num_threads() == before
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.integers(1, 12), layers=st.integers(1, 3), prompt_slots=st.integers(1, 150),
+       next_n=st.integers(1, 8), ratio=st.sampled_from([1, 4]), turn_frac=st.floats(0, 1),
+       turn_slots=st.integers(0, 20), vertical=st.integers(0, 200), bands=st.integers(0, 4),
+       sinks=st.integers(0, 200), window=st.integers(0, 300), seed=st.integers(0, 2 ** 32))
+def test_any_small_config_is_a_valid_trace(steps, layers, prompt_slots, next_n, ratio,
+                                            turn_frac, turn_slots, vertical, bands, sinks,
+                                            window, seed):
+    turns = max(1, round(turn_frac * steps))
+    cfg = SynthConfig(steps=steps, layers=layers, prompt_slots=prompt_slots, next_n=next_n,
+                      compress_ratio=ratio, turns=turns, turn_slots=turn_slots,
+                      vertical=vertical, diagonal_bands=bands, sink_slots=sinks,
+                      local_window=window, shift_prob=0.5, seed=seed)
+    tr = synthesize(cfg)  # validates
+    acc = tr.accepted_or_zero().to(torch.int64)
+    starts = tr.turn_starts()
+    assert len(starts) == turns
+    # Tokens visible to row 0, rebuilt from the documented rules.
+    p, expect = prompt_slots * ratio, []
+    for t in range(steps):
+        if t > 0 and t in starts:
+            p += turn_slots * ratio
+        expect.append([(p + r) // ratio for r in range(next_n)])
+        p += int(acc[t]) + 1
+    assert tr.row_len.tolist() == [[row] * layers for row in expect]
+    q = tr.query_pos.unsqueeze(1)
+    assert (q >= tr.row_len - 1).all() and (q <= tr.row_len).all()
+    assert float(tr.scores.float().abs().max()) < 100

@@ -58,17 +58,18 @@ def true_topk_slots(dense: torch.Tensor, n: torch.Tensor, k: int) -> tuple[torch
 
 
 def row_pearson(pred: torch.Tensor, true: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Pearson correlation per row over visible entries; NaN where a side is constant."""
-    cnt = visible.sum(-1).clamp(min=1)
-    zero = torch.zeros((), dtype=torch.float64, device=pred.device)
-    p = torch.where(visible, pred.double(), zero)
-    t = torch.where(visible, true.double(), zero)
-    pm = p.sum(-1, keepdim=True) / cnt.unsqueeze(-1)
-    tm = t.sum(-1, keepdim=True) / cnt.unsqueeze(-1)
-    dp = torch.where(visible, p - pm, zero)
-    dt = torch.where(visible, t - tm, zero)
-    cov = (dp * dt).sum(-1)
-    den = torch.sqrt((dp * dp).sum(-1) * (dt * dt).sum(-1))
+    """Pearson correlation per row over visible entries; NaN where a side is constant.
+
+    Values stay fp32 and are centred by the row mean before the fp64 sums."""
+    f64 = torch.float64
+    zero = torch.zeros((), dtype=torch.float32, device=pred.device)
+    cnt = visible.sum(-1, keepdim=True).clamp(min=1)
+    p = torch.where(visible, pred.float(), zero)
+    t = torch.where(visible, true.float(), zero)
+    p = torch.where(visible, p - (p.sum(-1, keepdim=True, dtype=f64) / cnt).float(), zero)
+    t = torch.where(visible, t - (t.sum(-1, keepdim=True, dtype=f64) / cnt).float(), zero)
+    cov = (p * t).sum(-1, dtype=f64)
+    den = torch.sqrt((p * p).sum(-1, dtype=f64) * (t * t).sum(-1, dtype=f64))
     return torch.where(den > 0, cov / torch.where(den > 0, den, 1.0), torch.nan)
 
 
@@ -111,6 +112,9 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     tot_blocks = torch.zeros(G, dtype=torch.float64)
     counted_rows = torch.zeros(G, dtype=torch.int64)
     masks = [] if keep_masks_for_layer is not None else None
+    if masks is not None and not 0 <= keep_masks_for_layer < L:
+        raise SpinError(f"layer {keep_masks_for_layer} is outside [0, {L})")
+    max_blocks = -(-capacity // b)
 
     for t in tqdm(range(T), desc=f"replay {trace.name}", disable=not progress, leave=False,
                   unit="step"):
@@ -149,7 +153,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         tot_blocks += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
         counted_rows += torch.where(live, R, 0)
         if masks is not None:
-            masks.append(sel.mask.view(S, L, -1)[:, keep_masks_for_layer].clone())
+            kept = sel.mask.view(S, L, -1)[:, keep_masks_for_layer]
+            masks.append(torch.nn.functional.pad(kept, (0, max_blocks - kept.shape[-1])))
 
     miss_all = torch.stack(miss_rows).view(T, S, L, R).numpy()
     pear_all = (torch.stack(pearson_rows).view(T, S, L, R).numpy() if pearson_rows

@@ -1,0 +1,100 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from spin_trtllm.cli import main
+from spin_trtllm.replay.trace import SpinTrace
+
+from conftest import make_trace
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    return str(make_trace(steps=8, layers=2, start=300, block_size=16, index_topk=32).save(
+        tmp_path / "t.safetensors"))
+
+
+def test_replay_json_table_and_plots(tmp_path, trace_file, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["replay", trace_file, "--sparsity", "0.3", "0.5", "--json", str(out), "--quiet",
+               "--plot", str(tmp_path / "miss.png"), "--mask-plot", str(tmp_path / "mask.png")])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "realized" in table and "p99 miss" in table
+    data = json.loads(out.read_text())
+    assert [d["target_sparsity"] for d in data] == [0.3, 0.5]
+    for d in data:
+        assert d["trace"] == trace_file
+        for key in ("realized_sparsity", "mean_miss", "p99_miss", "recall", "eligible_rows", "per_layer"):
+            assert key in d
+        # K and block size come from the trace's metadata
+        assert d["config"]["index_topk"] == 32 and d["config"]["block_size"] == 16
+    assert (tmp_path / "miss.png").stat().st_size > 1000
+    assert (tmp_path / "mask.png").stat().st_size > 1000
+
+
+def test_replay_overrides(tmp_path, trace_file):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("spin:\n  index_topk: 64\n  ema_decay: 0.25\n")
+    out = tmp_path / "r.json"
+    assert main(["replay", trace_file, "--sparsity", "0.4", "--config", str(cfg),
+                 "--exploration", "0", "--json", str(out), "--quiet"]) == 0
+    (d,) = json.loads(out.read_text())
+    assert d["config"]["index_topk"] == 64 and d["config"]["ema_decay"] == 0.25
+    assert d["config"]["exploration"] == 0.0 and d["config"]["block_size"] == 16
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["replay", "{missing}"], "no such file"),
+    (["replay", "{trace}", "--sparsity", "1.5"], "target sparsity 1.5"),
+    (["replay", "{trace}", "--exploration", "2"], "exploration"),
+    (["replay", "{trace}", "--config", "{badcfg}"], "unknown key"),
+    (["replay", "{junk}"], "not a readable safetensors"),
+    (["replay", "{trace}", "--sparsity", "abc"], "invalid float value"),
+    (["ablate", "{trace}", "--study", "mtp"], "next_n > 1"),
+    (["compare-predictors", "{missing}"], "no such file"),
+    (["synth", "{tmp}/x.safetensors", "--steps", "0"], "steps"),
+    (["bogus"], "invalid choice"),
+])
+def test_bad_input_exit_2_one_line(tmp_path, trace_file, argv, needle):
+    (tmp_path / "bad.yaml").write_text("spin: {target_sparsty: 0.3}\n")
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    fill = {"missing": str(tmp_path / "nope.safetensors"), "trace": trace_file,
+            "badcfg": str(tmp_path / "bad.yaml"), "junk": str(tmp_path / "junk.safetensors"),
+            "tmp": str(tmp_path)}
+    argv = [a.format(**fill) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "spin_trtllm.cli", *argv, "--quiet"]
+                          if argv[0] in ("replay", "ablate", "compare-predictors", "synth")
+                          else [sys.executable, "-m", "spin_trtllm.cli", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_synth_info_compare_ablate(tmp_path, capsys):
+    path = tmp_path / "s.safetensors"
+    assert main(["synth", str(path), "--steps", "12", "--layers", "2", "--prompt-slots", "600",
+                 "--next-n", "2", "--seed", "3", "--quiet"]) == 0
+    trace = SpinTrace.load(path)
+    assert (trace.num_steps, trace.num_layers, trace.next_n) == (12, 2, 2)
+    assert main(["info", str(path)]) == 0
+    assert "12 steps" in capsys.readouterr().out
+    out = tmp_path / "p.json"
+    assert main(["compare-predictors", str(path), "--json", str(out), "--quiet"]) == 0
+    assert "prev_iter" in json.loads(out.read_text())[0]["methods"]
+    out = tmp_path / "a.json"
+    assert main(["ablate", str(path), "--study", "mtp", "--sparsity", "0.5", "--json", str(out),
+                 "--quiet"]) == 0
+    assert len(json.loads(out.read_text())) == 4
+
+
+def test_demo_runs(capsys):
+    assert main(["demo", "--steps", "20", "--slots", "1024", "--layers", "2", "--quiet",
+                 "--sparsity", "0.4"]) == 0
+    out = capsys.readouterr().out
+    assert "prev_iter" in out and "demo-synthetic" in out
