@@ -9,8 +9,9 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   Predicted slot score  z^[i] = max(V[i], D[q - i]).
 - Blocks: b(i) = i // b, B = ceil(n / b). Block score S[j] = pool(z^ over the block's
   visible slots), pool in {max, mean, top4 (mean of up to the 4 largest)}.
-- Budget  m = min(B, max(ceil(K/b), ceil((1 - rho) B))); ceilings/floors of products of a
-  float knob use a 1e-9 tolerance so that e.g. 0.7 * 10 gives 7, not 8.
+- Budget  m = min(B, max(ceil(K/b), ceil((1 - rho) B))); products of a float knob are
+  formed in float64 and ceiled/floored with a 1e-6 tolerance, so that e.g. 0.7 * 10 gives 7,
+  not 8 (also for a float32 0.7, whose product is 3.00000012 at B = 10).
 - Forced blocks: sink (block 0) if keep_sink, newest (block B-1) if keep_newest. They count
   toward m; if they alone exceed m (only when ceil(K/b) = 1) m grows to their count.
 - Exploration: e = min(floor(gamma m), m - forced) positions of m are reserved; the other
@@ -49,7 +50,7 @@ import torch
 from .config import SpinConfig
 from .errors import SpinError
 
-_TOL = 1e-9
+_TOL = 1e-6
 _M32 = 0xFFFFFFFF
 _HASH_STAGE = (0x9E3779B9, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1)
 NEG_INF = float("-inf")
@@ -97,7 +98,7 @@ def block_count(n: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def block_budget(n_blocks: torch.Tensor, rho: torch.Tensor, cfg: SpinConfig) -> torch.Tensor:
     """m = min(B, max(ceil(K/b), ceil((1 - rho) B))), int64, broadcast over rho."""
-    keep = ceil_tol((1.0 - rho.to(torch.float64)) * n_blocks.to(torch.float64))
+    keep = ceil_tol((1.0 - torch.as_tensor(rho).to(torch.float64)) * n_blocks.to(torch.float64))
     return torch.minimum(n_blocks.to(torch.int64), keep.clamp(min=cfg.min_blocks))
 
 
@@ -155,18 +156,22 @@ class Selection:
 def predict_scores(V: torch.Tensor, D: torch.Tensor, n: torch.Tensor, q: torch.Tensor,
                    width: int) -> torch.Tensor:
     """fp32 [G, R, width]: max(V[i], D[q - i]) for i < n, -inf elsewhere."""
-    if width > V.shape[1]:
-        raise SpinError(f"state capacity {V.shape[1]} is smaller than the {width} visible "
-                        f"positions; allocate SpinState with a larger slot_capacity")
-    if bool((q >= D.shape[1]).any()):
-        raise SpinError(f"query position {int(q.max())} is past the D state capacity "
-                        f"{D.shape[1]}; allocate SpinState with a larger slot_capacity")
+    _check_capacity_vd(V, D, width, q)
     i = torch.arange(width, device=V.device)
     valid = i < n.unsqueeze(-1)
     offsets = (q.unsqueeze(-1) - i).clamp(min=0)
     d = D.float().gather(1, offsets.flatten(1)).view_as(offsets)
     pred = torch.maximum(V[:, :width].float().unsqueeze(1), d)
     return pred.masked_fill(~valid, NEG_INF)
+
+
+def _check_capacity_vd(V: torch.Tensor, D: torch.Tensor, width: int, q: torch.Tensor) -> None:
+    if width > V.shape[1]:
+        raise SpinError(f"state capacity {V.shape[1]} is smaller than the {width} visible "
+                        f"positions; allocate SpinState with a larger slot_capacity")
+    if q.numel() and bool((q >= D.shape[1]).any()):
+        raise SpinError(f"query position {int(q.max())} is past the D state capacity "
+                        f"{D.shape[1]}; allocate SpinState with a larger slot_capacity")
 
 
 def pool_blocks(x: torch.Tensor, block_size: int, pooling: str) -> torch.Tensor:
@@ -255,7 +260,7 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
     if cfg.keep_newest:
         forced |= j == (nblk - 1).unsqueeze(-1)
     n_forced = forced.sum(-1)
-    rho_r = rho.to(torch.float64).view(G, 1).expand(G, R)
+    rho_r = torch.as_tensor(rho).to(torch.float64).view(G, 1).expand(G, R)
 
     if cfg.reduction == "A0":
         width = slot_pred.shape[-1]
@@ -303,6 +308,10 @@ def update_state(state: SpinState, scores: torch.Tensor, mask: torch.Tensor, n: 
     """
     G, R, W = scores.shape
     b = cfg.block_size
+    if cfg.reduction == "A2":
+        _check_capacity_vd(state.V, state.D, -(-W // b), q // b)
+    else:
+        _check_capacity_vd(state.V, state.D, W, q)
     a = cfg.ema_decay
     dev = scores.device
     accepted = accepted.to(torch.int64).to(dev)
