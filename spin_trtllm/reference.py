@@ -22,7 +22,8 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
     staleness: priority = age * (1 + s), s = (S - min S) / (max S - min S) over the
                candidates (0 when they are all equal): staleness weighted by predicted
                importance, which can at most double it.
-  Ties: lower block id. Every MTP row uses the same keys, so rows explore the same blocks.
+  Ties: lower block id. MTP rows share the random keys and the block ages, so they mostly
+  explore the same blocks (staleness also weighs each row's own predicted scores).
 - Reductions (ablations of section 4.6):
     A1  (default) as above.
     A0  slot-level: the s = min(n, max(K, ceil((1 - rho) B))) highest predicted slots are

@@ -24,6 +24,7 @@ from spin_trtllm.reference import (
     select_blocks,
     update_state,
 )
+from hash_oracle import fmix32, py_hash as _py_hash
 
 INF = float("inf")
 M32 = 0xFFFFFFFF
@@ -590,32 +591,12 @@ def test_exploration_staleness_equal_scores_is_age():
     assert ids(sel.mask[0]) == [0, 1, 3, 6]
 
 
-# independent pure-Python version of the documented hash (murmur3 fmix32 finaliser):
-# h = fmix32(seed ^ C0); h = fmix32(h ^ v ^ Ck) for v = request, layer, step, block
-_C = (0x9E3779B9, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1)
-
-
-def _fmix32(h: int) -> int:
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & M32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & M32
-    h ^= h >> 16
-    return h
-
-
-def _py_hash(seed, request, layer, step, block) -> int:
-    h = _fmix32((seed & M32) ^ _C[0])
-    for v, c in zip((request, layer, step, block), _C[1:]):
-        h = _fmix32(h ^ (v & M32) ^ c)
-    return h
-
 
 def test_fmix32_reference_vectors():
     # sanity of the test's own finaliser: fmix32(0) = 0, and the mixing is a bijection on
     # a few inputs (distinct outputs)
-    assert _fmix32(0) == 0
-    outs = {_fmix32(x) for x in range(1000)}
+    assert fmix32(0) == 0
+    outs = {fmix32(x) for x in range(1000)}
     assert len(outs) == 1000
 
 

@@ -24,28 +24,11 @@ from spin_trtllm.reference import (
     select_blocks,
     update_state,
 )
+from hash_oracle import py_hash
 
 INF = float("inf")
 M32 = 0xFFFFFFFF
 SETTINGS = settings(max_examples=80, deadline=None)
-
-# ---- independent oracle ------------------------------------------------------------------------
-_C = (0x9E3779B9, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1)
-
-
-def _fmix32(h: int) -> int:
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & M32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & M32
-    return h ^ (h >> 16)
-
-
-def py_hash(seed, request, layer, step, block) -> int:
-    h = _fmix32((seed & M32) ^ _C[0])
-    for v, c in zip((request, layer, step, block), _C[1:]):
-        h = _fmix32(h ^ (v & M32) ^ c)
-    return h
 
 
 def ceil_div(a: int, b: int) -> int:
