@@ -38,6 +38,7 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   the accepted draft count) or row 0 only (row0), for every scored slot i < n_r:
       V[i] <- alpha V[i] + (1 - alpha) z[i];   D[q - i] <- alpha D[q - i] + (1 - alpha) z[i]
   computed in fp32 and stored in the state dtype. Slots of unselected blocks are untouched.
+  A non-finite score (NaN, +-inf) counts as not observed: it never enters V or D.
   last_seen[j] = step for every block of the union.
 """
 
@@ -325,14 +326,16 @@ def update_state(state: SpinState, scores: torch.Tensor, mask: torch.Tensor, n: 
     for r in range(rows):
         active = r <= accepted                                     # [G]
         z = scores[:, r].float()
+        observed = torch.isfinite(z)
         if cfg.reduction == "A2":
             # Block-level EMA from the pooled scores of the row's visible slots.
-            pooled = pool_blocks(z.masked_fill(i >= n[:, r, None], NEG_INF), b, cfg.pooling)
+            pooled = pool_blocks(z.masked_fill((i >= n[:, r, None]) | ~observed, NEG_INF), b,
+                                 cfg.pooling)
             k = pooled.shape[-1]
             scored = mask[:, :k] & torch.isfinite(pooled) & active[:, None]
             _ema_vd(state, pooled, scored, q[:, r] // b, a)
         else:
-            scored = slot_in_mask & (i < n[:, r, None]) & active[:, None]
+            scored = slot_in_mask & (i < n[:, r, None]) & observed & active[:, None]
             _ema_vd(state, z, scored, q[:, r], a)
     state.last_seen[:, :nb] = torch.where(mask, step[:, None].to(torch.int64),
                                           state.last_seen[:, :nb])

@@ -829,3 +829,21 @@ def test_update_state_scores_wider_than_capacity_is_spin_error():
     with pytest.raises(SpinError):
         update_state(st, torch.ones(1, 1, 12), torch.tensor([[True, True, True]]), i64([[12]]),
                      i64([[11]]), i64([0]), cfg, i64([0]))
+
+
+@pytest.mark.parametrize("reduction", ["A1", "A2"])
+def test_non_finite_scores_never_enter_state(reduction):
+    # Rule: a NaN/inf score is "not observed". Slot 1 is NaN, slot 2 is +inf, slot 3 -inf:
+    # with V = D = 0 and alpha = 0.5 only slot 0 (z = 2) updates: V[0] = 1, D[q - 0] = 1.
+    cfg = mk(reduction=reduction, ema_decay=0.5)
+    st = SpinState.zeros(1, 8, cfg)
+    z = torch.tensor([[[2.0, float("nan"), float("inf"), float("-inf"), 0, 0, 0, 0]]])
+    update_state(st, z, torch.tensor([[True, False]]), i64([[4]]), i64([[3]]), i64([0]), cfg,
+                 i64([0]))
+    assert torch.isfinite(st.V).all() and torch.isfinite(st.D).all()
+    if reduction == "A1":
+        assert st.V[0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]
+        assert st.D[0].tolist() == [0, 0, 0, 1.0, 0, 0, 0, 0]
+    else:
+        # block 0 pools only its finite visible slot (2.0): Vb[0] = 1, Db[3 // 4 - 0] = 1
+        assert st.V[0, 0] == 1.0 and st.D[0, 0] == 1.0
