@@ -60,18 +60,36 @@ def _load_config(args: argparse.Namespace) -> SpinConfig:
     return cfg.with_overrides(**overrides) if any(v is not None for v in overrides.values()) else cfg
 
 
+def _sparsities(args: argparse.Namespace, cfg: SpinConfig) -> list[float]:
+    """--sparsity, else the config file's target_sparsity, else 0.3 0.4 0.5."""
+    from .replay.evaluate import check_sparsities
+
+    if args.sparsity is not None:
+        return check_sparsities(args.sparsity)
+    if "target_sparsity" in cfg.model_fields_set:
+        return [cfg.target_sparsity]
+    return list(DEFAULT_SPARSITIES)
+
+
 def _json_results(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "masks"} for r in results]
 
 
 # ---- commands ---------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .replay.evaluate import check_sparsities, replay
+    from .replay.evaluate import config_for_trace, replay
     from .replay.trace import SpinTrace
 
     cfg = _load_config(args)
-    sparsities = check_sparsities(args.sparsity)
+    sparsities = _sparsities(args, cfg)
+    if args.mask_slots is not None and args.mask_slots < 1:
+        raise SpinError(f"--mask-slots must be >= 1, got {args.mask_slots}")
     traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    if args.mask_plot:
+        for trace in traces:
+            if not 0 <= args.mask_layer < trace.num_layers:
+                raise SpinError(f"--mask-layer {args.mask_layer} is outside [0, "
+                                f"{trace.num_layers}) for {trace.name}")
     results = []
     for trace in traces:
         keep = args.mask_layer if args.mask_plot else None
@@ -80,9 +98,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.mask_plot:
             from .replay.plots import plot_topk_mask
 
+            used = config_for_trace(trace, cfg)
             out = _per_trace_path(args.mask_plot, trace.name, len(traces))
             plot_topk_mask(trace, out, layer=args.mask_layer, selected=res[-1]["masks"],
-                           max_slots=args.mask_slots)
+                           max_slots=args.mask_slots, block_size=used.block_size,
+                           index_topk=used.index_topk)
             print(f"wrote {out}", file=sys.stderr)
     _print_table(results)
     _write_json(args.json, _json_results(results))
@@ -99,11 +119,11 @@ def _per_trace_path(path: str, trace_name: str, count: int) -> Path:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from .replay.evaluate import check_sparsities, run_study
+    from .replay.evaluate import run_study
     from .replay.trace import SpinTrace
 
     cfg = _load_config(args)
-    sparsities = check_sparsities(args.sparsity)
+    sparsities = _sparsities(args, cfg)
     results = []
     for path in args.traces:
         results.extend(run_study(SpinTrace.load(path), args.study, sparsities, cfg,
@@ -165,11 +185,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .replay.evaluate import check_sparsities, replay
+    from .replay.evaluate import replay
     from .replay.predictors import compare_predictors
     from .replay.synth import SynthConfig, synthesize
 
-    sparsities = check_sparsities(args.sparsity)
+    cfg = _load_config(args)
+    sparsities = _sparsities(args, cfg)
     synth = SynthConfig(steps=args.steps, layers=args.layers, prompt_slots=args.slots,
                         next_n=args.next_n, seed=args.seed or 0)
     print(f"demo: synthetic trace, {synth.steps} decode steps, {synth.layers} indexer layers, "
@@ -179,7 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = compare_predictors(trace, progress=not args.quiet)
     _print_predictors(out)
     print()
-    results = replay(trace, sparsities, _load_config(args), progress=not args.quiet)
+    results = replay(trace, sparsities, cfg, progress=not args.quiet)
     _print_table(results)
     _write_json(args.json, {"predictors": out, "replay": _json_results(results)})
     return 0
@@ -197,8 +218,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_common(p: argparse.ArgumentParser, sparsity: bool = True) -> None:
     if sparsity:
-        p.add_argument("--sparsity", type=float, nargs="+", default=list(DEFAULT_SPARSITIES),
-                       help="target block sparsities (default 0.3 0.4 0.5)")
+        p.add_argument("--sparsity", type=float, nargs="+",
+                       help="target block sparsities (default: --config's target_sparsity "
+                            "if it sets one, else 0.3 0.4 0.5)")
     p.add_argument("--json", help="write results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 

@@ -26,18 +26,23 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   explore the same blocks (staleness also weighs each row's own predicted scores).
 - Reductions (ablations of section 4.6):
     A1  (default) as above.
-    A0  slot-level: the s = min(n, max(K, ceil((1 - rho) B))) highest predicted slots are
-        expanded to their blocks, forced blocks are added, then e = min(floor(gamma m0),
-        B - m0) exploration blocks are added on top (m0 = blocks so far); m = m0 + e.
+    A0  slot-level: the s = min(n, ceil(-B ln rho)) highest predicted slots (all if rho = 0;
+        -B ln rho slots scattered uniformly would cover (1 - rho) B blocks, so clustered
+        predictions give a realized sparsity above the target) are expanded to their blocks,
+        forced blocks are added, the best remaining blocks top the count up to ceil(K/b)
+        (room for K slots), then e = min(floor(gamma m0), B - m0) exploration blocks are
+        added on top (m0 = blocks so far); m = m0 + e.
     A2  block-level state: V[j] per block, D[(q // b) - j] per block offset; the EMA input
         of a block is the pooled indexer score of its visible slots; then as A1.
 - MTP rows r = 0..R-1 (R = next_n): mtp_mask=union ORs the row masks; row0 takes row 0's
-  mask plus the blocks row 0 cannot see but row r can (B_0 <= j < B_r).
+  mask plus the blocks row 0 cannot see but row r can (B_0 <= j < B_r), and a row's m_t is
+  then the number of those blocks it can see.
 - Warm-up: the first warmup_steps decode steps after a reset score every block.
 - EMA update (deferred for MTP): for rows r = 0..a in order (mtp_update=prefix_valid; a is
   the accepted draft count) or row 0 only (row0), for every scored slot i < n_r:
       V[i] <- alpha V[i] + (1 - alpha) z[i];   D[q - i] <- alpha D[q - i] + (1 - alpha) z[i]
-  computed in fp32 and stored in the state dtype. Slots of unselected blocks are untouched.
+  computed in fp32 and stored in the state dtype, saturating at its largest finite value
+  (fp16 state never holds inf). Slots of unselected blocks are untouched.
   A non-finite score (NaN, +-inf) counts as not observed: it never enters V or D.
   last_seen[j] = step for every block of the union.
 """
@@ -266,21 +271,30 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
 
     if cfg.reduction == "A0":
         width = slot_pred.shape[-1]
-        keep_slots = torch.minimum(
-            n.to(torch.int64),
-            ceil_tol((1.0 - rho_r) * nblk.to(torch.float64)).clamp(min=cfg.index_topk))
+        nb_f = nblk.to(torch.float64)
+        # -B ln(rho) slots would expand to (1 - rho) B blocks if they were scattered uniformly
+        scattered = ceil_tol(-nb_f * torch.log(rho_r.clamp(min=1e-300)))
+        keep_slots = torch.where(rho_r > 0, torch.minimum(n.to(torch.int64), scattered),
+                                 n.to(torch.int64))
         slot_sel = _take_top(slot_pred, keep_slots) & torch.isfinite(slot_pred)
         pad = NB * b - width
         if pad:
             slot_sel = torch.nn.functional.pad(slot_sel, (0, pad), value=False)
         chosen = slot_sel.view(G, R, NB, b).any(-1) | forced
+        # keep room for K slots: top up to ceil(K/b) blocks with the best remaining ones
+        deficit = (torch.minimum(nblk, torch.full_like(nblk, cfg.min_blocks))
+                   - chosen.sum(-1)).clamp(min=0)
+        rest = block_scores.masked_fill(chosen | ~valid, NEG_INF)
+        chosen |= _take_top(rest, deficit) & valid & ~chosen
         m0 = chosen.sum(-1)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m0.to(torch.float64)), nblk - m0)
     else:
         m = torch.maximum(block_budget(nblk, rho_r, cfg), n_forced)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m.to(torch.float64)), m - n_forced)
-        key = block_scores.masked_fill(forced, torch.inf).masked_fill(~valid, NEG_INF)
-        chosen = _take_top(key, m - n_explore) & valid
+        # forced blocks first, then the best of the rest (ranked without them, so no score,
+        # not even an overflowed +inf, can tie with a forced block)
+        rest = block_scores.masked_fill(forced | ~valid, NEG_INF)
+        chosen = forced | (_take_top(rest, m - n_explore - n_forced) & valid & ~forced)
 
     if cfg.exploration > 0:
         candidates = valid & ~chosen
@@ -292,11 +306,13 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
     row_mask = torch.where(dense.view(G, 1, 1), valid, chosen)
     if cfg.mtp_mask == "union" or R == 1:
         mask = row_mask.any(1)
+        budget = row_mask.sum(-1)
     else:
         beyond_row0 = j >= nblk[:, :1].unsqueeze(-1)
         mask = row_mask[:, 0] | (valid & beyond_row0).any(1)
-    return Selection(mask=mask, row_mask=row_mask, budget=row_mask.sum(-1), n_blocks=nblk,
-                     dense=dense)
+        # rows past 0 have no mask of their own: their m_t is what the shared mask gives them
+        budget = (mask.unsqueeze(1) & valid).sum(-1)
+    return Selection(mask=mask, row_mask=row_mask, budget=budget, n_blocks=nblk, dense=dense)
 
 
 # ---- EMA update -------------------------------------------------------------------------------
@@ -349,7 +365,7 @@ def _ema_vd(state: SpinState, z: torch.Tensor, scored: torch.Tensor, q: torch.Te
     D is updated by gathering, per offset o, the position p = q - o: dense ops, no scatter."""
     width = z.shape[-1]
     V = state.V[:, :width]
-    state.V[:, :width] = torch.where(scored, (a * V.float() + (1.0 - a) * z).to(V.dtype), V)
+    state.V[:, :width] = torch.where(scored, _store(a * V.float() + (1.0 - a) * z, V.dtype), V)
     d_width = min(state.D.shape[1], int(q.max()) + 1)
     pos = q.unsqueeze(-1) - torch.arange(d_width, device=z.device)     # p = q - o
     inside = (pos >= 0) & (pos < width)
@@ -357,7 +373,13 @@ def _ema_vd(state: SpinState, z: torch.Tensor, scored: torch.Tensor, q: torch.Te
     hit = inside & scored.gather(1, pos)
     D = state.D[:, :d_width]
     d_new = a * D.float() + (1.0 - a) * z.gather(1, pos)
-    state.D[:, :d_width] = torch.where(hit, d_new.to(D.dtype), D)
+    state.D[:, :d_width] = torch.where(hit, _store(d_new, D.dtype), D)
+
+
+def _store(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast to the state dtype, saturating at its largest finite value (fp16 overflows)."""
+    big = torch.finfo(dtype).max
+    return x.clamp(-big, big).to(dtype)
 
 
 # ---- one decode step (select -> score -> update) ----------------------------------------------

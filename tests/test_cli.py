@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from spin_trtllm.cli import main
 from spin_trtllm.replay.trace import SpinTrace
@@ -36,6 +35,17 @@ def test_replay_json_table_and_plots(tmp_path, trace_file, capsys):
     assert (tmp_path / "mask.png").stat().st_size > 1000
 
 
+def test_config_target_sparsity_used_when_no_flag(tmp_path, trace_file):
+    cfg = tmp_path / "ts.yaml"
+    cfg.write_text("target_sparsity: 0.2\n")
+    out = tmp_path / "r.json"
+    assert main(["replay", trace_file, "--config", str(cfg), "--json", str(out), "--quiet"]) == 0
+    assert [d["target_sparsity"] for d in json.loads(out.read_text())] == [0.2]
+    assert main(["replay", trace_file, "--config", str(cfg), "--sparsity", "0.5", "--json",
+                 str(out), "--quiet"]) == 0
+    assert [d["target_sparsity"] for d in json.loads(out.read_text())] == [0.5]
+
+
 def test_replay_overrides(tmp_path, trace_file):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("spin:\n  index_topk: 64\n  ema_decay: 0.25\n")
@@ -58,6 +68,12 @@ def test_replay_overrides(tmp_path, trace_file):
     (["compare-predictors", "{missing}"], "no such file"),
     (["synth", "{tmp}/x.safetensors", "--steps", "0"], "steps"),
     (["bogus"], "invalid choice"),
+    (["replay", "{trace}", "--mask-plot", "{tmp}/m.png", "--mask-slots", "0"], "--mask-slots"),
+    (["replay", "{trace}", "--mask-plot", "{tmp}/m.png", "--mask-layer", "7"], "--mask-layer 7"),
+    (["compare-predictors", "{trace}", "--index-topk", "-3"], "index_topk must be >= 1"),
+    (["ablate", "{trace}", "--study", "exploration", "--exploration", "0"], "exploration > 0"),
+    (["synth", "{tmp}/no/dir/x.safetensors", "--steps", "2", "--prompt-slots", "8"], "cannot write"),
+    (["synth", "{tmp}/x.safetensors", "--steps", "3", "--prompt-slots", "100000000000"], "exceed the limit"),
 ])
 def test_bad_input_exit_2_one_line(tmp_path, trace_file, argv, needle):
     (tmp_path / "bad.yaml").write_text("spin: {target_sparsty: 0.3}\n")

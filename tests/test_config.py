@@ -94,5 +94,7 @@ def test_with_overrides_validates_and_is_frozen():
     assert cfg.exploration == 0.0 and cfg.seed == 0
     with pytest.raises(SpinConfigError, match="exploration"):
         SpinConfig().with_overrides(exploration=2.0)
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.block_size = 32

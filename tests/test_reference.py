@@ -314,7 +314,7 @@ def test_decode_step_skipped_blocks_untouched_exactly():
     st = warm_state(cfg, 1, 16)
     st.V[0] = f32([1] * 4 + [5] * 4 + [0.1] * 4 + [3] * 4)
     st.D[0] = -100.0                                 # prediction = V
-    V0, D0 = st.V.clone(), st.D.clone()
+    V0 = st.V.clone()
     z = torch.full((1, 1, 16), 2.0)
     sel, _ = decode_step(st, cfg, z, i64([[16]]), i64([[15]]), i64([0]),
                          torch.tensor([0.5], dtype=torch.float64), i64([0]), i64([0]), i64([7]))
@@ -657,7 +657,7 @@ def _slot_pred(high: dict, n: int, width: int) -> list[float]:
 @pytest.mark.parametrize("keep,expected", [(True, [0, 2, 3]), (False, [0, 2])])
 def test_A0_expands_top_slots_to_blocks(keep, expected):
     cfg = mk(reduction="A0", keep_sink=keep, keep_newest=keep)
-    # n = 16, B = 4, s = min(16, max(K = 4, ceil(0.5 * 4) = 2)) = 4 slots: {1, 2, 9, 10}
+    # n = 16, B = 4, s = min(16, ceil(-4 ln 0.5 = 2.77)) = 3 slots: ties -> {1, 2, 9}
     # -> blocks {0, 2}; forced adds {0, 3}
     pred = _slot_pred({1: 5.0, 2: 5.0, 9: 5.0, 10: 5.0}, 16, 16)
     sel = select(cfg, [0.0] * 4, 16, 0.5, slot_pred=pred)
@@ -665,18 +665,25 @@ def test_A0_expands_top_slots_to_blocks(keep, expected):
     assert sel.budget.tolist() == [[len(expected)]]
 
 
-def test_A0_slot_budget_uses_max_K_and_rho_blocks():
+def test_A0_slot_budget_follows_rho():
     cfg = mk(reduction="A0", index_topk=1, keep_sink=False, keep_newest=False)
-    # s = min(16, max(1, ceil(0.75 * 4) = 3)) = 3: slots 0, 5, 6 -> blocks {0, 1};
-    # slot 13 (4th best) must not pull in block 3
     pred = _slot_pred({0: 9.0, 5: 8.0, 6: 7.0, 13: 6.0}, 16, 16)
-    sel = select(cfg, [0.0] * 4, 16, 0.25, slot_pred=pred)
+    # rho = 0.5: s = ceil(-4 ln 0.5 = 2.77) = 3: slots 0, 5, 6 -> blocks {0, 1};
+    # slot 13 (4th best) must not pull in block 3
+    sel = select(cfg, [0.0] * 4, 16, 0.5, slot_pred=pred)
     assert ids(sel.mask[0]) == [0, 1]
+    # rho = 0.25: s = ceil(-4 ln 0.25 = 5.55) = 6: slots 0, 5, 6, 13 and the tied 1, 2
+    sel = select(cfg, [0.0] * 4, 16, 0.25, slot_pred=pred)
+    assert ids(sel.mask[0]) == [0, 1, 3]
+    # rho = 0: every slot
+    sel = select(cfg, [0.0] * 4, 16, 0.0, slot_pred=pred)
+    assert ids(sel.mask[0]) == [0, 1, 2, 3]
 
 
 def test_A0_slot_ties_lower_slot_id():
     cfg = mk(reduction="A0", index_topk=5, keep_sink=False, keep_newest=False)
-    # all slots tie; s = max(5, ceil(0.5 * 4)) = 5 -> slots 0..4 -> blocks {0, 1}
+    # all slots tie; s = 3 -> slots 0..2 -> block {0}; ceil(K/b) = 2 blocks are needed for
+    # K = 5 slots, so the best remaining block (all tie at 0 -> lowest id, 1) tops it up
     sel = select(cfg, [0.0] * 4, 16, 0.5, slot_pred=_slot_pred({}, 16, 16))
     assert ids(sel.mask[0]) == [0, 1]
 
@@ -847,3 +854,20 @@ def test_non_finite_scores_never_enter_state(reduction):
     else:
         # block 0 pools only its finite visible slot (2.0): Vb[0] = 1, Db[3 // 4 - 0] = 1
         assert st.V[0, 0] == 1.0 and st.D[0, 0] == 1.0
+
+
+def test_fp16_state_saturates_and_forced_blocks_survive_overflow():
+    # Scores of 2e5 overflow fp16 (max 65504): the state saturates at 65504 instead of inf,
+    # and the forced newest block 3 is kept although blocks 1-2 predict higher than it.
+    cfg = mk(state_dtype="float16", target_sparsity=0.25, ema_decay=0.0)
+    st = SpinState.zeros(1, 16, cfg)
+    z = torch.zeros(1, 1, 16)
+    z[0, 0, 4:12] = 2e5
+    update_state(st, z, torch.ones(1, 4, dtype=torch.bool), i64([[16]]), i64([[15]]), i64([0]),
+                 cfg, i64([0]))
+    assert st.V.dtype == torch.float16 and float(st.V.max()) == 65504.0
+    assert torch.isfinite(st.V).all() and torch.isfinite(st.D).all()
+    # m = ceil(0.75 * 4) = 3: forced {0, 3} + the best of {1, 2} (tie at 65504 -> 1)
+    sel = decode_step(st, cfg, z, i64([[16]]), i64([[15]]), i64([0]), torch.tensor([0.25]),
+                      i64([0]), i64([0]), i64([1]))[0]
+    assert ids(sel.mask[0]) == [0, 1, 3]

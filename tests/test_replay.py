@@ -1,4 +1,3 @@
-import math
 
 import numpy as np
 import pytest
@@ -142,3 +141,15 @@ def test_compare_predictors_prev_iter_wins_on_persistent_scores():
     assert m["prev_layer_best5"]["recall"] >= m["prev_layer"]["recall"]
     assert m["prev_iter"]["pairs"] == (T - 1) * L and m["prev_layer"]["pairs"] == (T - 1) * (L - 1)
     assert m["prev_layer"]["recall_per_layer"][0] is None
+
+
+def test_topk_mask_ties_go_to_lower_ids_and_respect_length():
+    from spin_trtllm.replay.evaluate import topk_mask
+
+    scores = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0, 9.0],
+                           [5.0, 4.0, float("-inf"), 7.0, 2.0, 8.0]])
+    # row 0: n = 5 (slot 5 invisible), K = 2: slots 1 and 2 (three-way tie at 3, lower ids)
+    # row 1: n = 2 < K: K' = 2 -> both visible slots
+    got = topk_mask(scores, torch.tensor([5, 2]), 2)
+    assert got.tolist() == [[False, True, True, False, False, False],
+                            [True, True, False, False, False, False]]

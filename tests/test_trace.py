@@ -96,3 +96,16 @@ def test_writer_validates(tmp_path):
     with pytest.raises(TraceError, match="accepted"):
         trace.save(tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_query_far_past_context_rejected(tmp_path):
+    tensors, meta = _good(tmp_path)
+    tensors["query_pos"] = tensors["query_pos"].clone()
+    tensors["query_pos"][0, 0] = 2_000_000_000
+    with pytest.raises(TraceError, match="q <= 2 \\* row_len - 1"):
+        SpinTrace.load(_write(tmp_path, tensors, meta))
+
+
+def test_save_to_missing_directory(tmp_path):
+    with pytest.raises(TraceError, match="cannot write"):
+        make_trace().save(tmp_path / "no" / "such" / "dir.safetensors")

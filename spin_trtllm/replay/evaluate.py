@@ -47,14 +47,19 @@ def check_sparsities(sparsities: Sequence[float]) -> list[float]:
     return out
 
 
-def true_topk_slots(dense: torch.Tensor, n: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-K' slot ids of dense scores [..., W] and a validity mask of the K' entries."""
-    width = dense.shape[-1]
-    kk = min(k, width)
-    idx = dense.topk(kk, dim=-1).indices
-    k_row = torch.clamp(n.to(torch.int64), max=k)
-    valid = torch.arange(kk, device=dense.device) < k_row.unsqueeze(-1)
-    return idx, valid
+def topk_mask(scores: torch.Tensor, n: torch.Tensor, k: int) -> torch.Tensor:
+    """bool [..., W]: the top-K' (K' = min(k, n)) of each row's first n entries; ties at the
+    K'-th value go to the lower slot id, so the set does not depend on the top-k kernel."""
+    width = scores.shape[-1]
+    k_row = n.to(torch.int64).clamp(max=k).unsqueeze(-1)
+    visible = torch.arange(width, device=scores.device) < n.unsqueeze(-1)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    top = scores.topk(min(k, width), dim=-1).values
+    kth = top.gather(-1, (k_row - 1).clamp(min=0))
+    greater = (scores > kth) & visible
+    ties = (scores == kth) & visible
+    need = k_row - greater.sum(-1, keepdim=True)
+    return greater | (ties & (ties.cumsum(-1) <= need))
 
 
 def row_pearson(pred: torch.Tensor, true: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -131,12 +136,14 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
                                      layer_ids, step)
 
         # miss against the true top-K' (computed once per layer, shared by all sparsities)
-        idx, valid_k = true_topk_slots(dense, trace.row_len[t], K)     # [L, R, k]
-        idx = idx.repeat(S, 1, 1)
-        valid_k = valid_k.repeat(S, 1, 1)
+        true_top = topk_mask(dense, trace.row_len[t], K)                   # [L, R, W]
+        k_row = true_top.sum(-1)                                           # K' per row
+        kk = min(K, width)
+        idx = true_top.to(torch.float32).topk(kk, dim=-1).indices          # K' set ids first
+        valid_k = torch.arange(kk) < k_row.unsqueeze(-1)
+        idx, valid_k, k_row = idx.repeat(S, 1, 1), valid_k.repeat(S, 1, 1), k_row.repeat(S, 1)
         hit = sel.mask.gather(1, (idx // b).flatten(1)).view_as(idx)
-        k_row = valid_k.sum(-1).clamp(min=1)
-        miss = ((valid_k & ~hit).sum(-1).double() / k_row)
+        miss = (valid_k & ~hit).sum(-1).double() / k_row.clamp(min=1)
         committed = torch.arange(R) <= acc[:, None]
         eligible = sel.eligible & committed
         miss_rows.append(torch.where(eligible, miss, torch.nan))
@@ -200,7 +207,10 @@ def study_variants(study: str, base: SpinConfig, next_n: int) -> list[tuple[str,
             (f"{red}-{pool}", core.with_overrides(reduction=red, pooling=pool))
             for red in ("A1", "A2") for pool in ("max", "mean", "top4")]
     if study == "exploration":
-        gamma = base.exploration or 0.05
+        if "exploration" in base.model_fields_set and base.exploration == 0:
+            raise SpinError("the exploration study compares policies at exploration > 0; "
+                            "leave --exploration unset (0.05) or give a positive share")
+        gamma = base.exploration
         return [("none", base.with_overrides(exploration=0.0))] + [
             (policy, base.with_overrides(exploration=gamma, exploration_policy=policy))
             for policy in ("random", "staleness", "age")]

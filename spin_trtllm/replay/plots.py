@@ -56,45 +56,53 @@ def plot_miss_curve(results: Sequence[dict[str, Any]], path: str | Path) -> Path
 
 
 def topk_mask_image(trace: SpinTrace, layer: int, row: int = 0,
-                    max_slots: Optional[int] = None) -> np.ndarray:
-    """bool [T, W]: slot i is in step t's true top-K of `layer` (Figure 1 of the paper)."""
+                    max_slots: Optional[int] = None,
+                    index_topk: Optional[int] = None) -> np.ndarray:
+    """int8 [T, W]: 1 = slot in step t's true top-K of `layer` (Figure 1 of the paper),
+    0 = not, -1 = not visible yet."""
+    from .evaluate import topk_mask
+
     if not 0 <= layer < trace.num_layers:
         raise SpinError(f"layer {layer} is outside [0, {trace.num_layers})")
     if not 0 <= row < trace.next_n:
         raise SpinError(f"row {row} is outside [0, {trace.next_n})")
-    width = max_slots or trace.max_slots
-    img = np.zeros((trace.num_steps, width), dtype=bool)
+    if max_slots is not None and max_slots < 1:
+        raise SpinError(f"slots to show must be >= 1, got {max_slots}")
+    k = index_topk or trace.index_topk
+    width = min(max_slots or trace.max_slots, trace.max_slots)
+    img = np.full((trace.num_steps, width), -1, dtype=np.int8)
     for t in range(trace.num_steps):
-        z = trace.step_scores(t)[layer, row]
-        k = min(trace.index_topk, int(trace.row_len[t, layer, row]))
-        idx = z.topk(k).indices
-        idx = idx[idx < width]
-        img[t, idx.numpy()] = True
+        n = trace.row_len[t, layer, row]
+        top = topk_mask(trace.step_scores(t)[layer, row], n, k)
+        shown = min(int(n), width)
+        img[t, :shown] = top[:shown].numpy()
     return img
 
 
 def plot_topk_mask(trace: SpinTrace, path: str | Path, layer: int = 0, row: int = 0,
-                   max_slots: Optional[int] = None,
-                   selected: Optional[torch.Tensor] = None) -> Path:
-    """Top-K mask image; with `selected` (bool [T, NB] SPIN blocks), skipped blocks are shaded."""
+                   max_slots: Optional[int] = None, selected: Optional[torch.Tensor] = None,
+                   block_size: Optional[int] = None, index_topk: Optional[int] = None) -> Path:
+    """Top-K mask image; with `selected` (bool [T, NB] SPIN blocks of `block_size` slots),
+    skipped blocks are shaded and missed top-K slots drawn red. Invisible slots stay white."""
     plt = _pyplot()
-    img = topk_mask_image(trace, layer, row, max_slots)
+    img = topk_mask_image(trace, layer, row, max_slots, index_topk)
     T, W = img.shape
+    b = block_size or trace.block_size
     canvas = np.ones((T, W, 3))
+    top = img == 1
     if selected is not None:
-        blocks = selected.numpy().astype(bool)
-        slot_sel = np.repeat(blocks, trace.block_size, axis=1)[:, :W]
+        slot_sel = np.repeat(selected.numpy().astype(bool), b, axis=1)[:, :W]
         if slot_sel.shape[1] < W:
             slot_sel = np.pad(slot_sel, ((0, 0), (0, W - slot_sel.shape[1])))
-        canvas[~slot_sel] = (0.85, 0.85, 0.95)
-    canvas[img] = (0.1, 0.1, 0.1)
+        canvas[(img >= 0) & ~slot_sel] = (0.85, 0.85, 0.95)
+    canvas[top] = (0.1, 0.1, 0.1)
     if selected is not None:
-        canvas[img & ~slot_sel] = (0.85, 0.1, 0.1)
+        canvas[top & ~slot_sel] = (0.85, 0.1, 0.1)
     fig, ax = plt.subplots(figsize=(10, 6))
     ax.imshow(canvas, aspect="auto", interpolation="nearest")
     ax.set_xlabel("KV slot")
     ax.set_ylabel("decode step")
-    title = f"{trace.name}: layer {layer} top-{trace.index_topk}"
+    title = f"{trace.name}: layer {layer} top-{index_topk or trace.index_topk}"
     if selected is not None:
         title += " (shaded: skipped blocks, red: missed top-K slots)"
     ax.set_title(title, fontsize=9)

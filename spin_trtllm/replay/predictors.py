@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .evaluate import row_pearson
+from .evaluate import row_pearson, topk_mask
+from ..errors import SpinError
 from .trace import SpinTrace
 
 METHODS = ("random", "prev_layer", "prev_layer_best5", "prev_iter", "prev_iter_offset1")
@@ -29,14 +30,8 @@ NEG_INF = float("-inf")
 
 def _recall(proxy: torch.Tensor, true: torch.Tensor, n: torch.Tensor, k: int) -> torch.Tensor:
     """[L, W] proxy/true (-inf where undefined/invisible) -> recall per row."""
-    kk = min(k, true.shape[-1])
-    k_row = n.clamp(max=k)
-    rank_ok = torch.arange(kk) < k_row.unsqueeze(-1)
-    true_mask = torch.zeros_like(true, dtype=torch.bool)
-    true_mask.scatter_(-1, true.topk(kk, -1).indices, rank_ok)
-    pidx = proxy.topk(kk, -1).indices
-    hits = (true_mask.gather(-1, pidx) & rank_ok).sum(-1)
-    return hits.double() / k_row.clamp(min=1)
+    hits = (topk_mask(proxy, n, k) & topk_mask(true, n, k)).sum(-1)
+    return hits.double() / n.clamp(max=k).clamp(min=1)
 
 
 def _metrics(proxy: torch.Tensor, true: torch.Tensor, n: torch.Tensor, k: int):
@@ -46,7 +41,9 @@ def _metrics(proxy: torch.Tensor, true: torch.Tensor, n: torch.Tensor, k: int):
 
 def compare_predictors(trace: SpinTrace, index_topk: Optional[int] = None, seed: int = 0,
                        progress: bool = False) -> dict[str, Any]:
-    k = index_topk or trace.index_topk
+    k = trace.index_topk if index_topk is None else index_topk
+    if k < 1:
+        raise SpinError(f"index_topk must be >= 1, got {k}")
     L = trace.num_layers
     gen = torch.Generator().manual_seed(seed)
     turn_starts = trace.turn_starts()

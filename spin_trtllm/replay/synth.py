@@ -30,6 +30,7 @@ from ..errors import SpinError
 from .trace import SpinTrace
 
 MAX_NEXT_N = 8
+MAX_SCORES = 2_000_000_000  # about 4 GB of fp16; keeps int32 offsets and memory sane
 MAX_NOISE = 10.0     # more noise would drown the structure and keep hitting the clamp
 SCORE_CLAMP = 99.0   # hard bound for the rare far noise tail
 _INT_RULES = {
@@ -87,6 +88,14 @@ class SynthConfig:
         if self.dtype not in _DTYPES:
             raise SpinError(f"SynthConfig.dtype must be one of {sorted(_DTYPES)}, "
                             f"got {self.dtype!r}")
+        # upper bound of the packed scores: every step at the longest possible context
+        final_slots = (self.prompt_slots + (self.steps * self.next_n) // self.compress_ratio
+                       + self.turns * self.turn_slots + self.next_n)
+        scores = self.steps * self.layers * self.next_n * final_slots
+        if scores > MAX_SCORES:
+            raise SpinError(f"SynthConfig: up to {scores:,} scores "
+                            f"(steps x layers x next_n x slots) exceed the limit of "
+                            f"{MAX_SCORES:,}; use fewer steps, layers or slots")
 
 
 def _plan(cfg: SynthConfig, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
@@ -142,7 +151,8 @@ def _single_thread() -> Iterator[None]:
 
 
 def synthesize(cfg: SynthConfig, progress: bool = False) -> SpinTrace:
-    """Generate a validated synthetic SpinTrace; bit-identical for the same config."""
+    """Generate a validated synthetic SpinTrace; its tensors are bit-identical for the same
+    config (a saved file's header may order the metadata differently)."""
     from tqdm import tqdm
 
     g = torch.Generator().manual_seed(cfg.seed)

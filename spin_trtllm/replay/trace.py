@@ -127,11 +127,19 @@ class SpinTrace:
         if total != self.scores.numel():
             fail(f"scores has {self.scores.numel()} values but row_len sums to {total} "
                  f"(truncated or mismatched packing)")
-        too_small = self.query_pos.unsqueeze(1) < self.row_len - 1
+        q = self.query_pos.unsqueeze(1)
+        too_small = q < self.row_len - 1
         if bool(too_small.any()):
             t, l, r = too_small.nonzero()[0].tolist()
             fail(f"query_pos[{t},{r}] = {int(self.query_pos[t, r])} is before the last visible "
                  f"slot {int(self.row_len[t, l, r]) - 1} of layer {l} (offsets q - i must be >= 0)")
+        # D is indexed by q - i, so q far past the context would need a huge D state
+        too_far = q.to(torch.int64) > 2 * self.row_len.to(torch.int64) - 1
+        if bool(too_far.any()):
+            t, l, r = too_far.nonzero()[0].tolist()
+            fail(f"query_pos[{t},{r}] = {int(self.query_pos[t, r])} is more than row_len "
+                 f"{int(self.row_len[t, l, r])} slots past the last visible slot of layer {l} "
+                 f"(need q <= 2 * row_len - 1)")
         if not bool(torch.isfinite(self.scores).all()):
             bad = int((~torch.isfinite(self.scores)).nonzero()[0])
             fail(f"scores[{bad}] = {float(self.scores[bad])} is not finite")
@@ -176,10 +184,13 @@ class SpinTrace:
         if self.accepted is not None:
             tensors["accepted"] = self.accepted.contiguous()
         path = Path(path)
+        if not path.parent.is_dir():
+            raise TraceError(f"trace {path}: cannot write (no directory {path.parent})")
         try:
             save_file(tensors, str(path), metadata=self.metadata())
-        except OSError as err:
-            raise TraceError(f"trace {path}: cannot write ({err.strerror})") from None
+        except Exception as err:  # OSError or safetensors' own error type
+            raise TraceError(f"trace {path}: cannot write "
+                             f"({' '.join(str(err).split())[:200]})") from None
         return path
 
     @classmethod
