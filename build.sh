@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build and install spin-trtllm for the torch that is installed.
-# Today the package is pure Python: every op runs through the reference implementation
-# (spin_trtllm.reference). The native CUDA library (cpp/) and the TensorRT plugins
-# (plugins/) are built here once they exist; see cpp/README.md and plugins/README.md.
-#   ./build.sh          install (editable) with the test extras
-#   ./build.sh test     install, then run the test suite
+#   ./build.sh          install (editable, with test extras) and build the native library:
+#                       CUDA kernels when torch has CUDA and nvcc exists (sm_90a + sm_90;
+#                       SPIN_CUDA_ARCHS="100 120" adds targets), otherwise a CPU-only package
+#                       whose ops run through the reference. Where nvcc exists, every .cu file
+#                       is also compiled for sm_90a as a check.
+#   ./build.sh test     the same, then run the test suite
 set -euo pipefail
 cd "$(dirname "$0")"
 python -c "import torch" 2>/dev/null || {
@@ -12,7 +13,8 @@ python -c "import torch" 2>/dev/null || {
   exit 1
 }
 pip install -e ".[test]"
-echo "build.sh: pure-Python build (no native library yet); ops run through the reference"
+python -m spin_trtllm._build --check
+python -m spin_trtllm._build
 if [ "${1:-}" = "test" ]; then
   python -m pytest -q
 fi

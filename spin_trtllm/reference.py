@@ -20,8 +20,8 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
     random:    priority = counter_hash(seed, request, layer, step, block), a uint32
     age:       priority = step - last_seen[block]   (steps since the block was last scored)
     staleness: priority = age * (1 + s), s = (S - min S) / (max S - min S) over the
-               candidates (0 when they are all equal): staleness weighted by predicted
-               importance, which can at most double it.
+               candidates (0 when they are all equal), in fp32: staleness weighted by
+               predicted importance, which can at most double it.
   Ties: lower block id. MTP rows share the random keys and the block ages, so they mostly
   explore the same blocks (staleness also weighs each row's own predicted scores).
 - Reductions (ablations of section 4.6):
@@ -238,12 +238,13 @@ def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.T
         age = (step[:, None] - last_seen[:, :nb]).to(torch.float64).unsqueeze(1)
         pri = age.expand(candidates.shape)
         if cfg.exploration_policy == "staleness":
-            s = scores.to(torch.float64)
+            # fp32, one rounding per operation, so the kernels can match bit for bit
+            s = scores.float()
             lo = torch.where(candidates, s, torch.inf).amin(-1, keepdim=True)
             hi = torch.where(candidates, s, -torch.inf).amax(-1, keepdim=True)
             span = hi - lo
             norm = torch.where(span > 0, (s - lo) / torch.where(span > 0, span, 1.0), 0.0)
-            pri = pri * (1.0 + norm)
+            pri = (pri.float() * (1.0 + norm)).to(torch.float64)
     return torch.where(candidates, pri, -torch.inf)
 
 
@@ -396,10 +397,14 @@ def decode_step(state: SpinState, cfg: SpinConfig, dense_scores: torch.Tensor, n
     return sel, slot_pred
 
 
-def block_list(mask: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """bool [G, NB] -> (int32 [G, m_cap] ascending block ids, -1 padded; int32 [G] counts)."""
+def block_list(mask: torch.Tensor, m_cap: int,
+               truncate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [G, NB] -> (int32 [G, m_cap] ascending block ids, -1 padded; int32 [G] counts).
+
+    A union larger than m_cap is an error, or with truncate=True keeps its m_cap lowest ids
+    while counts still report the full size (the op contract: callers size m_cap)."""
     counts = mask.sum(-1)
-    if mask.shape[0] and int(counts.max()) > m_cap:
+    if not truncate and mask.shape[0] and int(counts.max()) > m_cap:
         raise SpinError(f"block_list: {int(counts.max())} selected blocks exceed m_cap {m_cap}")
     nb = mask.shape[-1]
     ids = torch.arange(nb, device=mask.device).expand_as(mask)
@@ -408,3 +413,73 @@ def block_list(mask: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.Tens
     if ordered.shape[-1] < m_cap:
         ordered = torch.nn.functional.pad(ordered, (0, m_cap - ordered.shape[-1]), value=nb)
     return torch.where(ordered == nb, -1, ordered).to(torch.int32), counts.to(torch.int32)
+
+
+# ---- the paged FP8 indexer and top-K over compact logits (spec of the native ops) ------------
+PAGE_SLOTS = 64
+KEY_BYTES = 128
+SLOT_BYTES = KEY_BYTES + 4
+
+
+def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """uint8 pages (64 fp8 rows of 128 B, then 64 fp32 scales) -> float32 keys [P, 64, 128]."""
+    pages = kv_cache.reshape(kv_cache.shape[0], PAGE_SLOTS * SLOT_BYTES)
+    rows = pages[:, :PAGE_SLOTS * KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
+    scales = pages[:, PAGE_SLOTS * KEY_BYTES:].contiguous().view(torch.float32)
+    return rows.view(-1, PAGE_SLOTS, KEY_BYTES) * scales.unsqueeze(-1)
+
+
+def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                          context_lens: torch.Tensor, block_table: torch.Tensor,
+                          block_ids: torch.Tensor, counts: torch.Tensor,
+                          dtype: torch.dtype = torch.float64, chunk: int = 256) -> torch.Tensor:
+    """z[i] = sum_h w_h ReLU(q_h . k_i) over the selected blocks, compact [B*R, m_cap*64].
+
+    Slot (c, s) is block block_ids[b, c], slot s. -inf where c >= min(count, m_cap), the block
+    id is outside the block table, its page is outside the cache (never read), or the slot is
+    past the row's causal length context_lens[b, r]."""
+    B, R = context_lens.shape
+    m_cap = block_ids.shape[1]
+    keys = dequantize_pages(kv_cache).to(dtype)
+    num_pages = keys.shape[0]
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    c = torch.arange(m_cap, device=q.device)
+    ids = block_ids.to(torch.int64)
+    live = (c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)) & (ids >= 0) \
+        & (ids < block_table.shape[1])
+    pages = block_table.to(torch.int64).gather(1, ids.clamp(0, block_table.shape[1] - 1))
+    live &= (pages >= 0) & (pages < num_pages)
+    pages = torch.where(live, pages, 0)
+    out = torch.empty(B, R, m_cap, PAGE_SLOTS, dtype=dtype, device=q.device)
+    for start in range(0, m_cap, chunk):
+        k = keys[pages[:, start:start + chunk]]                       # [B, c, 64, 128]
+        dots = torch.einsum("brhd,bcsd->brcsh", qf, k)
+        out[:, :, start:start + chunk] = (torch.relu(dots) * w[:, :, None, None, :]).sum(-1)
+    slot = ids.unsqueeze(-1) * PAGE_SLOTS + torch.arange(PAGE_SLOTS, device=q.device)
+    visible = slot.unsqueeze(1) < context_lens.to(torch.int64)[:, :, None, None]
+    out = out.masked_fill(~(live[:, None, :, None] & visible), float("-inf"))
+    return out.reshape(B * R, m_cap * PAGE_SLOTS)
+
+
+def topk_slots(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor, next_n: int,
+               k: int) -> torch.Tensor:
+    """int32 [B*R, k]: top-k request-local slot ids of the compact logits, ascending, -1
+    padded. Only finite scores of selected blocks compete; ties go to the lower slot id."""
+    rows, width = logits.shape
+    if width == 0 or k == 0:
+        return torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    pos = torch.arange(width, device=logits.device)
+    scored = (counts.to(torch.int64).clamp(max=block_ids.shape[1]) * PAGE_SLOTS)
+    valid = (pos < scored.repeat_interleave(next_n).unsqueeze(-1)) & torch.isfinite(logits)
+    key = torch.where(valid, logits.float(), float("-inf"))
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :k]
+    take = torch.arange(order.shape[1], device=logits.device) < valid.sum(-1, keepdim=True)
+    chosen = torch.where(take, order, width).sort(-1).values           # ascending positions
+    ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
+    slots = ids.gather(1, (chosen // PAGE_SLOTS).clamp(max=block_ids.shape[1] - 1)) * PAGE_SLOTS \
+        + chosen % PAGE_SLOTS
+    slots = torch.where(chosen < width, slots, -1)
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    out[:, :slots.shape[1]] = slots.to(torch.int32)
+    return out

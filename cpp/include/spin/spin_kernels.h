@@ -1,0 +1,94 @@
+// Launch API of the SPIN decode kernels: raw pointers, sizes and a stream; no torch/TensorRT.
+// The specification of every kernel is spin_trtllm/reference.py; the op contracts are in
+// spin_trtllm/ops.py. All kernels are graph-capturable (no host sync, no allocation).
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace spin {
+
+constexpr int kBlockSize = 64;   // slots per block = slots per indexer K-cache page
+constexpr int kHeads = 64;       // indexer heads (DeepSeek-V3.2/V4)
+constexpr int kHeadDim = 128;    // fp8 bytes per key row
+constexpr int kSlotBytes = kHeadDim + 4;  // 128 fp8 bytes + one fp32 scale
+constexpr int kMaxRows = 8;      // MTP rows (next_n) supported
+
+enum Pooling : int { kPoolMax = 0, kPoolMean = 1, kPoolTop4 = 2 };
+enum ExplorePolicy : int { kExploreRandom = 0, kExploreStaleness = 1, kExploreAge = 2 };
+
+// State tensors are [num_state_slots, num_layers, cap]; request b uses slot state_slot[b].
+struct StateView {
+  void* V;                 // float or half
+  void* D;                 // float or half, indexed by relative offset q - i
+  int64_t* last_seen;      // [.., block_cap] step each block was last scored
+  int64_t* decode_steps;   // [num_state_slots, num_layers]
+  bool half;               // V/D are fp16
+  int64_t cap;             // V/D entries per (slot, layer)
+  int64_t block_cap;       // last_seen entries per (slot, layer)
+  int num_layers;
+};
+
+struct SelectParams {
+  StateView state;
+  const int32_t* state_slot;   // [B]
+  const int32_t* n;            // [B, R] visible slots of each MTP row
+  const int32_t* q;            // [B, R] query position of each row (slot coordinates)
+  const int64_t* request_id;   // [B] RNG counter
+  const int64_t* step;         // [B] RNG counter and age clock
+  int batch, rows;
+  double rho, gamma;
+  int index_topk, warmup_steps;
+  bool keep_sink, keep_newest, mtp_union;
+  int pooling, policy;
+  uint32_t seed;
+  int32_t* block_ids;          // [B, L, m_cap] ascending, -1 padded
+  int32_t* counts;             // [B, L] union size (may exceed m_cap: first m_cap ids kept)
+  int m_cap;
+  int max_blocks;              // >= ceil(max n / 64); sizes shared memory
+};
+cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
+
+struct LogitsParams {
+  const uint8_t* q;            // fp8 e4m3 [B*R, 64, 128]
+  const uint8_t* kv_cache;     // [num_pages, 64 * 132]: 64 fp8 rows, then 64 fp32 scales
+  const float* weights;        // [B*R, 64]
+  const int32_t* context_lens; // [B, R]
+  const int32_t* block_table;  // [B, table_stride], max_pages valid columns
+  const int32_t* block_ids;    // [B, ids_stride] (m_cap used)
+  const int32_t* counts;       // [B] with counts_stride
+  int batch, rows, m_cap, max_pages;
+  int64_t num_pages, table_stride, ids_stride, counts_stride;
+  float* out;                  // [B*R, m_cap * 64]
+};
+cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
+
+struct TopKParams {
+  const float* logits;         // [B*R, width], width = m_cap * 64
+  const int32_t* block_ids;    // [B, ids_stride]
+  const int32_t* counts;       // [B] with counts_stride
+  int batch, rows, m_cap, k;
+  int64_t ids_stride, counts_stride;
+  int32_t* out;                // [B*R, k] request-local slot ids, ascending, -1 padded
+};
+cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
+
+struct UpdateParams {
+  StateView state;
+  int layer;
+  const int32_t* state_slot;   // [B]
+  const float* logits;         // [B*R, m_cap * 64] compact scores of this layer
+  const int32_t* block_ids;    // [B, ids_stride]
+  const int32_t* counts;       // [B] with counts_stride
+  const int32_t* n;            // [B, R]
+  const int32_t* q;            // [B, R]
+  const int32_t* accepted;     // [B] accepted drafts: rows 0..a replay in order
+  const int64_t* step;         // [B]
+  int batch, rows, m_cap;
+  int64_t ids_stride, counts_stride;
+  float alpha;
+  bool row0_only;
+  int max_blocks;              // >= ceil(max n / 64)
+};
+cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
+
+}  // namespace spin

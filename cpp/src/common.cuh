@@ -1,0 +1,88 @@
+// Device helpers shared by the SPIN kernels.
+#pragma once
+#include <cstdint>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include "spin/spin_kernels.h"
+
+namespace spin {
+
+// Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that
+// equal values tie, as in torch.
+__device__ __forceinline__ uint32_t ordered_key(float x) {
+  if (x == 0.0f) x = 0.0f;
+  uint32_t bits = __float_as_uint(x);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+// Same chain as reference.counter_hash: h = fmix32(seed ^ C0); h = fmix32(h ^ v ^ Ck).
+__device__ __forceinline__ uint32_t counter_hash(uint32_t seed, int64_t request, int64_t layer,
+                                                 int64_t step, int64_t block) {
+  uint32_t h = fmix32(seed ^ 0x9E3779B9u);
+  h = fmix32(h ^ static_cast<uint32_t>(request) ^ 0x85EBCA77u);
+  h = fmix32(h ^ static_cast<uint32_t>(layer) ^ 0xC2B2AE3Du);
+  h = fmix32(h ^ static_cast<uint32_t>(step) ^ 0x27D4EB2Fu);
+  return fmix32(h ^ static_cast<uint32_t>(block) ^ 0x165667B1u);
+}
+
+__device__ __forceinline__ float load_state(const void* base, bool half, int64_t idx) {
+  return half ? __half2float(static_cast<const __half*>(base)[idx])
+              : static_cast<const float*>(base)[idx];
+}
+
+// Saturate at the dtype's largest finite value, as reference._store does.
+__device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, float v) {
+  if (half) {
+    v = fminf(fmaxf(v, -65504.0f), 65504.0f);
+    static_cast<__half*>(base)[idx] = __float2half_rn(v);
+  } else {
+    static_cast<float*>(base)[idx] = v;
+  }
+}
+
+// EMA in the reference's order: round(a * old) + round(b * z), no fused multiply-add.
+__device__ __forceinline__ float ema(float a, float b, float old, float z) {
+  return __fadd_rn(__fmul_rn(a, old), __fmul_rn(b, z));
+}
+
+// Block-wide sum of one value per thread; every thread gets the total. `scratch` holds
+// one int per warp and must not be in use by the caller.
+template <int THREADS>
+__device__ __forceinline__ long long block_sum(long long v, long long* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  long long total = 0;
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; ++w) total += scratch[w];
+  return total;
+}
+
+template <int THREADS>
+__device__ __forceinline__ float block_min_max(float v, bool want_max, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = want_max ? fmaxf(v, other) : fminf(v, other);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = scratch[0];
+#pragma unroll
+  for (int w = 1; w < THREADS / 32; ++w) r = want_max ? fmaxf(r, scratch[w]) : fminf(r, scratch[w]);
+  return r;
+}
+
+}  // namespace spin

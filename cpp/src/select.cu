@@ -1,0 +1,209 @@
+// spin::select: predict block scores from V/D, apply budget, forced blocks, exploration and
+// the MTP union, for every (request, layer) stream in one launch. One CTA per stream.
+#include <cfloat>
+
+#include "common.cuh"
+
+namespace spin {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Ties break towards the lower block id: the low word is ~j.
+__device__ __forceinline__ uint64_t pack(uint32_t hi, int j) {
+  return (static_cast<uint64_t>(hi) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
+}
+
+// The T-th largest key among eligible entries (keys are distinct); 1 <= T <= #eligible.
+template <typename Key, typename Eligible>
+__device__ uint64_t kth_largest(int count, long long T, Key key, Eligible eligible,
+                                long long* scratch) {
+  uint64_t prefix = 0;
+  for (int bit = 63; bit >= 0; --bit) {
+    const uint64_t cand = prefix | (1ull << bit);
+    long long c = 0;
+    for (int j = threadIdx.x; j < count; j += kThreads) c += (eligible(j) && key(j) >= cand);
+    if (block_sum<kThreads>(c, scratch) >= T) prefix = cand;
+  }
+  return prefix;
+}
+
+// Pool max(V[i], D[q - i]) over the visible slots of block j; one warp per block.
+__device__ float pool_block(const StateView& s, int64_t base, int j, int n, int q, int pooling) {
+  const int lane = threadIdx.x & 31;
+  float v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = static_cast<int64_t>(j) * kBlockSize + lane + 32 * h;
+    if (i < n) {
+      const int64_t o = static_cast<int64_t>(q) - i;
+      const float vv = i < s.cap ? load_state(s.V, s.half, base + i) : 0.0f;
+      const float dd = (o >= 0 && o < s.cap) ? load_state(s.D, s.half, base + o) : 0.0f;
+      v[h] = fmaxf(vv, dd);
+    } else {
+      v[h] = -CUDART_INF_F;
+    }
+  }
+  if (pooling == kPoolMax) {
+    float m = fmaxf(v[0], v[1]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+  }
+  if (pooling == kPoolMean) {
+    float sum = (v[0] > -CUDART_INF_F ? v[0] : 0.0f) + (v[1] > -CUDART_INF_F ? v[1] : 0.0f);
+    int cnt = (v[0] > -CUDART_INF_F) + (v[1] > -CUDART_INF_F);
+    for (int o = 16; o > 0; o >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    }
+    return cnt > 0 ? sum / cnt : -CUDART_INF_F;
+  }
+  // top4: mean of up to the 4 largest visible values, summed largest first
+  float sum = 0.0f;
+  int cnt = 0;
+  for (int k = 0; k < 4; ++k) {
+    float m = fmaxf(v[0], v[1]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!(m > -CUDART_INF_F)) break;
+    sum = k == 0 ? m : sum + m;
+    ++cnt;
+    // remove one occurrence: the lowest lane (then lower half) holding m
+    const unsigned holders = __ballot_sync(0xffffffffu, v[0] == m || v[1] == m);
+    if (lane == __ffs(holders) - 1) {
+      if (v[0] == m) v[0] = -CUDART_INF_F; else v[1] = -CUDART_INF_F;
+    }
+  }
+  return cnt > 0 ? sum / cnt : -CUDART_INF_F;
+}
+
+__global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
+  extern __shared__ unsigned char smem[];
+  float* score = reinterpret_cast<float*>(smem);
+  uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
+  uint8_t* union_flag = row_flag + p.max_blocks;
+  __shared__ long long scratch[kThreads / 32];
+  __shared__ float fscratch[kThreads / 32];
+
+  const int layer = blockIdx.x, b = blockIdx.y;
+  const StateView& s = p.state;
+  const int64_t stream = static_cast<int64_t>(p.state_slot[b]) * s.num_layers + layer;
+  const int64_t base = stream * s.cap;
+  const int64_t* last_seen = s.last_seen + stream * s.block_cap;
+  const bool dense = s.decode_steps[stream] < p.warmup_steps;
+  const int64_t step = p.step[b];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int min_blocks = (p.index_topk + kBlockSize - 1) / kBlockSize;
+
+  int nb_all = 0;
+  for (int r = 0; r < p.rows; ++r) {
+    const int n = p.n[b * p.rows + r];
+    nb_all = max(nb_all, min((n + kBlockSize - 1) / kBlockSize, p.max_blocks));
+  }
+  for (int j = threadIdx.x; j < nb_all; j += kThreads) union_flag[j] = 0;
+  const int nb0 = min((p.n[b * p.rows] + kBlockSize - 1) / kBlockSize, p.max_blocks);
+
+  for (int r = 0; r < p.rows; ++r) {
+    const int n = p.n[b * p.rows + r];
+    const int q = p.q[b * p.rows + r];
+    const int B = min((n + kBlockSize - 1) / kBlockSize, p.max_blocks);
+    if (!p.mtp_union && r > 0) {  // row0 sharing: only the blocks row 0 cannot see
+      __syncthreads();
+      for (int j = nb0 + threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
+      continue;
+    }
+    __syncthreads();
+    if (dense) {
+      for (int j = threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
+      continue;
+    }
+    for (int j = warp; j < B; j += kThreads / 32) {
+      const float v = pool_block(s, base, j, n, q, p.pooling);
+      if (lane == 0) score[j] = v;
+    }
+    const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
+    const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);
+    long long m = min(static_cast<long long>(B), max(static_cast<long long>(min_blocks),
+                                                     static_cast<long long>(keep)));
+    m = max(m, static_cast<long long>(min(n_forced, B)));
+    long long e = 0;
+    if (p.gamma > 0.0) {
+      e = static_cast<long long>(floor(p.gamma * static_cast<double>(m) + 1e-6));
+      e = min(e, m - n_forced);
+      e = max(e, 0ll);
+    }
+    const long long top = m - e - n_forced;
+    auto forced = [&](int j) { return (p.keep_sink && j == 0) || (p.keep_newest && j == B - 1); };
+    __syncthreads();
+    auto score_key = [&](int j) { return pack(ordered_key(score[j]), j); };
+    auto rest = [&](int j) { return !forced(j); };
+    const uint64_t thr = top > 0 ? kth_largest(B, top, score_key, rest, scratch) : ~0ull;
+    for (int j = threadIdx.x; j < B; j += kThreads)
+      row_flag[j] = forced(j) || (top > 0 && score_key(j) >= thr);
+    __syncthreads();
+    if (e > 0) {
+      auto candidate = [&](int j) { return row_flag[j] == 0; };
+      float lo = CUDART_INF_F, hi = -CUDART_INF_F;
+      if (p.policy == kExploreStaleness) {
+        for (int j = threadIdx.x; j < B; j += kThreads)
+          if (candidate(j)) { lo = fminf(lo, score[j]); hi = fmaxf(hi, score[j]); }
+        lo = block_min_max<kThreads>(lo, false, fscratch);
+        hi = block_min_max<kThreads>(hi, true, fscratch);
+      }
+      const float span = __fsub_rn(hi, lo);
+      auto priority = [&](int j) -> uint64_t {
+        if (p.policy == kExploreRandom) return pack(counter_hash(p.seed, p.request_id[b], layer, step, j), j);
+        long long age = step - (j < s.block_cap ? last_seen[j] : 0);
+        age = max(age, 0ll);
+        if (p.policy == kExploreAge)
+          return pack(static_cast<uint32_t>(min(age, 0xFFFFFFFFll)), j);
+        const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
+        return pack(ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm))), j);
+      };
+      const uint64_t thr2 = kth_largest(B, e, priority, candidate, scratch);
+      __syncthreads();
+      for (int j = threadIdx.x; j < B; j += kThreads)
+        if (candidate(j) && priority(j) >= thr2) row_flag[j] = 2;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < B; j += kThreads)
+      if (row_flag[j]) union_flag[j] = 1;
+  }
+  __syncthreads();
+
+  // Compact the union into ascending ids.
+  int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
+  __shared__ int warp_total[kThreads / 32];
+  int written = 0;
+  for (int start = 0; start < nb_all; start += kThreads) {
+    const int j = start + threadIdx.x;
+    const bool f = j < nb_all && union_flag[j];
+    const unsigned ballot = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) warp_total[warp] = __popc(ballot);
+    __syncthreads();
+    int before = written;
+    for (int w = 0; w < warp; ++w) before += warp_total[w];
+    const int rank = before + __popc(ballot & ((1u << lane) - 1));
+    if (f && rank < p.m_cap) out[rank] = j;
+    int chunk = 0;
+    for (int w = 0; w < kThreads / 32; ++w) chunk += warp_total[w];
+    written += chunk;
+    __syncthreads();
+  }
+  for (int c = written + threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
+  if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = written;
+}
+
+}  // namespace
+
+cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
+  cudaError_t err = cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  dim3 grid(p.state.num_layers, p.batch);
+  select_kernel<<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace spin

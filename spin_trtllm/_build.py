@@ -1,0 +1,95 @@
+"""Build the native library (python -m spin_trtllm._build [--check]); build.sh calls this.
+
+- With a CUDA build of torch and nvcc: compiles cpp/src/*.cu and the torch bindings into
+  spin_trtllm/libspin_native.so (SPIN_CUDA_ARCHS adds -gencode targets).
+- Otherwise: says so in one line; the ops run through the reference.
+- --check: compiles every cpp/src/*.cu for sm_90a and sm_90 with nvcc alone (no torch CUDA
+  needed), so a kernel that does not compile fails on CPU-only machines too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
+SOURCES = sorted((ROOT / "cpp" / "src").glob("*.cu"))
+GENCODE = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=sm_90"]
+
+
+def gencode_flags() -> list[str]:
+    extra = os.environ.get("SPIN_CUDA_ARCHS", "").split()
+    return GENCODE + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in extra]
+
+
+def nvcc() -> str | None:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
+        return str(Path(cuda_home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def check() -> int:
+    """Compile each kernel source on its own; 0 when all compile."""
+    compiler = nvcc()
+    if compiler is None:
+        print("spin_trtllm build check: nvcc not found; kernel sources not compiled")
+        return 0
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for src in SOURCES:
+            cmd = [compiler, "-std=c++17", "-c", *GENCODE, f"-I{ROOT / 'cpp' / 'include'}",
+                   str(src), "-o", str(Path(tmp) / (src.stem + ".o"))]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            status = "ok" if res.returncode == 0 else "FAILED"
+            print(f"nvcc {src.relative_to(ROOT)} (sm_90a, sm_90): {status}")
+            if res.returncode:
+                print(res.stderr, file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+def build(verbose: bool = False) -> int:
+    import torch
+
+    if torch.version.cuda is None:
+        print("spin_trtllm build: torch has no CUDA; CPU-only package (ops run through the "
+              "reference)")
+        return 0
+    if nvcc() is None:
+        print("spin_trtllm build: nvcc not found; CPU-only package (ops run through the "
+              "reference)")
+        return 0
+    from torch.utils.cpp_extension import load
+
+    out_dir = ROOT / "build" / "native"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load(name="spin_native",
+         sources=[str(s) for s in SOURCES] + [str(PACKAGE / "csrc" / "native_ops.cpp")],
+         extra_include_paths=[str(ROOT / "cpp" / "include")],
+         extra_cflags=["-O3", "-std=c++17"],
+         extra_cuda_cflags=["-O3", "-std=c++17", *gencode_flags()],
+         build_directory=str(out_dir), is_python_module=False, verbose=verbose)
+    built = out_dir / "spin_native.so"
+    target = PACKAGE / "libspin_native.so"
+    shutil.copy2(built, target)
+    print(f"spin_trtllm build: wrote {target.relative_to(ROOT)}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only compile the .cu files with nvcc")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    return check() if args.check else build(args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

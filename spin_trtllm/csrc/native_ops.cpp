@@ -1,0 +1,152 @@
+// Thin torch bindings of the cpp/ launchers, registered as spin_native::*. The public ops
+// (torch.ops.spin.*) are defined in spin_trtllm/ops.py, which validates every argument and
+// then calls these on CUDA tensors.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "spin/spin_kernels.h"
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "spin::", what, " launch failed: ", cudaGetErrorString(err));
+}
+
+spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, at::Tensor& decode_steps) {
+  TORCH_CHECK(V.is_cuda() && V.is_contiguous() && D.is_contiguous() && last_seen.is_contiguous() &&
+              decode_steps.is_contiguous(), "spin: state tensors must be contiguous CUDA tensors");
+  spin::StateView s;
+  s.V = V.data_ptr();
+  s.D = D.data_ptr();
+  s.last_seen = last_seen.data_ptr<int64_t>();
+  s.decode_steps = decode_steps.data_ptr<int64_t>();
+  s.half = V.scalar_type() == at::kHalf;
+  s.cap = V.size(2);
+  s.block_cap = last_seen.size(2);
+  s.num_layers = static_cast<int>(V.size(1));
+  return s;
+}
+
+void select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
+            at::Tensor state_slot, at::Tensor context_lens, at::Tensor query_pos,
+            at::Tensor request_id, at::Tensor step, at::Tensor block_ids, at::Tensor counts,
+            double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
+            int64_t warmup_steps, bool keep_sink, bool keep_newest, int64_t pooling,
+            bool mtp_union, int64_t seed, int64_t max_blocks) {
+  const c10::cuda::CUDAGuard guard(V.device());
+  spin::SelectParams p;
+  p.state = state_view(V, D, last_seen, decode_steps);
+  p.state_slot = state_slot.data_ptr<int32_t>();
+  p.n = context_lens.data_ptr<int32_t>();
+  p.q = query_pos.data_ptr<int32_t>();
+  p.request_id = request_id.data_ptr<int64_t>();
+  p.step = step.data_ptr<int64_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.rho = target_sparsity;
+  p.gamma = exploration;
+  p.index_topk = static_cast<int>(index_topk);
+  p.warmup_steps = static_cast<int>(warmup_steps);
+  p.keep_sink = keep_sink;
+  p.keep_newest = keep_newest;
+  p.mtp_union = mtp_union;
+  p.pooling = static_cast<int>(pooling);
+  p.policy = static_cast<int>(policy);
+  p.seed = static_cast<uint32_t>(seed);
+  p.block_ids = block_ids.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.m_cap = static_cast<int>(block_ids.size(2));
+  p.max_blocks = static_cast<int>(max_blocks);
+  check(spin::launch_select(p, at::cuda::getCurrentCUDAStream()), "select");
+}
+
+void indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, at::Tensor context_lens,
+                    at::Tensor block_table, at::Tensor block_ids, at::Tensor counts, at::Tensor out) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  spin::LogitsParams p;
+  p.q = static_cast<const uint8_t*>(q.data_ptr());
+  p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
+  p.weights = weights.data_ptr<float>();
+  p.context_lens = context_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_ids = block_ids.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.m_cap = static_cast<int>(block_ids.size(1));
+  p.max_pages = static_cast<int>(block_table.size(1));
+  p.num_pages = kv_cache.size(0);
+  p.table_stride = block_table.stride(0);
+  p.ids_stride = block_ids.stride(0);
+  p.counts_stride = counts.stride(0);
+  p.out = out.data_ptr<float>();
+  check(spin::launch_indexer_logits(p, at::cuda::getCurrentCUDAStream()), "indexer_logits");
+}
+
+void topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  spin::TopKParams p;
+  p.logits = logits.data_ptr<float>();
+  p.block_ids = block_ids.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.batch = static_cast<int>(block_ids.size(0));
+  p.rows = static_cast<int>(next_n);
+  p.m_cap = static_cast<int>(block_ids.size(1));
+  p.k = static_cast<int>(out.size(1));
+  p.ids_stride = block_ids.stride(0);
+  p.counts_stride = counts.stride(0);
+  p.out = out.data_ptr<int32_t>();
+  check(spin::launch_topk(p, at::cuda::getCurrentCUDAStream()), "topk");
+}
+
+void update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
+            at::Tensor state_slot, at::Tensor logits, at::Tensor block_ids, at::Tensor counts,
+            at::Tensor context_lens, at::Tensor query_pos, at::Tensor accepted, at::Tensor step,
+            int64_t layer, double ema_decay, bool row0_only, int64_t max_blocks) {
+  const c10::cuda::CUDAGuard guard(V.device());
+  spin::UpdateParams p;
+  p.state = state_view(V, D, last_seen, decode_steps);
+  p.layer = static_cast<int>(layer);
+  p.state_slot = state_slot.data_ptr<int32_t>();
+  p.logits = logits.data_ptr<float>();
+  p.block_ids = block_ids.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.n = context_lens.data_ptr<int32_t>();
+  p.q = query_pos.data_ptr<int32_t>();
+  p.accepted = accepted.data_ptr<int32_t>();
+  p.step = step.data_ptr<int64_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.m_cap = static_cast<int>(block_ids.size(1));
+  p.ids_stride = block_ids.stride(0);
+  p.counts_stride = counts.stride(0);
+  p.alpha = static_cast<float>(ema_decay);
+  p.row0_only = row0_only;
+  p.max_blocks = static_cast<int>(max_blocks);
+  check(spin::launch_update(p, at::cuda::getCurrentCUDAStream()), "update");
+}
+
+}  // namespace
+
+TORCH_LIBRARY(spin_native, m) {
+  m.def("select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
+        "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
+        "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
+        "int warmup_steps, bool keep_sink, bool keep_newest, int pooling, bool mtp_union, int seed, "
+        "int max_blocks) -> ()");
+  m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
+        "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
+  m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()");
+  m.def("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
+        "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
+        "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "
+        "int max_blocks) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
+  m.impl("select", &select);
+  m.impl("indexer_logits", &indexer_logits);
+  m.impl("topk", &topk);
+  m.impl("update", &update);
+}

@@ -1,0 +1,483 @@
+"""SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset}.
+
+The schemas live here (one place). Every op validates its arguments in Python (shapes,
+dtypes, devices, contiguity, config ranges: clear errors before any launch), then runs:
+- on CUDA tensors, the native kernels of cpp/ (libspin_native, built by build.sh) when the
+  library is present, else the reference;
+- on CPU tensors, the reference (spin_trtllm.reference), which is the specification.
+All ops write into caller-provided buffers and return nothing, so a decode step made of them
+can be captured in a CUDA graph; fake (meta) implementations let torch.compile trace them.
+
+Contracts (DESIGN.md):
+- state: V, D float32/float16 [num_state_slots, L, cap]; last_seen int64 [.., L, ceil(cap/64)];
+  decode_steps int64 [num_state_slots, L]. Request b uses state slot state_slot[b] (distinct
+  per batch). cap must cover every context length and query position.
+- context_lens int32 [B, R] (row j of a request with length N sees N - R + j + 1 slots),
+  query_pos int32 [B, R] (slot coordinates), request_id/step int64 [B], accepted int32 [B].
+- select -> block_ids int32 [B, L, m_cap] ascending, -1 padded; counts int32 [B, L] = the
+  union size. A union larger than m_cap keeps its m_cap lowest ids (counts still say how many):
+  size m_cap for the largest union you allow (every block in warm-up).
+- indexer_logits -> fp32 [B*R, m_cap*64] compact scores, -inf past a row's causal length,
+  past the selected count, and for block-table entries outside the cache (never read).
+- topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
+- update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0); a
+  non-finite score is not observed. reset zeroes state slots and restarts their warm-up.
+The ops implement reduction A1 (A0/A2 are replay ablations of the reference) and block size 64.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import reference as ref
+from .config import SpinConfig
+from .errors import SpinError
+
+log = logging.getLogger("spin_trtllm")
+
+BLOCK = ref.PAGE_SLOTS
+HEADS, HEAD_DIM = 64, 128
+POOLING = {"max": 0, "mean": 1, "top4": 2}
+POLICY = {"random": 0, "staleness": 1, "age": 2}
+OPS = ("select", "indexer_logits", "topk", "update")
+
+_SCHEMAS = {
+    "select": "select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
+              "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, "
+              "Tensor(a!) block_ids, Tensor(b!) counts, float target_sparsity, float exploration, "
+              "int policy, int index_topk, int warmup_steps, bool keep_sink, bool keep_newest, "
+              "int pooling, bool mtp_union, int seed, int max_context_len) -> ()",
+    "indexer_logits": "indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, "
+                      "Tensor context_lens, Tensor block_table, Tensor block_ids, Tensor counts, "
+                      "Tensor(a!) out) -> ()",
+    "topk": "topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()",
+    "update": "update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
+              "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, "
+              "Tensor context_lens, Tensor query_pos, Tensor accepted, Tensor step, int layer, "
+              "float ema_decay, bool row0_only, int max_context_len) -> ()",
+    "reset": "reset(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
+             "Tensor state_slots, Tensor step) -> ()",
+}
+
+
+# ---- native library -----------------------------------------------------------------------------
+def _load_native() -> bool:
+    here = Path(__file__).parent
+    for lib in sorted(here.glob("libspin_native*.so")):
+        try:
+            torch.ops.load_library(str(lib))
+            return True
+        except (OSError, RuntimeError) as err:
+            log.warning("spin_trtllm: cannot load %s (%s)", lib.name, err)
+    return False
+
+
+NATIVE = _load_native()
+if not NATIVE:
+    log.warning("spin_trtllm: native library not built; spin::%s run through the reference "
+                "implementation (./build.sh builds it where torch has CUDA and nvcc exists)",
+                ", spin::".join(OPS))
+
+
+# ---- validation ---------------------------------------------------------------------------------
+def _fail(op: str, msg: str) -> None:
+    raise SpinError(f"spin::{op}: {msg}")
+
+
+def _dt(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _tensor(op: str, name: str, t, dtypes, ndim: int, device: torch.device,
+            contiguous: bool = False, inner_contiguous: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        _fail(op, f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        _fail(op, f"{name} must be {'/'.join(_dt(torch.empty(0, dtype=d)) for d in dtypes)}, "
+                  f"got {_dt(t)}")
+    if t.dim() != ndim:
+        _fail(op, f"{name} must have {ndim} dims, got shape {list(t.shape)}")
+    if t.device != device:
+        _fail(op, f"{name} is on {t.device}, expected {device} like the other inputs")
+    if contiguous and not t.is_contiguous():
+        _fail(op, f"{name} must be contiguous")
+    if inner_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(op, f"{name} must be contiguous in its last dim")
+    return t
+
+
+def _shape(op: str, name: str, t: torch.Tensor, expected: tuple) -> None:
+    if tuple(t.shape) != tuple(expected):
+        _fail(op, f"{name} must have shape {list(expected)}, got {list(t.shape)}")
+
+
+I32, I64 = (torch.int32,), (torch.int64,)
+STATE_DTYPES = (torch.float32, torch.float16)
+
+
+def _check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
+    dev = V.device if isinstance(V, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "V", V, STATE_DTYPES, 3, dev, contiguous=True)
+    _tensor(op, "D", D, (V.dtype,), 3, dev, contiguous=True)
+    _shape(op, "D", D, V.shape)
+    S, L, cap = V.shape
+    _tensor(op, "last_seen", last_seen, I64, 3, dev, contiguous=True)
+    _shape(op, "last_seen", last_seen, (S, L, math.ceil(cap / BLOCK)))
+    _tensor(op, "decode_steps", decode_steps, I64, 2, dev, contiguous=True)
+    _shape(op, "decode_steps", decode_steps, (S, L))
+    return dev
+
+
+def _check_batch(op: str, dev, state_slot, context_lens, query_pos, B_expected=None):
+    _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
+    B, R = context_lens.shape
+    if not 1 <= R <= 8:
+        _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
+    if B_expected is not None and B != B_expected:
+        _fail(op, f"context_lens has {B} requests, expected {B_expected}")
+    _tensor(op, "query_pos", query_pos, I32, 2, dev, contiguous=True)
+    _shape(op, "query_pos", query_pos, (B, R))
+    if state_slot is not None:
+        _tensor(op, "state_slot", state_slot, I32, 1, dev, contiguous=True)
+        _shape(op, "state_slot", state_slot, (B,))
+    return B, R
+
+
+def _check_selection(op: str, dev, block_ids, counts, B: int, layered: bool) -> int:
+    _tensor(op, "block_ids", block_ids, I32, 3 if layered else 2, dev,
+            contiguous=layered, inner_contiguous=True)
+    _tensor(op, "counts", counts, I32, 2 if layered else 1, dev, contiguous=layered)
+    if block_ids.shape[0] != B or counts.shape[0] != B:
+        _fail(op, f"block_ids {list(block_ids.shape)} and counts {list(counts.shape)} must "
+                  f"have {B} requests")
+    if layered and tuple(counts.shape) != tuple(block_ids.shape[:2]):
+        _fail(op, f"counts must have shape {list(block_ids.shape[:2])}, got {list(counts.shape)}")
+    return block_ids.shape[-1]
+
+
+def _check_max_context(op: str, max_context_len: int, cap: int) -> int:
+    if not 1 <= max_context_len <= cap:
+        _fail(op, f"max_context_len {max_context_len} must be in [1, state capacity {cap}]")
+    return math.ceil(max_context_len / BLOCK)
+
+
+def _host_bounds(op: str, context_lens, query_pos, max_context_len: int, cap: int) -> None:
+    """Device-value checks; only on CPU, where they cost no synchronization."""
+    if context_lens.device.type != "cpu" or context_lens.numel() == 0:
+        return
+    if int(context_lens.min()) < 0 or int(context_lens.max()) > max_context_len:
+        _fail(op, f"context_lens must be in [0, max_context_len={max_context_len}], got "
+                  f"[{int(context_lens.min())}, {int(context_lens.max())}]")
+    if int(query_pos.max()) >= cap or bool((query_pos < context_lens - 1).any()):
+        _fail(op, f"query_pos must satisfy context_len - 1 <= q < state capacity {cap}")
+
+
+# ---- reference implementations (CPU, and CUDA without the native library) ------------------------
+def _streams(state_slot: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """[S, L, ...] -> [B * L, ...] rows of the batch's state slots."""
+    idx = state_slot.long()
+    return [t[idx].reshape(idx.numel() * t.shape[1], *t.shape[2:]) for t in tensors]
+
+
+def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos, request_id,
+                step, block_ids, counts, target_sparsity, exploration, policy, index_topk,
+                warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
+                max_context_len) -> None:
+    B, R = context_lens.shape
+    L = V.shape[1]
+    if B == 0:
+        return
+    cfg = SpinConfig(block_size=BLOCK, target_sparsity=target_sparsity, exploration=exploration,
+                     exploration_policy={v: k for k, v in POLICY.items()}[policy],
+                     index_topk=index_topk, warmup_steps=warmup_steps, keep_sink=keep_sink,
+                     keep_newest=keep_newest, pooling={v: k for k, v in POOLING.items()}[pooling],
+                     mtp_mask="union" if mtp_union else "row0")
+    Vg, Dg, ls, ds = _streams(state_slot, V, D, last_seen, decode_steps)
+    state = ref.SpinState(Vg, Dg, ls, ds)
+    n = context_lens.long().repeat_interleave(L, 0).clamp(max=max_context_len)
+    q = query_pos.long().repeat_interleave(L, 0)
+    width = max(int(n.max()), 1)
+    scores, slot_pred = ref.predict_blocks(state, n, q, cfg, width)
+    layer = torch.arange(L, device=V.device).repeat(B)
+    sel = ref.select_blocks(scores, slot_pred, n, state, cfg,
+                            torch.full((B * L,), float(target_sparsity), dtype=torch.float64,
+                                       device=V.device),
+                            request_id.repeat_interleave(L), layer, step.repeat_interleave(L))
+    m_cap = block_ids.shape[-1]
+    ids, cnt = ref.block_list(sel.mask, m_cap, truncate=True)
+    block_ids.copy_(ids.view(B, L, m_cap))
+    counts.copy_(cnt.view(B, L))
+
+
+def _logits_ref(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out) -> None:
+    out.copy_(ref.masked_indexer_logits(q, kv_cache, weights, context_lens, block_table,
+                                        block_ids, counts).float())
+
+
+def _topk_ref(logits, block_ids, counts, next_n, out) -> None:
+    out.copy_(ref.topk_slots(logits, block_ids, counts, next_n, out.shape[1]))
+
+
+def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
+                context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
+                max_context_len) -> None:
+    B, R = context_lens.shape
+    if B == 0:
+        return
+    m_cap = block_ids.shape[1]
+    cfg = SpinConfig(block_size=BLOCK, ema_decay=ema_decay,
+                     mtp_update="row0" if row0_only else "prefix_valid",
+                     state_dtype=str(V.dtype).replace("torch.", ""))
+    idx = state_slot.long()
+    state = ref.SpinState(V[idx, layer].clone(), D[idx, layer].clone(),
+                          last_seen[idx, layer].clone(), decode_steps[idx, layer].clone())
+    n = context_lens.long().clamp(max=max_context_len)
+    width = max(int(n.max()), 1)
+    nb = math.ceil(width / BLOCK)
+    live = (torch.arange(m_cap, device=V.device) < counts.long().clamp(max=m_cap).unsqueeze(-1)) \
+        & (block_ids >= 0) & (block_ids < nb)
+    mask = torch.zeros(B, nb + 1, dtype=torch.bool, device=V.device)
+    safe_ids = torch.where(live, block_ids.long(), nb)               # column nb: discarded
+    mask.scatter_(1, safe_ids, True)
+    mask = mask[:, :nb]
+    # compact [B*R, m_cap*64] -> dense slot coordinates [B, R, nb*64]
+    dense = torch.full((B, R, (nb + 1) * BLOCK), float("-inf"), device=V.device)
+    cols = (safe_ids.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=V.device)).flatten(1)
+    dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), logits.view(B, R, -1).float())
+    ref.update_state(state, dense[:, :, :width], mask, n, query_pos.long(),
+                     accepted.long(), cfg, step.long())
+    V[idx, layer] = state.V
+    D[idx, layer] = state.D
+    last_seen[idx, layer] = state.last_seen
+    decode_steps[idx, layer] = state.decode_steps
+
+
+# ---- op registration ------------------------------------------------------------------------------
+def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos,
+                     request_id, step, block_ids, counts, target_sparsity, exploration, policy,
+                     index_topk, warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
+                     max_context_len) -> int:
+    op = "select"
+    dev = _check_state(op, V, D, last_seen, decode_steps)
+    B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
+    for name, t in (("request_id", request_id), ("step", step)):
+        _tensor(op, name, t, I64, 1, dev, contiguous=True)
+        _shape(op, name, t, (B,))
+    _check_selection(op, dev, block_ids, counts, B, layered=True)
+    if block_ids.shape[1] != V.shape[1]:
+        _fail(op, f"block_ids has {block_ids.shape[1]} layers, the state has {V.shape[1]}")
+    if not 0.0 <= target_sparsity < 1.0:
+        _fail(op, f"target_sparsity must satisfy 0 <= x < 1, got {target_sparsity}")
+    if not 0.0 <= exploration < 1.0:
+        _fail(op, f"exploration must satisfy 0 <= x < 1, got {exploration}")
+    if policy not in POLICY.values() or pooling not in POOLING.values():
+        _fail(op, f"policy must be in {POLICY} and pooling in {POOLING}, got {policy}, {pooling}")
+    if index_topk < 1 or warmup_steps < 1 or not 0 <= seed < 1 << 32:
+        _fail(op, f"need index_topk >= 1, warmup_steps >= 1, 0 <= seed < 2^32; got "
+                  f"{index_topk}, {warmup_steps}, {seed}")
+    max_blocks = _check_max_context(op, max_context_len, V.shape[2])
+    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2])
+    return max_blocks
+
+
+def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
+    op = "indexer_logits"
+    dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
+    _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
+    B, R = context_lens.shape
+    _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
+    _tensor(op, "kv_cache", kv_cache, (torch.uint8,), kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2,
+            dev, contiguous=True)
+    if kv_cache.dim() < 2 or kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
+        _fail(op, f"kv_cache must be uint8 pages of {BLOCK} x {ref.SLOT_BYTES} bytes "
+                  f"(e.g. [num_pages, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+    _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
+    _shape(op, "weights", weights, (B * R, HEADS))
+    _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
+    _tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
+    _shape(op, "out", out, (B * R, m_cap * BLOCK))
+
+
+def _validate_topk(logits, block_ids, counts, next_n, out):
+    op = "topk"
+    dev = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "logits", logits, (torch.float32,), 2, dev, contiguous=True)
+    B = block_ids.shape[0] if isinstance(block_ids, torch.Tensor) else 0
+    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
+    if not 1 <= next_n <= 8:
+        _fail(op, f"next_n must be 1..8, got {next_n}")
+    _shape(op, "logits", logits, (B * next_n, m_cap * BLOCK))
+    _tensor(op, "out", out, I32, 2, dev, contiguous=True)
+    if out.shape[0] != B * next_n or out.shape[1] < 1:
+        _fail(op, f"out must have shape [{B * next_n}, K >= 1], got {list(out.shape)}")
+
+
+def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
+                     context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
+                     max_context_len) -> int:
+    op = "update"
+    dev = _check_state(op, V, D, last_seen, decode_steps)
+    B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
+    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
+    _tensor(op, "logits", logits, (torch.float32,), 2, dev, contiguous=True)
+    _shape(op, "logits", logits, (B * R, m_cap * BLOCK))
+    _tensor(op, "accepted", accepted, I32, 1, dev, contiguous=True)
+    _shape(op, "accepted", accepted, (B,))
+    _tensor(op, "step", step, I64, 1, dev, contiguous=True)
+    _shape(op, "step", step, (B,))
+    if not 0 <= layer < V.shape[1]:
+        _fail(op, f"layer {layer} is outside [0, {V.shape[1]})")
+    if not 0.0 <= ema_decay < 1.0:
+        _fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
+    max_blocks = _check_max_context(op, max_context_len, V.shape[2])
+    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2])
+    return max_blocks
+
+
+def _native_or_ref(name: str, tensor: torch.Tensor) -> bool:
+    return NATIVE and tensor.is_cuda
+
+
+def _select_impl(*args) -> None:
+    max_blocks = _validate_select(*args)
+    if _native_or_ref("select", args[0]):
+        torch.ops.spin_native.select(*args[:-1], max_blocks)
+    else:
+        _select_ref(*args)
+
+
+def _logits_impl(*args) -> None:
+    _validate_logits(*args)
+    if _native_or_ref("indexer_logits", args[0]):
+        torch.ops.spin_native.indexer_logits(*args)
+    else:
+        _logits_ref(*args)
+
+
+def _topk_impl(*args) -> None:
+    _validate_topk(*args)
+    if _native_or_ref("topk", args[0]):
+        torch.ops.spin_native.topk(*args)
+    else:
+        _topk_ref(*args)
+
+
+def _update_impl(*args) -> None:
+    max_blocks = _validate_update(*args)
+    if _native_or_ref("update", args[0]):
+        torch.ops.spin_native.update(*args[:-1], max_blocks)
+    else:
+        _update_ref(*args)
+
+
+def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
+    dev = _check_state("reset", V, D, last_seen, decode_steps)
+    _tensor("reset", "state_slots", state_slots, I32 + I64, 1, dev)
+    _tensor("reset", "step", step, I64, 1, dev)
+    _shape("reset", "step", step, tuple(state_slots.shape))
+    idx = state_slots.long()
+    V.index_fill_(0, idx, 0)
+    D.index_fill_(0, idx, 0)
+    last_seen.index_copy_(0, idx, step.view(-1, 1, 1).expand(-1, *last_seen.shape[1:]).contiguous())
+    decode_steps.index_fill_(0, idx, 0)
+
+
+_LIB = torch.library.Library("spin", "DEF")
+_IMPLS = {"select": _select_impl, "indexer_logits": _logits_impl, "topk": _topk_impl,
+          "update": _update_impl, "reset": _reset_impl}
+for _name, _schema in _SCHEMAS.items():
+    _LIB.define(_schema)
+    _LIB.impl(_name, _IMPLS[_name], "CPU")
+    _LIB.impl(_name, _IMPLS[_name], "CUDA")
+    torch.library.register_fake(f"spin::{_name}", lambda *args, **kwargs: None, lib=_LIB)
+
+
+# ---- friendly wrappers ----------------------------------------------------------------------------
+@dataclass
+class OpState:
+    """V/D/last_seen/decode_steps for num_slots state slots x num_layers indexer layers."""
+
+    V: torch.Tensor
+    D: torch.Tensor
+    last_seen: torch.Tensor
+    decode_steps: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_slots: int, num_layers: int, capacity: int, cfg: SpinConfig,
+              device: torch.device | str = "cpu") -> "OpState":
+        if min(num_slots, num_layers, capacity) < 1:
+            raise SpinError(f"OpState: num_slots ({num_slots}), num_layers ({num_layers}) and "
+                            f"capacity ({capacity}) must be >= 1")
+        dtype = getattr(torch, cfg.state_dtype)
+        blocks = math.ceil(capacity / BLOCK)
+        return cls(torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
+                   torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
+                   torch.zeros(num_slots, num_layers, blocks, dtype=torch.int64, device=device),
+                   torch.zeros(num_slots, num_layers, dtype=torch.int64, device=device))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.V, self.D, self.last_seen, self.decode_steps
+
+
+def _require_a1(cfg: SpinConfig) -> None:
+    if cfg.reduction != "A1" or cfg.block_size != BLOCK:
+        raise SpinError(f"the spin ops implement reduction A1 with block_size {BLOCK}; got "
+                        f"reduction={cfg.reduction}, block_size={cfg.block_size} (A0/A2 are "
+                        f"replay ablations: use spin_trtllm.reference)")
+
+
+def select(state: OpState, state_slot, context_lens, query_pos, request_id, step,
+           cfg: SpinConfig, m_cap: int, max_context_len: int,
+           block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None):
+    _require_a1(cfg)
+    B, L = context_lens.shape[0], state.V.shape[1]
+    dev = state.V.device
+    if block_ids is None:
+        block_ids = torch.empty(B, L, m_cap, dtype=torch.int32, device=dev)
+    if counts is None:
+        counts = torch.empty(B, L, dtype=torch.int32, device=dev)
+    torch.ops.spin.select(*state.tensors(), state_slot, context_lens, query_pos, request_id,
+                          step, block_ids, counts, cfg.target_sparsity, cfg.exploration,
+                          POLICY[cfg.exploration_policy], cfg.index_topk, cfg.warmup_steps,
+                          cfg.keep_sink, cfg.keep_newest, POOLING[cfg.pooling],
+                          cfg.mtp_mask == "union", cfg.seed, max_context_len)
+    return block_ids, counts
+
+
+def indexer_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if out is None:
+        out = torch.empty(q.shape[0], block_ids.shape[-1] * BLOCK, dtype=torch.float32,
+                          device=q.device)
+    torch.ops.spin.indexer_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
+                                  counts, out)
+    return out
+
+
+def topk(logits, block_ids, counts, next_n: int, k: int,
+         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if out is None:
+        out = torch.empty(logits.shape[0], k, dtype=torch.int32, device=logits.device)
+    torch.ops.spin.topk(logits, block_ids, counts, next_n, out)
+    return out
+
+
+def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
+           accepted, step, layer: int, cfg: SpinConfig, max_context_len: int) -> None:
+    torch.ops.spin.update(*state.tensors(), state_slot, logits, block_ids, counts, context_lens,
+                          query_pos, accepted, step, layer, cfg.ema_decay,
+                          cfg.mtp_update == "row0", max_context_len)
+
+
+def reset(state: OpState, state_slots, step) -> None:
+    torch.ops.spin.reset(*state.tensors(), state_slots, step)
