@@ -1,7 +1,7 @@
 // Thin torch bindings of the cpp/ launchers, registered as spin_native::*. The public ops
 // (torch.ops.spin.*) are defined in spin_trtllm/ops.py, which validates every argument and
 // then calls these on CUDA tensors.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -28,7 +28,7 @@ spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, 
   return s;
 }
 
-void select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
+void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
             at::Tensor state_slot, at::Tensor context_lens, at::Tensor query_pos,
             at::Tensor request_id, at::Tensor step, at::Tensor block_ids, at::Tensor counts,
             double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
@@ -58,10 +58,10 @@ void select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_
   p.counts = counts.data_ptr<int32_t>();
   p.m_cap = static_cast<int>(block_ids.size(2));
   p.max_blocks = static_cast<int>(max_blocks);
-  check(spin::launch_select(p, at::cuda::getCurrentCUDAStream()), "select");
+  check(spin::launch_select(p, c10::cuda::getCurrentCUDAStream()), "select");
 }
 
-void indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, at::Tensor context_lens,
+void spin_indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, at::Tensor context_lens,
                     at::Tensor block_table, at::Tensor block_ids, at::Tensor counts, at::Tensor out) {
   const c10::cuda::CUDAGuard guard(q.device());
   spin::LogitsParams p;
@@ -81,10 +81,10 @@ void indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, at::T
   p.ids_stride = block_ids.stride(0);
   p.counts_stride = counts.stride(0);
   p.out = out.data_ptr<float>();
-  check(spin::launch_indexer_logits(p, at::cuda::getCurrentCUDAStream()), "indexer_logits");
+  check(spin::launch_indexer_logits(p, c10::cuda::getCurrentCUDAStream()), "indexer_logits");
 }
 
-void topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out) {
+void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out) {
   const c10::cuda::CUDAGuard guard(logits.device());
   spin::TopKParams p;
   p.logits = logits.data_ptr<float>();
@@ -97,10 +97,10 @@ void topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t ne
   p.ids_stride = block_ids.stride(0);
   p.counts_stride = counts.stride(0);
   p.out = out.data_ptr<int32_t>();
-  check(spin::launch_topk(p, at::cuda::getCurrentCUDAStream()), "topk");
+  check(spin::launch_topk(p, c10::cuda::getCurrentCUDAStream()), "topk");
 }
 
-void update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
+void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
             at::Tensor state_slot, at::Tensor logits, at::Tensor block_ids, at::Tensor counts,
             at::Tensor context_lens, at::Tensor query_pos, at::Tensor accepted, at::Tensor step,
             int64_t layer, double ema_decay, bool row0_only, int64_t max_blocks) {
@@ -124,7 +124,7 @@ void update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_
   p.alpha = static_cast<float>(ema_decay);
   p.row0_only = row0_only;
   p.max_blocks = static_cast<int>(max_blocks);
-  check(spin::launch_update(p, at::cuda::getCurrentCUDAStream()), "update");
+  check(spin::launch_update(p, c10::cuda::getCurrentCUDAStream()), "update");
 }
 
 }  // namespace
@@ -145,8 +145,8 @@ TORCH_LIBRARY(spin_native, m) {
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
-  m.impl("select", &select);
-  m.impl("indexer_logits", &indexer_logits);
-  m.impl("topk", &topk);
-  m.impl("update", &update);
+  m.impl("select", &spin_select);
+  m.impl("indexer_logits", &spin_indexer_logits);
+  m.impl("topk", &spin_topk);
+  m.impl("update", &spin_update);
 }

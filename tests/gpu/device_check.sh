@@ -15,15 +15,16 @@ fi
 libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m spin_trtllm._build --check 2>&1 | tee "$out/build_check.log"
-python3 -m spin_trtllm._build 2>&1 | tail -5 | tee "$out/build.log" || exit 1
+python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error|Error" "$out/build.log"; exit 1; }
+tail -1 "$out/build.log"
 python3 -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_reference_props.py \
   -k "gpu or cuda" 2>&1 | tee "$out/pytest_gpu.log" | tail -15
 [ "${1:-}" = "quick" ] && exit 0
 sel="test_gpu_step_matches_reference or test_gpu_exploration_and_pooling or test_gpu_row0 or test_gpu_select_overflow or cuda_graph"
-compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
   tests/test_ops.py -k "$sel" > "$out/memcheck.log" 2>&1; echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
 tail -4 "$out/memcheck.log"
-compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
   tests/test_ops.py -k "test_gpu_row0 or (exploration_and_pooling and top4 and staleness)" \
   > "$out/racecheck.log" 2>&1; echo "racecheck rc=$?" | tee -a "$out/racecheck.log"
 tail -4 "$out/racecheck.log"
