@@ -492,3 +492,22 @@ def test_gpu_cuda_graph_step_matches_eager():
             assert torch.equal(zs[l], z_e[l]) and torch.equal(tops[l], top_e[l])
         for a, b in zip(p.state.tensors(), q.state.tensors()):
             assert torch.equal(a, b)
+
+
+@gpu
+def test_gpu_out_of_cache_entries_and_device_mismatch():
+    p_cpu, p_gpu = _gpu_problem(B=2, R=2, L=1, lens=(600, 300), seed=13)
+    for p in (p_cpu, p_gpu):
+        p.table[0, 2] = p.num_pages + 5            # outside the cache: never read, scores -inf
+        p.table[1, 0] = -1
+    ids = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 4]], dtype=torch.int32)
+    cnt = torch.tensor([4, 3], dtype=torch.int32)
+    outs = [ops.indexer_logits(p.qfp8, p.cache[0], p.weights, p.n, p.table, ids.to(p.n.device),
+                               cnt.to(p.n.device)).cpu() for p in (p_cpu, p_gpu)]
+    assert torch.equal(torch.isinf(outs[0]), torch.isinf(outs[1]))
+    assert (outs[1][0:2, 128:192] == float("-inf")).all() and (outs[1][2:4, 0:64] == float("-inf")).all()
+    fin = torch.isfinite(outs[0])
+    assert torch.allclose(outs[1][fin], outs[0][fin], rtol=1e-5, atol=1e-5)
+    with pytest.raises(SpinError, match="is on cpu, expected cuda"):
+        ops.indexer_logits(p_gpu.qfp8, p_gpu.cache[0], p_gpu.weights, p_gpu.n, p_gpu.table, ids,
+                           cnt.cuda())
