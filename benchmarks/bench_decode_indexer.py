@@ -1,0 +1,213 @@
+"""Decode-indexer benchmark on a CUDA GPU: the SPIN path against the dense path.
+
+    python benchmarks/bench_decode_indexer.py [--batch 8 32] [--slots 32768 131072]
+        [--next-n 1] [--topk 512] [--sparsity 0 0.3 0.5] [--layers 21] [--json OUT]
+        [--markdown OUT] [--iters 30]
+
+Per case (batch x slots per request x next_n x K x target sparsity), medians of CUDA-event
+timings over --iters iterations, rotating over several input sets so the L2 cache does not
+flatter small cases:
+  dense:  indexer_logits over every block + topk (our kernels); the torch reference
+          (dequantize + einsum + topk) for small cases only
+  spin:   select for --layers layers in one launch, masked logits, topk, update of one layer
+Bytes are the K-cache bytes of the pages read (132 B per slot); bandwidth is compared with a
+device-to-device copy measured in the same run (bytes read + written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+
+import torch
+
+from spin_trtllm import SpinConfig
+from spin_trtllm import ops
+
+PAGE_BYTES = 64 * 132
+
+
+def time_ms(fn, iters: int, sets: int) -> float:
+    """Median milliseconds of fn(i) over iters calls, i cycling over `sets` input sets."""
+    for i in range(min(3, iters)):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth(iters: int) -> float:
+    """TB/s of a 2 GiB device-to-device copy (bytes read + written)."""
+    src = torch.empty(1 << 29, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda i: dst.copy_(src), iters, 1)
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+
+
+def make_inputs(batch: int, slots: int, next_n: int, sets: int, gen: torch.Generator):
+    pages = math.ceil(slots / 64)
+    inputs = []
+    for _ in range(sets):
+        num_pages = batch * pages
+        rows = (torch.randn(num_pages, 64 * 128, generator=gen) * 2).to(torch.float8_e4m3fn)
+        scales = torch.rand(num_pages, 64, generator=gen) * 0.02 + 0.005
+        cache = torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], 1).view(
+            num_pages, 64, 1, 132).cuda()
+        table = torch.randperm(num_pages, generator=gen).view(batch, pages).to(torch.int32).cuda()
+        q = torch.randn(batch * next_n, 64, 128, generator=gen).to(torch.float8_e4m3fn).cuda()
+        w = (torch.randn(batch * next_n, 64, generator=gen) * 0.1).cuda()
+        inputs.append((cache, table, q, w))
+    n = torch.tensor([[slots - next_n + 1 + r for r in range(next_n)]] * batch,
+                     dtype=torch.int32, device="cuda")
+    return inputs, n
+
+
+def run_case(batch, slots, next_n, k, rho, layers, iters, sets, copy_tbs, gen, reference):
+    cfg = SpinConfig(index_topk=k, target_sparsity=rho)
+    pages = math.ceil(slots / 64)
+    inputs, n = make_inputs(batch, slots, next_n, sets, gen)
+    q_pos = n - 1
+    state = ops.OpState.zeros(batch, layers, slots + 64, cfg, device="cuda")
+    state.V.normal_()
+    state.D.normal_()
+    state.decode_steps.fill_(5)
+    slot = torch.arange(batch, dtype=torch.int32, device="cuda")
+    req = torch.arange(batch, device="cuda")
+    step = torch.full((batch,), 10, device="cuda")
+    acc = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    m_cap = pages
+    ids = torch.empty(batch, layers, m_cap, dtype=torch.int32, device="cuda")
+    cnt = torch.empty(batch, layers, dtype=torch.int32, device="cuda")
+    ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots, ids, cnt)
+    selected = int(cnt[:, 0].sum())
+    dense_ids = torch.arange(pages, dtype=torch.int32, device="cuda").repeat(batch, 1)
+    dense_cnt = torch.full((batch,), pages, dtype=torch.int32, device="cuda")
+    z = torch.empty(batch * next_n, m_cap * 64, device="cuda")
+    top = torch.empty(batch * next_n, k, dtype=torch.int32, device="cuda")
+
+    def dense_logits(i):
+        cache, table, q, w = inputs[i]
+        ops.indexer_logits(q, cache, w, n, table, dense_ids, dense_cnt, z)
+
+    t_dense_logits = time_ms(dense_logits, iters, sets)
+    t_dense_topk = time_ms(lambda i: ops.topk(z, dense_ids, dense_cnt, next_n, k, top), iters, sets)
+    t_select = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
+                                            ids, cnt), iters, sets)
+
+    def spin_logits(i):
+        cache, table, q, w = inputs[i]
+        ops.indexer_logits(q, cache, w, n, table, ids[:, 0], cnt[:, 0], z)
+
+    t_spin_logits = time_ms(spin_logits, iters, sets)
+    t_spin_topk = time_ms(lambda i: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top), iters, sets)
+    t_update = time_ms(lambda i: ops.update(state, slot, z, ids[:, 0], cnt[:, 0], n, q_pos, acc,
+                                            step, 0, cfg, slots), iters, sets)
+    t_ref = None
+    if reference and batch * slots <= 1 << 18:
+        def torch_dense(i):
+            from spin_trtllm.reference import dequantize_pages
+
+            cache, table, q, w = inputs[i]
+            keys = dequantize_pages(cache)[table.long()].view(batch, -1, 128)
+            logits = torch.einsum("brhd,bsd->brsh", q.float().view(batch, next_n, 64, 128), keys)
+            scores = (torch.relu(logits) * w.view(batch, next_n, 1, 64)).sum(-1)
+            scores.view(batch * next_n, -1).topk(min(k, scores.shape[-1]), dim=-1)
+
+        t_ref = time_ms(torch_dense, max(3, iters // 5), sets)
+
+    dense_bytes = batch * pages * PAGE_BYTES
+    spin_bytes = selected * PAGE_BYTES
+    dense_ms = t_dense_logits + t_dense_topk
+    # per indexer layer: one layer's share of the all-layer select, then that layer's work
+    spin_ms = t_select / layers + t_spin_logits + t_spin_topk + t_update
+
+    def tbs(nbytes, ms):
+        return nbytes / (ms * 1e-3) / 1e12
+
+    return {
+        "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
+        "layers_in_select": layers,
+        "realized_sparsity": 1 - selected / (batch * pages),
+        "dense_logits_us": 1e3 * t_dense_logits, "dense_topk_us": 1e3 * t_dense_topk,
+        "dense_logits_tbs": tbs(dense_bytes, t_dense_logits),
+        "select_us": 1e3 * t_select, "select_per_layer_us": 1e3 * t_select / layers,
+        "spin_logits_us": 1e3 * t_spin_logits,
+        "spin_topk_us": 1e3 * t_spin_topk, "update_us": 1e3 * t_update,
+        "spin_logits_tbs": tbs(spin_bytes, t_spin_logits),
+        "spin_logits_frac_of_copy": tbs(spin_bytes, t_spin_logits) / copy_tbs,
+        "torch_reference_us": None if t_ref is None else 1e3 * t_ref,
+        "spin_over_dense": spin_ms / dense_ms,
+    }
+
+
+def markdown(rows, copy_tbs) -> str:
+    head = ("| batch | slots | next_n | K | target | realized | dense logits us (TB/s) | dense topk us "
+            "| select us | spin logits us (TB/s, % copy) | spin topk us | update us | spin/dense |")
+    lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s", "", head,
+             "|" + "---|" * 13]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} | {r['target_sparsity']:.1f} "
+            f"| {r['realized_sparsity']:.3f} | {r['dense_logits_us']:.1f} ({r['dense_logits_tbs']:.2f}) "
+            f"| {r['dense_topk_us']:.1f} | {r['select_us']:.1f} "
+            f"| {r['spin_logits_us']:.1f} ({r['spin_logits_tbs']:.2f}, {100 * r['spin_logits_frac_of_copy']:.0f}%) "
+            f"| {r['spin_topk_us']:.1f} | {r['update_us']:.1f} | {r['spin_over_dense']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--slots", type=int, nargs="+", default=[32768])
+    ap.add_argument("--next-n", type=int, nargs="+", default=[1])
+    ap.add_argument("--topk", type=int, nargs="+", default=[512])
+    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.3, 0.5])
+    ap.add_argument("--layers", type=int, default=21)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--sets", type=int, default=3, help="rotating input sets")
+    ap.add_argument("--reference", action="store_true", help="also time the torch reference")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_decode_indexer: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if not ops.NATIVE:
+        print("bench_decode_indexer: native library not built (./build.sh)", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    copy_tbs = copy_bandwidth(args.iters)
+    rows = []
+    for batch in args.batch:
+        for slots in args.slots:
+            for next_n in args.next_n:
+                for k in args.topk:
+                    for rho in args.sparsity:
+                        row = run_case(batch, slots, next_n, k, rho, args.layers, args.iters,
+                                       args.sets, copy_tbs, gen, args.reference)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    table = markdown(rows, copy_tbs)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(), "rows": rows},
+                      f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
