@@ -161,16 +161,30 @@ def _check_selection(op: str, dev, block_ids, counts, B: int, layered: bool) -> 
     return block_ids.shape[-1]
 
 
+def _check_slots(op: str, slots: torch.Tensor, num_slots: int) -> None:
+    if slots.device.type != "cpu" or slots.numel() == 0:
+        return
+    if int(slots.min()) < 0 or int(slots.max()) >= num_slots:
+        _fail(op, f"state slots must be in [0, {num_slots}), got [{int(slots.min())}, "
+                  f"{int(slots.max())}]")
+    if slots.unique().numel() != slots.numel():
+        _fail(op, "state slots of one batch must be distinct")
+
+
 def _check_max_context(op: str, max_context_len: int, cap: int) -> int:
     if not 1 <= max_context_len <= cap:
         _fail(op, f"max_context_len {max_context_len} must be in [1, state capacity {cap}]")
     return math.ceil(max_context_len / BLOCK)
 
 
-def _host_bounds(op: str, context_lens, query_pos, max_context_len: int, cap: int) -> None:
-    """Device-value checks; only on CPU, where they cost no synchronization."""
+def _host_bounds(op: str, context_lens, query_pos, max_context_len: int, cap: int,
+                 state_slot=None, num_slots: int = 0) -> None:
+    """Device-value checks; only on CPU, where they cost no synchronization. (On CUDA the
+    kernels clamp context lengths to max_context_len and skip out-of-range state slots.)"""
     if context_lens.device.type != "cpu" or context_lens.numel() == 0:
         return
+    if state_slot is not None:
+        _check_slots(op, state_slot, num_slots)
     if int(context_lens.min()) < 0 or int(context_lens.max()) > max_context_len:
         _fail(op, f"context_lens must be in [0, max_context_len={max_context_len}], got "
                   f"[{int(context_lens.min())}, {int(context_lens.max())}]")
@@ -239,7 +253,7 @@ def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, co
                           last_seen[idx, layer].clone(), decode_steps[idx, layer].clone())
     n = context_lens.long().clamp(max=max_context_len)
     width = max(int(n.max()), 1)
-    nb = math.ceil(width / BLOCK)
+    nb = math.ceil(max_context_len / BLOCK)      # the blocks the kernels may mark as scored
     live = (torch.arange(m_cap, device=V.device) < counts.long().clamp(max=m_cap).unsqueeze(-1)) \
         & (block_ids >= 0) & (block_ids < nb)
     mask = torch.zeros(B, nb + 1, dtype=torch.bool, device=V.device)
@@ -278,11 +292,11 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
         _fail(op, f"exploration must satisfy 0 <= x < 1, got {exploration}")
     if policy not in POLICY.values() or pooling not in POOLING.values():
         _fail(op, f"policy must be in {POLICY} and pooling in {POOLING}, got {policy}, {pooling}")
-    if index_topk < 1 or warmup_steps < 1 or not 0 <= seed < 1 << 32:
-        _fail(op, f"need index_topk >= 1, warmup_steps >= 1, 0 <= seed < 2^32; got "
-                  f"{index_topk}, {warmup_steps}, {seed}")
+    if not (1 <= index_topk < 1 << 31 and 1 <= warmup_steps < 1 << 31 and 0 <= seed < 1 << 32):
+        _fail(op, f"need 1 <= index_topk < 2^31, 1 <= warmup_steps < 2^31, 0 <= seed < 2^32; "
+                  f"got {index_topk}, {warmup_steps}, {seed}")
     max_blocks = _check_max_context(op, max_context_len, V.shape[2])
-    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2])
+    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
     return max_blocks
 
 
@@ -292,12 +306,18 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
     _tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
     _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
     B, R = context_lens.shape
+    if not 1 <= R <= 8:
+        _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
     _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
     _tensor(op, "kv_cache", kv_cache, (torch.uint8,), kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2,
             dev, contiguous=True)
-    if kv_cache.dim() < 2 or kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
+    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
+            kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
         _fail(op, f"kv_cache must be uint8 pages of {BLOCK} x {ref.SLOT_BYTES} bytes "
-                  f"(e.g. [num_pages, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+                  f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        if t.data_ptr() % 16:
+            _fail(op, f"{name} must start at a 16-byte aligned address (the kernels load 16 B)")
     _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "weights", weights, (B * R, HEADS))
     _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
@@ -340,7 +360,7 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
     if not 0.0 <= ema_decay < 1.0:
         _fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
     max_blocks = _check_max_context(op, max_context_len, V.shape[2])
-    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2])
+    _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
     return max_blocks
 
 
@@ -349,9 +369,9 @@ def _native_or_ref(name: str, tensor: torch.Tensor) -> bool:
 
 
 def _select_impl(*args) -> None:
-    max_blocks = _validate_select(*args)
+    _validate_select(*args)
     if _native_or_ref("select", args[0]):
-        torch.ops.spin_native.select(*args[:-1], max_blocks)
+        torch.ops.spin_native.select(*args)
     else:
         _select_ref(*args)
 
@@ -373,9 +393,9 @@ def _topk_impl(*args) -> None:
 
 
 def _update_impl(*args) -> None:
-    max_blocks = _validate_update(*args)
+    _validate_update(*args)
     if _native_or_ref("update", args[0]):
-        torch.ops.spin_native.update(*args[:-1], max_blocks)
+        torch.ops.spin_native.update(*args)
     else:
         _update_ref(*args)
 
@@ -383,6 +403,7 @@ def _update_impl(*args) -> None:
 def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
     dev = _check_state("reset", V, D, last_seen, decode_steps)
     _tensor("reset", "state_slots", state_slots, I32 + I64, 1, dev)
+    _check_slots("reset", state_slots, V.shape[0])
     _tensor("reset", "step", step, I64, 1, dev)
     _shape("reset", "step", step, tuple(state_slots.shape))
     idx = state_slots.long()

@@ -18,7 +18,7 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   m - e positions hold the forced blocks and then the highest-scoring blocks (ties: lower
   block id); the e reserved positions take the highest-priority blocks not yet selected:
     random:    priority = counter_hash(seed, request, layer, step, block), a uint32
-    age:       priority = step - last_seen[block]   (steps since the block was last scored)
+    age:       priority = max(step - last_seen[block], 0)  (steps since last scored)
     staleness: priority = age * (1 + s), s = (S - min S) / (max S - min S) over the
                candidates (0 when they are all equal), in fp32: staleness weighted by
                predicted importance, which can at most double it.
@@ -39,7 +39,8 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   then the number of those blocks it can see.
 - Warm-up: the first warmup_steps decode steps after a reset score every block.
 - EMA update (deferred for MTP): for rows r = 0..a in order (mtp_update=prefix_valid; a is
-  the accepted draft count) or row 0 only (row0), for every scored slot i < n_r:
+  the accepted draft count, a negative a counts as 0: row 0 is always valid) or row 0 only
+  (row0), for every scored slot i < n_r:
       V[i] <- alpha V[i] + (1 - alpha) z[i];   D[q - i] <- alpha D[q - i] + (1 - alpha) z[i]
   computed in fp32 and stored in the state dtype, saturating at its largest finite value
   (fp16 state never holds inf). Slots of unselected blocks are untouched.
@@ -235,7 +236,7 @@ def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.T
         pri = counter_hash(cfg.seed, request[:, None], layer[:, None], step[:, None], blocks)
         pri = pri.to(torch.float64).unsqueeze(1).expand(candidates.shape)
     else:
-        age = (step[:, None] - last_seen[:, :nb]).to(torch.float64).unsqueeze(1)
+        age = (step[:, None] - last_seen[:, :nb]).clamp(min=0).to(torch.float64).unsqueeze(1)
         pri = age.expand(candidates.shape)
         if cfg.exploration_policy == "staleness":
             # fp32, one rounding per operation, so the kernels can match bit for bit
@@ -333,7 +334,7 @@ def update_state(state: SpinState, scores: torch.Tensor, mask: torch.Tensor, n: 
         _check_capacity_vd(state.V, state.D, W, q)
     a = cfg.ema_decay
     dev = scores.device
-    accepted = accepted.to(torch.int64).to(dev)
+    accepted = accepted.to(torch.int64).to(dev).clamp(min=0)      # row 0 is always valid
     rows = 1 if cfg.mtp_update == "row0" else R
     nb = mask.shape[-1]
     i = torch.arange(W, device=dev)

@@ -1,5 +1,6 @@
 // Device helpers shared by the SPIN kernels.
 #pragma once
+#include <cfloat>
 #include <cstdint>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -45,7 +46,7 @@ __device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, 
     v = fminf(fmaxf(v, -65504.0f), 65504.0f);
     static_cast<__half*>(base)[idx] = __float2half_rn(v);
   } else {
-    static_cast<float*>(base)[idx] = v;
+    static_cast<float*>(base)[idx] = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
   }
 }
 

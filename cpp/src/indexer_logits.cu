@@ -77,8 +77,11 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p) {
     }
     float z = 0.0f;
 #pragma unroll
-    for (int h = 0; h < kHeadsPerGroup; ++h)
-      z += ws[r * kHeads + group * kHeadsPerGroup + h] * fmaxf(acc[h] * scale, 0.0f);
+    for (int h = 0; h < kHeadsPerGroup; ++h) {
+      const float x = acc[h] * scale;
+      const float relu = x > 0.0f ? x : (x != x ? x : 0.0f);  // NaN stays NaN, as torch.relu
+      z += ws[r * kHeads + group * kHeadsPerGroup + h] * relu;
+    }
     partial[group * kBlockSize + slot] = z;
     __syncthreads();
     if (group == 0) {

@@ -86,6 +86,14 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
 
   const int layer = blockIdx.x, b = blockIdx.y;
   const StateView& s = p.state;
+  int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
+  const int slot_id = p.state_slot[b];
+  if (slot_id < 0 || slot_id >= s.num_slots) {  // no state: select nothing
+    for (int c = threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
+    if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = 0;
+    return;
+  }
+  auto clamp_n = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   const int64_t stream = static_cast<int64_t>(p.state_slot[b]) * s.num_layers + layer;
   const int64_t base = stream * s.cap;
   const int64_t* last_seen = s.last_seen + stream * s.block_cap;
@@ -96,14 +104,14 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
 
   int nb_all = 0;
   for (int r = 0; r < p.rows; ++r) {
-    const int n = p.n[b * p.rows + r];
+    const int n = clamp_n(r);
     nb_all = max(nb_all, min((n + kBlockSize - 1) / kBlockSize, p.max_blocks));
   }
   for (int j = threadIdx.x; j < nb_all; j += kThreads) union_flag[j] = 0;
-  const int nb0 = min((p.n[b * p.rows] + kBlockSize - 1) / kBlockSize, p.max_blocks);
+  const int nb0 = min((clamp_n(0) + kBlockSize - 1) / kBlockSize, p.max_blocks);
 
   for (int r = 0; r < p.rows; ++r) {
-    const int n = p.n[b * p.rows + r];
+    const int n = clamp_n(r);
     const int q = p.q[b * p.rows + r];
     const int B = min((n + kBlockSize - 1) / kBlockSize, p.max_blocks);
     if (!p.mtp_union && r > 0) {  // row0 sharing: only the blocks row 0 cannot see
@@ -153,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
       auto priority = [&](int j) -> uint64_t {
         if (p.policy == kExploreRandom) return pack(counter_hash(p.seed, p.request_id[b], layer, step, j), j);
         long long age = step - (j < s.block_cap ? last_seen[j] : 0);
-        age = max(age, 0ll);
+        age = max(age, 0ll);  // the reference clamps too
         if (p.policy == kExploreAge)
           return pack(static_cast<uint32_t>(min(age, 0xFFFFFFFFll)), j);
         const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
@@ -171,7 +179,6 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
   __syncthreads();
 
   // Compact the union into ascending ids.
-  int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
   __shared__ int warp_total[kThreads / 32];
   int written = 0;
   for (int start = 0; start < nb_all; start += kThreads) {

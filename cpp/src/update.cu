@@ -13,13 +13,16 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
   const int b = blockIdx.x;
   const StateView& s = p.state;
-  const int64_t stream = static_cast<int64_t>(p.state_slot[b]) * s.num_layers + p.layer;
+  const int slot_id = p.state_slot[b];
+  if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
+  const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + p.layer;
   const int64_t base = stream * s.cap;
   const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
   const int rows = p.row0_only ? 1 : min(max(p.accepted[b], 0) + 1, p.rows);
-  const float a = p.alpha, one_minus_a = static_cast<float>(1.0 - static_cast<double>(p.alpha));
+  const float a = p.alpha, one_minus_a = p.one_minus_alpha;
+  auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
     return s.half ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
   };
@@ -43,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
     float v = load_state(s.V, s.half, base + i);
     bool changed = false;
     for (int r = 0; r < rows; ++r) {
-      if (i >= p.n[b * p.rows + r]) continue;
+      if (i >= n_of(r)) continue;
       const float z = score(r, pos);
       if (!isfinite(z)) continue;
       v = round_state(ema(a, one_minus_a, v, z));
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
     bool loaded = false, changed = false;
     for (int r = 0; r < rows; ++r) {
       const int64_t i = static_cast<int64_t>(p.q[b * p.rows + r]) - o;
-      if (i < 0 || i >= p.n[b * p.rows + r]) continue;
+      if (i < 0 || i >= n_of(r)) continue;
       const int64_t j = i / kBlockSize;
       if (j >= p.max_blocks) continue;
       const int c = compact_of_block[j];
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   int64_t* last_seen = s.last_seen + stream * s.block_cap;
   for (int c = threadIdx.x; c < count; c += kThreads) {
     const int j = ids[c];
-    if (j >= 0 && j < s.block_cap) last_seen[j] = p.step[b];
+    if (j >= 0 && j < s.block_cap && j < p.max_blocks) last_seen[j] = p.step[b];
   }
   if (threadIdx.x == 0) s.decode_steps[stream] += 1;
 }

@@ -25,6 +25,7 @@ spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, 
   s.cap = V.size(2);
   s.block_cap = last_seen.size(2);
   s.num_layers = static_cast<int>(V.size(1));
+  s.num_slots = static_cast<int>(V.size(0));
   return s;
 }
 
@@ -33,7 +34,7 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
             at::Tensor request_id, at::Tensor step, at::Tensor block_ids, at::Tensor counts,
             double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
             int64_t warmup_steps, bool keep_sink, bool keep_newest, int64_t pooling,
-            bool mtp_union, int64_t seed, int64_t max_blocks) {
+            bool mtp_union, int64_t seed, int64_t max_context_len) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::SelectParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -57,7 +58,8 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.block_ids = block_ids.data_ptr<int32_t>();
   p.counts = counts.data_ptr<int32_t>();
   p.m_cap = static_cast<int>(block_ids.size(2));
-  p.max_blocks = static_cast<int>(max_blocks);
+  p.max_context = static_cast<int>(max_context_len);
+  p.max_blocks = static_cast<int>((max_context_len + spin::kBlockSize - 1) / spin::kBlockSize);
   check(spin::launch_select(p, c10::cuda::getCurrentCUDAStream()), "select");
 }
 
@@ -103,7 +105,7 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
 void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
             at::Tensor state_slot, at::Tensor logits, at::Tensor block_ids, at::Tensor counts,
             at::Tensor context_lens, at::Tensor query_pos, at::Tensor accepted, at::Tensor step,
-            int64_t layer, double ema_decay, bool row0_only, int64_t max_blocks) {
+            int64_t layer, double ema_decay, bool row0_only, int64_t max_context_len) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::UpdateParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -122,8 +124,10 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.ids_stride = block_ids.stride(0);
   p.counts_stride = counts.stride(0);
   p.alpha = static_cast<float>(ema_decay);
+  p.one_minus_alpha = static_cast<float>(1.0 - ema_decay);
   p.row0_only = row0_only;
-  p.max_blocks = static_cast<int>(max_blocks);
+  p.max_context = static_cast<int>(max_context_len);
+  p.max_blocks = static_cast<int>((max_context_len + spin::kBlockSize - 1) / spin::kBlockSize);
   check(spin::launch_update(p, c10::cuda::getCurrentCUDAStream()), "update");
 }
 
@@ -134,14 +138,14 @@ TORCH_LIBRARY(spin_native, m) {
         "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
         "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
         "int warmup_steps, bool keep_sink, bool keep_newest, int pooling, bool mtp_union, int seed, "
-        "int max_blocks) -> ()");
+        "int max_context_len) -> ()");
   m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
   m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()");
   m.def("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
         "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
         "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "
-        "int max_blocks) -> ()");
+        "int max_context_len) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {

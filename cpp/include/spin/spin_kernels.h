@@ -26,6 +26,7 @@ struct StateView {
   int64_t cap;             // V/D entries per (slot, layer)
   int64_t block_cap;       // last_seen entries per (slot, layer)
   int num_layers;
+  int num_slots;           // state slots; a request whose slot is outside is skipped
 };
 
 struct SelectParams {
@@ -44,7 +45,8 @@ struct SelectParams {
   int32_t* block_ids;          // [B, L, m_cap] ascending, -1 padded
   int32_t* counts;             // [B, L] union size (may exceed m_cap: first m_cap ids kept)
   int m_cap;
-  int max_blocks;              // >= ceil(max n / 64); sizes shared memory
+  int max_context;             // context lengths are clamped to this
+  int max_blocks;              // ceil(max_context / 64); sizes shared memory
 };
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
 
@@ -85,9 +87,10 @@ struct UpdateParams {
   const int64_t* step;         // [B]
   int batch, rows, m_cap;
   int64_t ids_stride, counts_stride;
-  float alpha;
+  float alpha, one_minus_alpha;  // float(a) and float(1 - a) with 1 - a taken in double
   bool row0_only;
-  int max_blocks;              // >= ceil(max n / 64)
+  int max_context;             // context lengths are clamped to this
+  int max_blocks;              // ceil(max_context / 64)
 };
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 
