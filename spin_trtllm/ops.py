@@ -20,8 +20,12 @@ Contracts (DESIGN.md):
 - indexer_logits -> fp32 [B*R, m_cap*64] compact scores, -inf past a row's causal length,
   past the selected count, and for block-table entries outside the cache (never read).
 - topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
-- update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0); a
-  non-finite score is not observed. reset zeroes state slots and restarts their warm-up.
+- update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
+  negative accepted count means 0); a non-finite score is not observed. reset zeroes state
+  slots and restarts their warm-up.
+- Device values are checked on CPU (state slots in range and distinct, context lengths within
+  max_context_len). On CUDA the kernels clamp context lengths to max_context_len and skip a
+  request whose state slot is out of range (counts 0, ids -1), so no check needs a sync.
 The ops implement reduction A1 (A0/A2 are replay ablations of the reference) and block size 64.
 """
 
