@@ -1,6 +1,8 @@
 // spin::indexer_logits: z[i] = sum_h w_h ReLU(q_h . k_i) over the selected blocks only, from the
-// FP8 paged indexer K cache. One CTA per (selected block, request) scores all MTP rows of the
-// request from one read of the page. Correct first; the tensor-core version is issue 4's.
+// FP8 paged indexer K cache. A CTA of 4 warps takes kBlocksPerCta selected blocks of one request;
+// for each page (read once, for all MTP rows) every warp computes S[h, s] = q_h . k_s for its 16
+// heads x 64 slots on FP8 tensor cores (mma.sync m16n8k32 e4m3, fp32 accumulate, one k-step per
+// MMA so the sum over the 128 dims is done in fp32 FMA units), then reduces over heads.
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -8,91 +10,105 @@
 namespace spin {
 namespace {
 
-constexpr int kThreads = 256;                     // 64 slots x 4 head groups
-constexpr int kGroups = kThreads / kBlockSize;
-constexpr int kHeadsPerGroup = kHeads / kGroups;
-constexpr int kRowPitch = kHeadDim + 4;           // padded smem row: conflict-free slot reads
+constexpr int kWarps = 4;                          // 4 x 16 heads
+constexpr int kThreads = kWarps * 32;
+constexpr int kPitch = kHeadDim + 16;              // padded smem row: conflict-free B loads
+constexpr int kBlocksPerCta = 8;
 
-__device__ __forceinline__ float4 fp8x4_to_float4(uint32_t v) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo));
-  const float2 b = __half22float2(__half2(hi));
-  return make_float4(a.x, a.y, b.x, b.y);
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f),
+        "f"(0.0f), "f"(0.0f));
 }
 
-__global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint8_t* k_rows = smem;                                        // [64][kRowPitch]
-  float* scales = reinterpret_cast<float*>(k_rows + kBlockSize * kRowPitch);
-  uint8_t* qs = reinterpret_cast<uint8_t*>(scales + kBlockSize); // [R][64][128]
-  float* ws = reinterpret_cast<float*>(qs + p.rows * kHeads * kHeadDim);  // [R][64]
-  float* partial = ws + p.rows * kHeads;                         // [kGroups][64]
+// torch.relu semantics: NaN stays NaN.
+__device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 
-  const int c = blockIdx.x, b = blockIdx.y;
-  const int slot = threadIdx.x % kBlockSize, group = threadIdx.x / kBlockSize;
+__global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p) {
+  __shared__ __align__(16) uint8_t k_rows[kBlockSize * kPitch];
+  __shared__ float scales[kBlockSize];
+  __shared__ float partial[kWarps][kBlockSize];
+
+  const int b = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
   const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
-  const int j = c < count ? p.block_ids[b * p.ids_stride + c] : -1;
-  const int page = (j >= 0 && j < p.max_pages) ? p.block_table[b * p.table_stride + j] : -1;
 
-  if (page < 0 || page >= p.num_pages) {  // never dereference an entry outside the cache
-    for (int idx = threadIdx.x; idx < p.rows * kBlockSize; idx += kThreads) {
-      const int r = idx / kBlockSize, s = idx % kBlockSize;
-      p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c * kBlockSize + s] = -CUDART_INF_F;
-    }
-    return;
-  }
-  const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
-  for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 16; idx += kThreads) {
-    const int row = idx / (kHeadDim / 16), col = idx % (kHeadDim / 16);
-    const uint4 v = reinterpret_cast<const uint4*>(src)[idx];
-    uint32_t* dst = reinterpret_cast<uint32_t*>(k_rows + row * kRowPitch + col * 16);
-    dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
-  }
-  if (threadIdx.x < kBlockSize)
-    scales[threadIdx.x] = reinterpret_cast<const float*>(src + kBlockSize * kHeadDim)[threadIdx.x];
-  const uint4* qsrc = reinterpret_cast<const uint4*>(p.q + static_cast<int64_t>(b) * p.rows * kHeads * kHeadDim);
-  for (int idx = threadIdx.x; idx < p.rows * kHeads * kHeadDim / 16; idx += kThreads)
-    reinterpret_cast<uint4*>(qs)[idx] = qsrc[idx];
-  for (int idx = threadIdx.x; idx < p.rows * kHeads; idx += kThreads)
-    ws[idx] = p.weights[static_cast<int64_t>(b) * p.rows * kHeads + idx];
-  __syncthreads();
-
-  const int64_t i = static_cast<int64_t>(j) * kBlockSize + slot;
-  const float scale = scales[slot];
-  for (int r = 0; r < p.rows; ++r) {
-    float acc[kHeadsPerGroup];
-#pragma unroll
-    for (int h = 0; h < kHeadsPerGroup; ++h) acc[h] = 0.0f;
-    const uint8_t* qrow = qs + (r * kHeads + group * kHeadsPerGroup) * kHeadDim;
-#pragma unroll 4
-    for (int d = 0; d < kHeadDim; d += 4) {
-      const float4 k4 = fp8x4_to_float4(*reinterpret_cast<const uint32_t*>(k_rows + slot * kRowPitch + d));
-#pragma unroll
-      for (int h = 0; h < kHeadsPerGroup; ++h) {
-        const float4 q4 = fp8x4_to_float4(*reinterpret_cast<const uint32_t*>(qrow + h * kHeadDim + d));
-        acc[h] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+  for (int c = blockIdx.x * kBlocksPerCta; c < min((blockIdx.x + 1) * kBlocksPerCta, p.m_cap); ++c) {
+    const int j = c < count ? p.block_ids[b * p.ids_stride + c] : -1;
+    const int page = (j >= 0 && j < p.max_pages) ? p.block_table[b * p.table_stride + j] : -1;
+    if (page < 0 || page >= p.num_pages) {  // never dereference an entry outside the cache
+      for (int idx = threadIdx.x; idx < p.rows * kBlockSize; idx += kThreads) {
+        const int r = idx / kBlockSize, s = idx % kBlockSize;
+        p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c * kBlockSize + s] = -CUDART_INF_F;
       }
+      continue;
     }
-    float z = 0.0f;
-#pragma unroll
-    for (int h = 0; h < kHeadsPerGroup; ++h) {
-      const float x = acc[h] * scale;
-      const float relu = x > 0.0f ? x : (x != x ? x : 0.0f);  // NaN stays NaN, as torch.relu
-      z += ws[r * kHeads + group * kHeadsPerGroup + h] * relu;
+    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
+    __syncthreads();  // the previous page is no longer read
+    for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 16; idx += kThreads) {
+      const int row = idx / (kHeadDim / 16), col = idx % (kHeadDim / 16);
+      *reinterpret_cast<uint4*>(k_rows + row * kPitch + col * 16) =
+          __ldg(reinterpret_cast<const uint4*>(src) + idx);
     }
-    partial[group * kBlockSize + slot] = z;
+    if (threadIdx.x < kBlockSize)
+      scales[threadIdx.x] = __ldg(reinterpret_cast<const float*>(src + kBlockSize * kHeadDim) + threadIdx.x);
     __syncthreads();
-    if (group == 0) {
-      float total = 0.0f;
+
+    const int64_t slot0 = static_cast<int64_t>(j) * kBlockSize;
+    for (int r = 0; r < p.rows; ++r) {
+      const int64_t qrow = static_cast<int64_t>(b) * p.rows + r;
+      const uint8_t* qh = p.q + (qrow * kHeads + warp * 16 + g) * kHeadDim;
+      uint32_t a[4][4];
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) total += partial[g * kBlockSize + slot];
-      const bool visible = i < p.context_lens[b * p.rows + r];
-      p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c * kBlockSize + slot] =
-          visible ? total : -CUDART_INF_F;
+      for (int ks = 0; ks < 4; ++ks) {
+        const int d = ks * 32 + t * 4;
+        a[ks][0] = __ldg(reinterpret_cast<const uint32_t*>(qh + d));
+        a[ks][1] = __ldg(reinterpret_cast<const uint32_t*>(qh + 8 * kHeadDim + d));
+        a[ks][2] = __ldg(reinterpret_cast<const uint32_t*>(qh + d + 16));
+        a[ks][3] = __ldg(reinterpret_cast<const uint32_t*>(qh + 8 * kHeadDim + d + 16));
+      }
+      const float w_lo = __ldg(p.weights + qrow * kHeads + warp * 16 + g);
+      const float w_hi = __ldg(p.weights + qrow * kHeads + warp * 16 + g + 8);
+#pragma unroll
+      for (int nt = 0; nt < kBlockSize / 8; ++nt) {
+        const uint8_t* krow = k_rows + (nt * 8 + g) * kPitch + t * 4;
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          float d[4];
+          mma_e4m3(d, a[ks], *reinterpret_cast<const uint32_t*>(krow + ks * 32),
+                   *reinterpret_cast<const uint32_t*>(krow + ks * 32 + 16));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[e] += d[e];
+        }
+        const int s0 = nt * 8 + 2 * t;
+        float v0 = w_lo * relu(s[0] * scales[s0]) + w_hi * relu(s[2] * scales[s0]);
+        float v1 = w_lo * relu(s[1] * scales[s0 + 1]) + w_hi * relu(s[3] * scales[s0 + 1]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+          v0 += __shfl_xor_sync(0xffffffffu, v0, o);
+          v1 += __shfl_xor_sync(0xffffffffu, v1, o);
+        }
+        if (g == 0) {
+          partial[warp][s0] = v0;
+          partial[warp][s0 + 1] = v1;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < kBlockSize) {
+        const int s = threadIdx.x;
+        const float z = (partial[0][s] + partial[1][s]) + (partial[2][s] + partial[3][s]);
+        const bool visible = slot0 + s < p.context_lens[b * p.rows + r];
+        p.out[qrow * width + c * kBlockSize + s] = visible ? z : -CUDART_INF_F;
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -100,15 +116,8 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p) {
 
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.m_cap == 0) return cudaSuccess;
-  const size_t smem = kBlockSize * kRowPitch + kBlockSize * sizeof(float) +
-                      static_cast<size_t>(p.rows) * kHeads * kHeadDim +
-                      static_cast<size_t>(p.rows) * kHeads * sizeof(float) +
-                      kGroups * kBlockSize * sizeof(float);
-  cudaError_t err = cudaFuncSetAttribute(logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  dim3 grid(p.m_cap, p.batch);
-  logits_kernel<<<grid, kThreads, smem, stream>>>(p);
+  dim3 grid((p.m_cap + kBlocksPerCta - 1) / kBlocksPerCta, p.batch);
+  logits_kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
