@@ -87,3 +87,85 @@ __device__ __forceinline__ float block_min_max(float v, bool want_max, float* sc
 }
 
 }  // namespace spin
+
+namespace spin {
+
+// Exact descending selection of T entries by a 32-bit key, ties to the lower index.
+// radix_threshold: the T-th largest key among eligible entries (4 passes of 8-bit digit
+// histograms) and how many entries equal to it are taken (`need`); entries with a larger key
+// are all taken. Requires 1 <= T <= #eligible. `hist` holds 256 ints; `bcast` 2 ints.
+template <int THREADS, typename Key, typename Eligible>
+__device__ void radix_threshold(int count, int T, Key key, Eligible eligible, int* hist,
+                                int* bcast, uint32_t& thr, int& need) {
+  uint32_t prefix = 0, mask = 0;
+  int remaining = T;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += THREADS) hist[d] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += THREADS) {
+      if (!eligible(i)) continue;
+      const uint32_t k = key(i);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int cum = 0, d = 255;
+      for (; d > 0 && cum + hist[d] < remaining; --d) cum += hist[d];
+      bcast[0] = d;
+      bcast[1] = remaining - cum;
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(bcast[0]) << shift;
+    mask |= 255u << shift;
+    remaining = bcast[1];
+    __syncthreads();
+  }
+  thr = prefix;
+  need = remaining;
+}
+
+// Walk [0, count) in index order and call take(i, rank) for each selected entry: those with a
+// key above thr and the first `need` ties; rank counts the taken entries in index order.
+// `warp_counts` holds 2 * THREADS / 32 ints. Every thread of the block must call it.
+template <int THREADS, typename Key, typename Eligible, typename Take>
+__device__ int ordered_take(int count, uint32_t thr, int need, Key key, Eligible eligible,
+                            Take take, int* warp_counts) {
+  constexpr int kWarpsPer = THREADS / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int taken = 0, ties = 0;
+  for (int start = 0; start < count; start += THREADS) {
+    const int i = start + threadIdx.x;
+    bool gt = false, tie = false;
+    if (i < count && eligible(i)) {
+      const uint32_t k = key(i);
+      gt = k > thr;
+      tie = k == thr;
+    }
+    const unsigned tie_ballot = __ballot_sync(0xffffffffu, tie);
+    if (lane == 0) warp_counts[kWarpsPer + warp] = __popc(tie_ballot);
+    __syncthreads();
+    int tie_rank = ties + __popc(tie_ballot & ((1u << lane) - 1));
+    int chunk_ties = 0;
+    for (int w = 0; w < kWarpsPer; ++w) {
+      if (w < warp) tie_rank += warp_counts[kWarpsPer + w];
+      chunk_ties += warp_counts[kWarpsPer + w];
+    }
+    const bool sel = gt || (tie && tie_rank < need);
+    const unsigned sel_ballot = __ballot_sync(0xffffffffu, sel);
+    if (lane == 0) warp_counts[warp] = __popc(sel_ballot);
+    __syncthreads();
+    int rank = taken + __popc(sel_ballot & ((1u << lane) - 1));
+    int chunk_taken = 0;
+    for (int w = 0; w < kWarpsPer; ++w) {
+      if (w < warp) rank += warp_counts[w];
+      chunk_taken += warp_counts[w];
+    }
+    if (sel) take(i, rank);
+    taken += chunk_taken;
+    ties += chunk_ties;
+    __syncthreads();
+  }
+  return taken;
+}
+
+}  // namespace spin

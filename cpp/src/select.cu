@@ -1,5 +1,6 @@
 // spin::select: predict block scores from V/D, apply budget, forced blocks, exploration and
-// the MTP union, for every (request, layer) stream in one launch. One CTA per stream.
+// the MTP union, for every (request, layer) stream in one launch. One CTA per stream; the
+// top-m blocks come from 8-bit radix passes over the score keys, ties to the lower block id.
 #include <cfloat>
 
 #include "common.cuh"
@@ -8,25 +9,6 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Ties break towards the lower block id: the low word is ~j.
-__device__ __forceinline__ uint64_t pack(uint32_t hi, int j) {
-  return (static_cast<uint64_t>(hi) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
-}
-
-// The T-th largest key among eligible entries (keys are distinct); 1 <= T <= #eligible.
-template <typename Key, typename Eligible>
-__device__ uint64_t kth_largest(int count, long long T, Key key, Eligible eligible,
-                                long long* scratch) {
-  uint64_t prefix = 0;
-  for (int bit = 63; bit >= 0; --bit) {
-    const uint64_t cand = prefix | (1ull << bit);
-    long long c = 0;
-    for (int j = threadIdx.x; j < count; j += kThreads) c += (eligible(j) && key(j) >= cand);
-    if (block_sum<kThreads>(c, scratch) >= T) prefix = cand;
-  }
-  return prefix;
-}
 
 // Pool max(V[i], D[q - i]) over the visible slots of block j; one warp per block.
 __device__ float pool_block(const StateView& s, int64_t base, int j, int n, int q, int pooling) {
@@ -81,8 +63,10 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
   uint8_t* union_flag = row_flag + p.max_blocks;
-  __shared__ long long scratch[kThreads / 32];
   __shared__ float fscratch[kThreads / 32];
+  __shared__ int hist[256];
+  __shared__ int bcast[2];
+  __shared__ int warp_counts[2 * kThreads / 32];
 
   const int layer = blockIdx.x, b = blockIdx.y;
   const StateView& s = p.state;
@@ -142,11 +126,17 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
     const long long top = m - e - n_forced;
     auto forced = [&](int j) { return (p.keep_sink && j == 0) || (p.keep_newest && j == B - 1); };
     __syncthreads();
-    auto score_key = [&](int j) { return pack(ordered_key(score[j]), j); };
+    for (int j = threadIdx.x; j < B; j += kThreads) row_flag[j] = forced(j);
+    __syncthreads();
+    uint32_t thr;
+    int need;
+    auto score_key = [&](int j) { return ordered_key(score[j]); };
     auto rest = [&](int j) { return !forced(j); };
-    const uint64_t thr = top > 0 ? kth_largest(B, top, score_key, rest, scratch) : ~0ull;
-    for (int j = threadIdx.x; j < B; j += kThreads)
-      row_flag[j] = forced(j) || (top > 0 && score_key(j) >= thr);
+    if (top > 0) {
+      radix_threshold<kThreads>(B, static_cast<int>(top), score_key, rest, hist, bcast, thr, need);
+      ordered_take<kThreads>(B, thr, need, score_key, rest,
+                             [&](int j, int) { row_flag[j] = 1; }, warp_counts);
+    }
     __syncthreads();
     if (e > 0) {
       auto candidate = [&](int j) { return row_flag[j] == 0; };
@@ -158,19 +148,17 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
         hi = block_min_max<kThreads>(hi, true, fscratch);
       }
       const float span = __fsub_rn(hi, lo);
-      auto priority = [&](int j) -> uint64_t {
-        if (p.policy == kExploreRandom) return pack(counter_hash(p.seed, p.request_id[b], layer, step, j), j);
+      auto priority = [&](int j) -> uint32_t {
+        if (p.policy == kExploreRandom) return counter_hash(p.seed, p.request_id[b], layer, step, j);
         long long age = step - (j < s.block_cap ? last_seen[j] : 0);
         age = max(age, 0ll);  // the reference clamps too
-        if (p.policy == kExploreAge)
-          return pack(static_cast<uint32_t>(min(age, 0xFFFFFFFFll)), j);
+        if (p.policy == kExploreAge) return static_cast<uint32_t>(min(age, 0xFFFFFFFFll));
         const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
-        return pack(ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm))), j);
+        return ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm)));
       };
-      const uint64_t thr2 = kth_largest(B, e, priority, candidate, scratch);
-      __syncthreads();
-      for (int j = threadIdx.x; j < B; j += kThreads)
-        if (candidate(j) && priority(j) >= thr2) row_flag[j] = 2;
+      radix_threshold<kThreads>(B, static_cast<int>(e), priority, candidate, hist, bcast, thr, need);
+      ordered_take<kThreads>(B, thr, need, priority, candidate,
+                             [&](int j, int) { row_flag[j] = 2; }, warp_counts);
     }
     __syncthreads();
     for (int j = threadIdx.x; j < B; j += kThreads)
