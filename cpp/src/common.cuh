@@ -102,10 +102,17 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int d = threadIdx.x; d < 256; d += THREADS) hist[d] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < count; i += THREADS) {
-      if (!eligible(i)) continue;
-      const uint32_t k = key(i);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1);
+    for (int base = 0; base < count; base += THREADS) {
+      const int i = base + threadIdx.x;
+      uint32_t digit = 256;  // 256: nothing to count
+      if (i < count && eligible(i)) {
+        const uint32_t k = key(i);
+        if ((k & mask) == prefix) digit = (k >> shift) & 255u;
+      }
+      // one atomic per distinct digit of the warp: high digits repeat a lot in early passes
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (digit < 256 && (threadIdx.x & 31) == __ffs(peers) - 1)
+        atomicAdd(&hist[digit], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x == 0) {

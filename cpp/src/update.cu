@@ -7,11 +7,14 @@
 namespace spin {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
-  const int b = blockIdx.x;
+  // grid (slices, B): slice x takes every gridDim.x-th chunk of scored slots and of offsets
+  const int b = blockIdx.y;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const StateView& s = p.state;
   const int slot_id = p.state_slot[b];
   if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
@@ -39,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   __syncthreads();
 
   // V: one thread per scored slot, rows in order.
-  for (int64_t pos = threadIdx.x; pos < static_cast<int64_t>(count) * kBlockSize; pos += kThreads) {
+  for (int64_t pos = first; pos < static_cast<int64_t>(count) * kBlockSize; pos += stride) {
     const int j = ids[pos / kBlockSize];
     const int64_t i = static_cast<int64_t>(j) * kBlockSize + pos % kBlockSize;
     if (j < 0 || i >= s.cap) continue;
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   int qmax = -1;
   for (int r = 0; r < rows; ++r) qmax = max(qmax, p.q[b * p.rows + r]);
   const int64_t olimit = min(static_cast<int64_t>(qmax) + 1, s.cap);
-  for (int64_t o = threadIdx.x; o < olimit; o += kThreads) {
+  for (int64_t o = first; o < olimit; o += stride) {
     float d = 0.0f;
     bool loaded = false, changed = false;
     for (int r = 0; r < rows; ++r) {
@@ -78,6 +81,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
     if (changed) store_state(s.D, s.half, base + o, d);
   }
 
+  if (blockIdx.x != 0) return;
   int64_t* last_seen = s.last_seen + stream * s.block_cap;
   for (int c = threadIdx.x; c < count; c += kThreads) {
     const int j = ids[c];
@@ -94,7 +98,9 @@ cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(update_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  update_kernel<<<p.batch, kThreads, smem, stream>>>(p);
+  // enough slices to cover the longest context with a few passes per thread
+  const int slices = max(1, min(64, (p.max_context + 4 * kThreads - 1) / (4 * kThreads)));
+  update_kernel<<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
