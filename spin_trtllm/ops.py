@@ -175,10 +175,9 @@ def _check_slots(op: str, slots: torch.Tensor, num_slots: int) -> None:
         _fail(op, "state slots of one batch must be distinct")
 
 
-def _check_max_context(op: str, max_context_len: int, cap: int) -> int:
+def _check_max_context(op: str, max_context_len: int, cap: int) -> None:
     if not 1 <= max_context_len <= cap:
         _fail(op, f"max_context_len {max_context_len} must be in [1, state capacity {cap}]")
-    return math.ceil(max_context_len / BLOCK)
 
 
 def _host_bounds(op: str, context_lens, query_pos, max_context_len: int, cap: int,
@@ -280,7 +279,7 @@ def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, co
 def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos,
                      request_id, step, block_ids, counts, target_sparsity, exploration, policy,
                      index_topk, warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                     max_context_len) -> int:
+                     max_context_len) -> None:
     op = "select"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -299,9 +298,8 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
     if not (1 <= index_topk < 1 << 31 and 1 <= warmup_steps < 1 << 31 and 0 <= seed < 1 << 32):
         _fail(op, f"need 1 <= index_topk < 2^31, 1 <= warmup_steps < 2^31, 0 <= seed < 2^32; "
                   f"got {index_topk}, {warmup_steps}, {seed}")
-    max_blocks = _check_max_context(op, max_context_len, V.shape[2])
+    _check_max_context(op, max_context_len, V.shape[2])
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
-    return max_blocks
 
 
 def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
@@ -348,7 +346,7 @@ def _validate_topk(logits, block_ids, counts, next_n, out):
 
 def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
                      context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
-                     max_context_len) -> int:
+                     max_context_len) -> None:
     op = "update"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -363,18 +361,17 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
         _fail(op, f"layer {layer} is outside [0, {V.shape[1]})")
     if not 0.0 <= ema_decay < 1.0:
         _fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
-    max_blocks = _check_max_context(op, max_context_len, V.shape[2])
+    _check_max_context(op, max_context_len, V.shape[2])
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
-    return max_blocks
 
 
-def _native_or_ref(name: str, tensor: torch.Tensor) -> bool:
+def _native(tensor: torch.Tensor) -> bool:
     return NATIVE and tensor.is_cuda
 
 
 def _select_impl(*args) -> None:
     _validate_select(*args)
-    if _native_or_ref("select", args[0]):
+    if _native(args[0]):
         torch.ops.spin_native.select(*args)
     else:
         _select_ref(*args)
@@ -382,7 +379,7 @@ def _select_impl(*args) -> None:
 
 def _logits_impl(*args) -> None:
     _validate_logits(*args)
-    if _native_or_ref("indexer_logits", args[0]):
+    if _native(args[0]):
         torch.ops.spin_native.indexer_logits(*args)
     else:
         _logits_ref(*args)
@@ -390,7 +387,7 @@ def _logits_impl(*args) -> None:
 
 def _topk_impl(*args) -> None:
     _validate_topk(*args)
-    if _native_or_ref("topk", args[0]):
+    if _native(args[0]):
         torch.ops.spin_native.topk(*args)
     else:
         _topk_ref(*args)
@@ -398,7 +395,7 @@ def _topk_impl(*args) -> None:
 
 def _update_impl(*args) -> None:
     _validate_update(*args)
-    if _native_or_ref("update", args[0]):
+    if _native(args[0]):
         torch.ops.spin_native.update(*args)
     else:
         _update_ref(*args)

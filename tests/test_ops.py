@@ -338,12 +338,6 @@ def test_kernel_sources_compile_for_sm90a():
 
 
 # ---- GPU: native kernels against the reference ------------------------------------------------------
-def _cuda_vs_cpu(p_cpu, p_gpu):
-    out_cpu = p_cpu.run_step()
-    out_gpu = p_gpu.run_step()
-    return out_cpu, out_gpu
-
-
 def _compare_step(p_cpu, p_gpu, m_cap=None, exact_select=True):
     ids_c, cnt_c, z_c, top_c = p_cpu.run_step(m_cap=m_cap)
     ids_g, cnt_g, z_g, top_g = p_gpu.run_step(m_cap=m_cap)

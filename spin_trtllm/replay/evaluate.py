@@ -15,7 +15,7 @@ All target sparsities of one call replay together as a batch of independent stre
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -229,12 +229,4 @@ def run_study(trace: SpinTrace, study: str, sparsities: Sequence[float],
     results = []
     for label, variant in study_variants(study, base, trace.next_n):
         results.extend(replay(trace, sparsities, variant, progress=progress, label=label))
-    return results
-
-
-def replay_many(paths: Iterable[str], sparsities: Sequence[float], cfg: Optional[SpinConfig],
-                progress: bool = False) -> list[dict[str, Any]]:
-    results = []
-    for path in paths:
-        results.extend(replay(SpinTrace.load(path), sparsities, cfg, progress=progress))
     return results

@@ -246,8 +246,3 @@ class SpinTrace:
             raise TraceError(f"{where}: metadata next_n = {meta['next_n']} but row_len has "
                              f"{trace.next_n} rows per step")
         return trace.validate()
-
-
-def pack_rows(rows: list[torch.Tensor], dtype: torch.dtype = torch.float16) -> torch.Tensor:
-    """Concatenate per-row score vectors (already in (step, layer, row) order)."""
-    return torch.cat([r.reshape(-1) for r in rows]).to(dtype) if rows else torch.zeros(0, dtype=dtype)
