@@ -451,7 +451,8 @@ class OpState:
         return self.V, self.D, self.last_seen, self.decode_steps
 
 
-def _require_a1(cfg: SpinConfig) -> None:
+def require_supported(cfg: SpinConfig) -> None:
+    """The ops implement reduction A1 with 64-slot blocks."""
     if cfg.reduction != "A1" or cfg.block_size != BLOCK:
         raise SpinError(f"the spin ops implement reduction A1 with block_size {BLOCK}; got "
                         f"reduction={cfg.reduction}, block_size={cfg.block_size} (A0/A2 are "
@@ -461,7 +462,7 @@ def _require_a1(cfg: SpinConfig) -> None:
 def select(state: OpState, state_slot, context_lens, query_pos, request_id, step,
            cfg: SpinConfig, m_cap: int, max_context_len: int,
            block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None):
-    _require_a1(cfg)
+    require_supported(cfg)
     B, L = context_lens.shape[0], state.V.shape[1]
     dev = state.V.device
     if block_ids is None:

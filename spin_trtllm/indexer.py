@@ -1,0 +1,115 @@
+"""SpinIndexer: the decode-indexer step of a batch with SPIN, backend-agnostic.
+
+Per decode step:
+    prepare(request_ids, ...)   host side: batch metadata into preallocated device buffers
+    select()                    one launch: the blocks of every request and indexer layer
+    layer(l, q, weights, kv)    per indexer layer: masked logits + top-K (TensorRT-LLM's
+                                topk_indices format); without MTP the EMA update follows
+    finish(accepted)            with MTP: the deferred updates, rows 0..accepted per request
+Everything after prepare() writes into buffers allocated once, so select/layer/finish can be
+captured in a CUDA graph per batch size. It takes the metadata TensorRT-LLM's indexer has:
+indexer-slot lengths per MTP row, query positions, the indexer K-cache block table, request ids
+and accepted draft counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from . import ops
+from .config import SpinConfig
+from .errors import SpinError
+from .state import StatePool
+
+
+class SpinIndexer:
+    def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
+                 max_context: int):
+        ops.require_supported(cfg)
+        if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
+            raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
+                            f"max_context >= 1; got {max_batch}, {next_n}, {max_context}")
+        self.cfg, self.pool = cfg, pool
+        self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
+        pool.ensure_capacity(max_context + next_n)
+        dev = pool.device
+        L = pool.num_layers
+        # m_cap covers every block: warm-up steps select them all
+        self.m_cap = math.ceil(max_context / ops.BLOCK)
+        rows = max_batch * next_n
+        self.block_ids = torch.full((max_batch, L, self.m_cap), -1, dtype=torch.int32, device=dev)
+        self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
+        # with MTP every layer keeps its logits until acceptance is known
+        self.logits = torch.empty(L if next_n > 1 else 1, rows, self.m_cap * ops.BLOCK,
+                                  device=dev)
+        self.topk = torch.full((L, rows, cfg.index_topk), -1, dtype=torch.int32, device=dev)
+        self.slot = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self.request = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        self.step = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
+        self.query_pos = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
+        self.block_table: Optional[torch.Tensor] = None
+        self.accepted_zero = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self.batch = 0
+
+    def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
+                query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
+                block_table: torch.Tensor) -> None:
+        """Host side, before the step: copy the batch metadata into the device buffers."""
+        B = len(request_ids)
+        if not 1 <= B <= self.max_batch:
+            raise SpinError(f"SpinIndexer: batch of {B} requests, allowed 1..{self.max_batch}")
+        if tuple(context_lens.shape) != (B, self.next_n) or tuple(query_pos.shape) != (B, self.next_n):
+            raise SpinError(f"SpinIndexer: context_lens and query_pos must be [{B}, "
+                            f"{self.next_n}], got {list(context_lens.shape)} and "
+                            f"{list(query_pos.shape)}")
+        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+            raise SpinError(f"SpinIndexer: block_table must be int32 [{B}, max_pages], got "
+                            f"{block_table.dtype} {list(block_table.shape)}")
+        self.batch = B
+        self.slot[:B].copy_(self.pool.slots(request_ids))
+        self.request[:B].copy_(torch.as_tensor(list(request_ids), dtype=torch.int64))
+        self.step[:B].copy_(torch.as_tensor(steps, dtype=torch.int64))
+        self.context_lens[:B].copy_(context_lens)
+        self.query_pos[:B].copy_(query_pos)
+        self.block_table = block_table
+
+    def select(self) -> None:
+        B = self.batch
+        ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
+                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self.max_context,
+                   self.block_ids[:B], self.counts[:B])
+
+    def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
+              kv_cache: torch.Tensor) -> torch.Tensor:
+        """int32 [B * next_n, K]: request-local slot ids, -1 padded, for indexer layer `layer`."""
+        B, R = self.batch, self.next_n
+        ids, cnt = self.block_ids[:B, layer], self.counts[:B, layer]
+        logits = self.logits[layer if R > 1 else 0, :B * R]
+        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table, ids,
+                           cnt, logits)
+        top = self.topk[layer, :B * R]
+        ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top)
+        if R == 1:
+            self._update(layer, self.accepted_zero[:B])
+        return top
+
+    def finish(self, accepted: Optional[torch.Tensor] = None) -> None:
+        """With MTP: replay the deferred EMA updates of every layer, rows 0..accepted[b]."""
+        if self.next_n == 1:
+            return
+        B = self.batch
+        if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
+            raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
+        for layer in range(self.pool.num_layers):
+            self._update(layer, accepted)
+
+    def _update(self, layer: int, accepted: torch.Tensor) -> None:
+        B, R = self.batch, self.next_n
+        ops.update(self.pool.state, self.slot[:B], self.logits[layer if R > 1 else 0, :B * R],
+                   self.block_ids[:B, layer], self.counts[:B, layer], self.context_lens[:B],
+                   self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
+                   self.max_context)

@@ -1,0 +1,112 @@
+"""SpinIndexer over a changing batch: a request's results do not depend on its neighbours."""
+
+import math
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig, SpinError
+from spin_trtllm.indexer import SpinIndexer
+from spin_trtllm.state import StatePool
+
+L, PAGES = 2, 16          # 2 indexer layers, up to 16 pages (1024 slots) per request
+
+
+def cache_for(rid):
+    """Per request: its own FP8 pages for each layer (the pool below places them)."""
+    g = torch.Generator().manual_seed(100 + rid)
+    rows = (torch.randn(L, PAGES, 64 * 128, generator=g) * 2).to(torch.float8_e4m3fn)
+    scales = torch.rand(L, PAGES, 64, generator=g) * 0.02 + 0.005
+    return torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], -1)
+
+
+def q_for(rid, step, layer, R):
+    g = torch.Generator().manual_seed(rid * 1000 + step * 10 + layer)
+    return (torch.randn(R, 64, 128, generator=g).to(torch.float8_e4m3fn),
+            torch.randn(R, 64, generator=g) * 0.1)
+
+
+def run(schedule, cfg, R=1, accepted_of=lambda rid, t: 0):
+    """schedule[t] = request ids in the batch at step t. Returns {(rid, t, layer): topk}."""
+    reqs = sorted({r for batch in schedule for r in batch})
+    pool = StatePool(L, max_requests=4, cfg=cfg, initial_capacity=64)
+    idx = SpinIndexer(cfg, pool, max_batch=4, next_n=R, max_context=PAGES * 64)
+    # a global page pool: request r owns pages [r * PAGES, (r + 1) * PAGES), shuffled order
+    caches = {r: cache_for(r) for r in reqs}
+    kv = [torch.cat([caches[r][l] for r in reqs]).view(-1, 64, 1, 132) for l in range(L)]
+    perm = {r: torch.randperm(PAGES, generator=torch.Generator().manual_seed(r)) for r in reqs}
+    out = {}
+    length = {r: 300 + 37 * r for r in reqs}
+    for t, batch in enumerate(schedule):
+        for r in batch:
+            if pool.slot_of(r) is None:
+                pool.admit(r, step=t)
+        for r in list(pool.request_ids()):
+            if r not in batch:
+                pool.release(r)
+        n = torch.tensor([[length[r] + j for j in range(R)] for r in batch], dtype=torch.int32)
+        table = torch.stack([reqs.index(r) * PAGES + perm[r] for r in batch]).to(torch.int32)
+        # the cache holds request r's pages in its own order; the table maps block -> page
+        idx.prepare(batch, n, n - 1, [t] * len(batch), table)
+        idx.select()
+        for l in range(L):
+            qs = [q_for(r, t, l, R) for r in batch]
+            q = torch.cat([x[0] for x in qs])
+            w = torch.cat([x[1] for x in qs])
+            top = idx.layer(l, q, w, kv[l])
+            for i, r in enumerate(batch):
+                out[(r, t, l)] = top[i * R:(i + 1) * R].clone()
+        acc = torch.tensor([accepted_of(r, t) for r in batch], dtype=torch.int32)
+        idx.finish(acc if R > 1 else None)
+        for i, r in enumerate(batch):
+            length[r] += 1 + int(acc[i])
+    return out
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_request_results_do_not_depend_on_the_batch(R):
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.2)
+    acc = lambda rid, t: (rid + t) % R
+    alone = run([[1]] * 6, cfg, R, acc)
+    crowd = run([[1], [1, 2], [3, 1, 2], [1, 3], [1], [2, 1]], cfg, R, acc)
+    for t in range(6):
+        for l in range(L):
+            assert torch.equal(alone[(1, t, l)], crowd[(1, t, l)]), (t, l)
+
+
+def test_first_step_after_admission_scores_everything_then_sparsifies():
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    pool = StatePool(L, max_requests=2, cfg=cfg, initial_capacity=64)
+    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=1, max_context=1024)
+    pool.admit(7)
+    n = torch.tensor([[700]], dtype=torch.int32)
+    kv = cache_for(7)[0].view(-1, 64, 1, 132)
+    table = torch.arange(PAGES, dtype=torch.int32).view(1, -1)
+    counts = []
+    for t in range(2):
+        idx.prepare([7], n, n - 1, [t], table)
+        idx.select()
+        counts.append(int(idx.counts[0, 0]))
+        q, w = q_for(7, t, 0, 1)
+        idx.layer(0, q, w, kv)
+        idx.layer(1, q, w, kv)
+    assert counts == [math.ceil(700 / 64), 6]        # warm-up: all 11 blocks; then ceil(5.5)
+
+
+def test_bad_metadata_is_rejected():
+    cfg = SpinConfig(index_topk=64)
+    pool = StatePool(L, max_requests=2, cfg=cfg)
+    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=2, max_context=1024)
+    pool.admit(1)
+    n = torch.tensor([[10, 11]], dtype=torch.int32)
+    with pytest.raises(SpinError, match="batch of 3"):
+        idx.prepare([1, 2, 3], n, n, [0], torch.zeros(1, 4, dtype=torch.int32))
+    with pytest.raises(SpinError, match="must be \\[1, 2\\]"):
+        idx.prepare([1], n[:, :1], n[:, :1], [0], torch.zeros(1, 4, dtype=torch.int32))
+    with pytest.raises(SpinError, match="block_table must be int32"):
+        idx.prepare([1], n, n, [0], torch.zeros(1, 4, dtype=torch.int64))
+    with pytest.raises(SpinError, match="admit it first"):
+        idx.prepare([9], n, n, [0], torch.zeros(1, 4, dtype=torch.int32))
+    idx.prepare([1], n, n - 1, [0], torch.zeros(1, 16, dtype=torch.int32))
+    with pytest.raises(SpinError, match="accepted must be int32"):
+        idx.finish(None)
