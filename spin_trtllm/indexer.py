@@ -51,7 +51,7 @@ class SpinIndexer:
         self.step = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
         self.query_pos = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
-        self.block_table: Optional[torch.Tensor] = None
+        self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.accepted_zero = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.batch = 0
 
@@ -75,7 +75,9 @@ class SpinIndexer:
         self.step[:B].copy_(torch.as_tensor(steps, dtype=torch.int64))
         self.context_lens[:B].copy_(context_lens)
         self.query_pos[:B].copy_(query_pos)
-        self.block_table = block_table
+        cols = min(block_table.shape[1], self.m_cap)     # pages past max_context are never used
+        self.block_table[:B, :cols].copy_(block_table[:, :cols])
+        self.block_table[:B, cols:] = -1
 
     def select(self) -> None:
         B = self.batch
@@ -89,8 +91,8 @@ class SpinIndexer:
         B, R = self.batch, self.next_n
         ids, cnt = self.block_ids[:B, layer], self.counts[:B, layer]
         logits = self.logits[layer if R > 1 else 0, :B * R]
-        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table, ids,
-                           cnt, logits)
+        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
+                           ids, cnt, logits)
         top = self.topk[layer, :B * R]
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top)
         if R == 1:
