@@ -365,40 +365,15 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
 
 
-def _native(tensor: torch.Tensor) -> bool:
-    return NATIVE and tensor.is_cuda
-
-
-def _select_impl(*args) -> None:
-    _validate_select(*args)
-    if _native(args[0]):
-        torch.ops.spin_native.select(*args)
-    else:
-        _select_ref(*args)
-
-
-def _logits_impl(*args) -> None:
-    _validate_logits(*args)
-    if _native(args[0]):
-        torch.ops.spin_native.indexer_logits(*args)
-    else:
-        _logits_ref(*args)
-
-
-def _topk_impl(*args) -> None:
-    _validate_topk(*args)
-    if _native(args[0]):
-        torch.ops.spin_native.topk(*args)
-    else:
-        _topk_ref(*args)
-
-
-def _update_impl(*args) -> None:
-    _validate_update(*args)
-    if _native(args[0]):
-        torch.ops.spin_native.update(*args)
-    else:
-        _update_ref(*args)
+def _dispatch(name: str, validate, reference):
+    """Validate, then run the native kernel on CUDA tensors (when built), else the reference."""
+    def impl(*args) -> None:
+        validate(*args)
+        if NATIVE and args[0].is_cuda:
+            getattr(torch.ops.spin_native, name)(*args)
+        else:
+            reference(*args)
+    return impl
 
 
 def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
@@ -415,8 +390,11 @@ def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
 
 
 _LIB = torch.library.Library("spin", "DEF")
-_IMPLS = {"select": _select_impl, "indexer_logits": _logits_impl, "topk": _topk_impl,
-          "update": _update_impl, "reset": _reset_impl}
+_IMPLS = {"select": _dispatch("select", _validate_select, _select_ref),
+          "indexer_logits": _dispatch("indexer_logits", _validate_logits, _logits_ref),
+          "topk": _dispatch("topk", _validate_topk, _topk_ref),
+          "update": _dispatch("update", _validate_update, _update_ref),
+          "reset": _reset_impl}
 for _name, _schema in _SCHEMAS.items():
     _LIB.define(_schema)
     _LIB.impl(_name, _IMPLS[_name], "CPU")
