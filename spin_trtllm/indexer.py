@@ -115,3 +115,57 @@ class SpinIndexer:
                    self.block_ids[:B, layer], self.counts[:B, layer], self.context_lens[:B],
                    self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
                    self.max_context)
+
+
+class DenseIndexer:
+    """The all-keep indexer over the same ops: every block of every request is scored (SPIN's
+    baseline, and the shadow that measures what SPIN misses). Same interface as SpinIndexer."""
+
+    def __init__(self, index_topk: int, num_layers: int, max_batch: int, next_n: int,
+                 max_context: int, device: torch.device | str = "cpu"):
+        if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1 or num_layers < 1:
+            raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= 8, "
+                            f"max_context >= 1; got {num_layers}, {max_batch}, {next_n}, "
+                            f"{max_context}")
+        self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
+        self.num_layers, self.index_topk = num_layers, index_topk
+        self.m_cap = math.ceil(max_context / ops.BLOCK)
+        dev = torch.device(device)
+        rows = max_batch * next_n
+        self.block_ids = torch.arange(self.m_cap, dtype=torch.int32, device=dev).repeat(max_batch, 1)
+        self.counts = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self.logits = torch.empty(rows, self.m_cap * ops.BLOCK, device=dev)
+        self.topk = torch.full((num_layers, rows, index_topk), -1, dtype=torch.int32, device=dev)
+        self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
+        self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
+        self.batch = 0
+
+    def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
+                query_pos: torch.Tensor, steps, block_table: torch.Tensor) -> None:
+        B = len(request_ids)
+        if not 1 <= B <= self.max_batch or tuple(context_lens.shape) != (B, self.next_n):
+            raise SpinError(f"DenseIndexer: batch of {B} (allowed 1..{self.max_batch}) with "
+                            f"context_lens [{B}, {self.next_n}], got {list(context_lens.shape)}")
+        self.batch = B
+        self.context_lens[:B].copy_(context_lens)
+        blocks = (context_lens.max(1).values.to(torch.int64) + ops.BLOCK - 1) // ops.BLOCK
+        self.counts[:B].copy_(blocks.clamp(max=self.m_cap).to(torch.int32))
+        cols = min(block_table.shape[1], self.m_cap)
+        self.block_table[:B, :cols].copy_(block_table[:, :cols])
+        self.block_table[:B, cols:] = -1
+
+    def select(self) -> None:
+        pass
+
+    def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
+              kv_cache: torch.Tensor) -> torch.Tensor:
+        B, R = self.batch, self.next_n
+        logits = self.logits[:B * R]
+        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
+                           self.block_ids[:B], self.counts[:B], logits)
+        top = self.topk[layer, :B * R]
+        ops.topk(logits, self.block_ids[:B], self.counts[:B], R, self.index_topk, top)
+        return top
+
+    def finish(self, accepted: Optional[torch.Tensor] = None) -> None:
+        pass

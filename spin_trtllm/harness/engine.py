@@ -1,0 +1,605 @@
+"""dsa-lite engine: in-flight batching, MTP draft/verify, multi-turn, CUDA graphs, SPIN state.
+
+Each step() admits waiting requests (prefill, first token), then runs one batched decode step
+for every request that was already running: SPIN selects blocks for all indexer layers, the
+model runs with the SPIN (or all-keep) indexer, the target rows verify the MTP drafts, the
+deferred EMA updates replay the accepted rows, and the MTP head drafts the next tokens.
+Requests finish, start new turns (state reset) and leave the batch between steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .. import reference as ref
+from ..config import SpinConfig
+from ..errors import SpinConfigError, SpinError
+from ..indexer import DenseIndexer, SpinIndexer
+from ..replay.trace import SpinTrace
+from ..state import StatePool
+from .config import CSA_RATIO, DsaLiteConfig
+from .model import Caches, DsaLiteModel, init_weights
+
+
+class RequestError(SpinError):
+    """A request that cannot be served as given (the engine and other requests carry on)."""
+
+
+Prompt = str | bytes | Sequence[int]
+
+
+@dataclass
+class Request:
+    prompt: Prompt
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    turns: Sequence[Prompt] = ()          # follow-up user turns, each continues the context
+    stop_token: Optional[int] = None
+    request_id: Optional[int] = None      # assigned by the engine when None
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    turns: list[list[int]]                # generated tokens of each turn
+    finish_reason: str                    # "length", "stop" (both per last turn) or "context"
+    decode_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for turn in self.turns for t in turn]
+
+    def text(self) -> str:
+        return bytes(t for t in self.tokens if t < 256).decode("utf-8", "replace")
+
+
+@dataclass
+class _Live:
+    req: Request
+    rid: int
+    prompts: list[list[int]]
+    slot: int = -1
+    context: list[int] = field(default_factory=list)   # tokens in the KV cache, in order
+    pending: int = -1                                   # sampled, not yet in the cache
+    drafts: list[int] = field(default_factory=list)
+    turn: int = 0
+    out: list[list[int]] = field(default_factory=list)
+    step: int = 0                                       # decode steps since admission
+    hidden: Optional[torch.Tensor] = None               # MTP input: hidden of the last row
+    drafted: int = 0
+    accepted: int = 0
+    reserved_pages: int = 0
+
+
+@dataclass
+class StepStats:
+    batch: int
+    seconds: float
+    indexer_seconds: float = 0.0          # eager steps only (graphs are timed as a whole)
+    selected_blocks: int = 0
+    visible_blocks: int = 0
+    miss: list[float] = field(default_factory=list)
+    accepted: int = 0
+    drafted: int = 0
+    graph: bool = False
+    _events: list = field(default_factory=list, repr=False)
+
+
+def _tokens(prompt: Prompt, vocab: int, what: str) -> list[int]:
+    if isinstance(prompt, str):
+        prompt = prompt.encode("utf-8")
+    try:
+        toks = [int(t) for t in prompt]
+    except (TypeError, ValueError):
+        raise RequestError(f"{what}: must be text, bytes or a sequence of token ids") from None
+    if not toks:
+        raise RequestError(f"{what}: empty prompt")
+    bad = [t for t in toks if not 0 <= t < vocab]
+    if bad:
+        raise RequestError(f"{what}: token id {bad[0]} outside the vocabulary [0, {vocab})")
+    return toks
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, seed: int,
+           position: int) -> int:
+    """Greedy at temperature 0; else Gumbel-max with counter-hash noise keyed by (seed,
+    position): the same token whatever the batch, device or run."""
+    if temperature == 0:
+        return int(logits.argmax())
+    x = logits.double() / temperature
+    if 0 < top_k < x.numel():
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    vocab = torch.arange(x.numel(), dtype=torch.int64)
+    h = ref.counter_hash(seed, torch.tensor(position), torch.tensor(0), torch.tensor(0), vocab)
+    u = (h.double() + 0.5) / 2.0 ** 32
+    return int((x - torch.log(-torch.log(u))).argmax())
+
+
+class _PrefillIndexer:
+    """Dense top-K for the rows of one prefill chunk (plain PyTorch over the request's pages)."""
+
+    def __init__(self, k: int, dtype: torch.dtype):
+        self.k, self.dtype = k, dtype
+
+    def prepare(self, context_lens: torch.Tensor, block_table: torch.Tensor) -> None:
+        self.context_lens, self.block_table = context_lens, block_table
+        self.blocks = math.ceil(int(context_lens.max()) / ref.PAGE_SLOTS)
+
+    def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
+        rows, nb = q.shape[0], self.blocks
+        if nb == 0:
+            return torch.full((rows, self.k), -1, dtype=torch.int32, device=q.device)
+        pages = kv_cache[self.block_table[0, :nb].long()]
+        ids = torch.arange(nb, dtype=torch.int32, device=q.device).view(1, -1)
+        counts = torch.tensor([nb], dtype=torch.int32, device=q.device)
+        dt = torch.float64 if self.dtype == torch.float64 else torch.float32
+        logits = ref.masked_indexer_logits(q, pages, weights, self.context_lens, ids, ids,
+                                           counts, dtype=dt)
+        return ref.topk_slots(logits, ids, counts, rows, self.k)
+
+
+class _Observed:
+    """Runs the shadow dense indexer next to the real one: miss rate and trace scores."""
+
+    def __init__(self, engine: "Engine", batch: list[_Live], stats: StepStats,
+                 context_lens: torch.Tensor):
+        self.e, self.batch, self.stats = engine, batch, stats
+        self.visible_blocks = (context_lens.long() + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
+        self.trace_rows: dict[int, torch.Tensor] = {}
+
+    def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
+        e, R = self.e, self.e.cfg.next_n
+        true = e.shadow.layer(layer, q, weights, kv_cache).long()
+        for i, live in enumerate(self.batch):
+            if live.rid == e.trace_request:
+                self.trace_rows[layer] = e.shadow.logits[i * R:(i + 1) * R].float().cpu()
+        top = self._timed(layer, q, weights, kv_cache)
+        if isinstance(e.indexer, SpinIndexer):
+            B = len(self.batch)
+            ids = e.indexer.block_ids[:B, layer].long()
+            cnt = e.indexer.counts[:B, layer].long()
+            live_ids = torch.where(torch.arange(ids.shape[1], device=ids.device) < cnt[:, None],
+                                   ids, -1)
+            blocks = true.clamp(min=0) // ref.PAGE_SLOTS                       # [B*R, K]
+            sel = (blocks.view(B, R, -1, 1) == live_ids.view(B, 1, 1, -1)).any(-1)
+            valid = (true >= 0).view(B, R, -1)
+            n = valid.sum(-1)
+            # as in replay: rows where SPIN dropped blocks (not warm-up, not all kept)
+            eligible = (n > 0) & (cnt.cpu().view(B, 1) < self.visible_blocks)
+            miss = ((valid & ~sel).sum(-1).double() / n.clamp(min=1))[eligible.to(n.device)]
+            self.stats.miss.extend(miss.cpu().tolist())
+        return top
+
+    def _timed(self, layer, q, weights, kv_cache):
+        return self.e._timed_layer(layer, q, weights, kv_cache, self.stats)
+
+
+class Engine:
+    def __init__(self, cfg: DsaLiteConfig, spin: Optional[SpinConfig] = None, *,
+                 weights: Optional[dict[str, torch.Tensor]] = None,
+                 device: torch.device | str = "cpu", max_batch: int = 8,
+                 max_requests: Optional[int] = None, num_pages: Optional[int] = None,
+                 cuda_graphs: Optional[bool] = None, measure_miss: bool = False,
+                 trace_request: Optional[int] = None, time_indexer: bool = False,
+                 drafter: Optional[Callable[[int, list[int], int], list[int]]] = None):
+        """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
+        measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
+        (request id, context + pending token, depth) -> drafts replaces the MTP head."""
+        self.cfg = cfg
+        self.device = torch.device(device)
+        if spin is not None and spin.index_topk != cfg.index_topk:
+            raise SpinConfigError(f"spin index_topk {spin.index_topk} differs from the model's "
+                                  f"index_topk {cfg.index_topk}")
+        if max_batch < 1:
+            raise SpinError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.max_requests = max_requests or max_batch
+        if self.max_requests < max_batch:
+            raise SpinError(f"max_requests ({self.max_requests}) must be >= max_batch ({max_batch})")
+        self.model = DsaLiteModel(cfg, weights if weights is not None else init_weights(cfg),
+                                  self.device)
+        pages_per_request = math.ceil(cfg.index_slots / ref.PAGE_SLOTS)
+        self.caches = Caches(cfg, self.max_requests,
+                             num_pages or self.max_requests * pages_per_request, self.device)
+        L, R = len(cfg.csa_layers), cfg.next_n
+        self.spin = spin
+        if spin is not None:
+            self.pool: Optional[StatePool] = StatePool(
+                L, self.max_requests, spin, self.device,
+                initial_capacity=min(4096, cfg.index_slots + R),
+                max_capacity=cfg.index_slots + R)
+            self.indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots)
+        else:
+            self.pool = None
+            self.indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots, self.device)
+        self.trace_request = trace_request
+        self.measure_miss = measure_miss
+        self.time_indexer = time_indexer
+        self.shadow = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots, self.device) \
+            if (measure_miss or trace_request is not None) else None
+        self.prefill_indexer = _PrefillIndexer(cfg.index_topk, self.model.dtype)
+        self.drafter = drafter
+        eager_only = self.shadow is not None or time_indexer
+        self.cuda_graphs = (self.device.type == "cuda" and not eager_only) \
+            if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and (self.device.type != "cuda" or eager_only):
+            raise SpinError("cuda_graphs needs a CUDA device and no miss measuring, tracing or "
+                            "indexer timing")
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graph_pool = None
+        self._eager_seen: set[int] = set()
+        self._in = {
+            "tokens": torch.zeros(max_batch, R, dtype=torch.int64, device=self.device),
+            "pos": torch.zeros(max_batch, R, dtype=torch.int64, device=self.device),
+            "slot": torch.zeros(max_batch, dtype=torch.int64, device=self.device),
+            "table": torch.zeros(max_batch, self.caches.max_pages, dtype=torch.int32,
+                                 device=self.device)}
+        self.waiting: deque[_Live] = deque()
+        self.running: list[_Live] = []
+        self._free_slots = list(range(self.max_requests - 1, -1, -1))
+        self._reserved = 0
+        self._ids_in_use: set[int] = set()
+        self._next_id = 0
+        self.history: list[StepStats] = []
+        self.prefill_seconds = 0.0
+        self._trace: dict[str, list] = {"scores": [], "row_len": [], "query_pos": [],
+                                        "accepted": [], "turn_start": []}
+
+    # ---- requests --------------------------------------------------------------------------
+    def submit(self, req: Request) -> int:
+        """Validate and queue a request; returns its id. Raises RequestError, changing nothing."""
+        cfg = self.cfg
+        rid = req.request_id
+        what = f"request {rid if rid is not None else self._next_id}"
+        if rid is not None and (not isinstance(rid, int) or rid < 0 or rid >= 1 << 62):
+            raise RequestError(f"{what}: request_id must be an int in [0, 2^62)")
+        if rid is not None and rid in self._ids_in_use:
+            raise RequestError(f"{what}: request_id already in use")
+        if not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
+            raise RequestError(f"{what}: max_new_tokens must be an int >= 1, got "
+                               f"{req.max_new_tokens!r}")
+        if not isinstance(req.temperature, (int, float)) or not 0 <= req.temperature < math.inf:
+            raise RequestError(f"{what}: temperature must be a finite number >= 0, got "
+                               f"{req.temperature!r}")
+        if not isinstance(req.top_k, int) or req.top_k < 0:
+            raise RequestError(f"{what}: top_k must be an int >= 0, got {req.top_k!r}")
+        if not isinstance(req.seed, int) or not 0 <= req.seed < 1 << 32:
+            raise RequestError(f"{what}: seed must be an int in [0, 2^32), got {req.seed!r}")
+        if req.stop_token is not None and not 0 <= req.stop_token < cfg.vocab_size:
+            raise RequestError(f"{what}: stop_token {req.stop_token} outside the vocabulary")
+        prompts = [_tokens(req.prompt, cfg.vocab_size, f"{what} prompt")]
+        prompts += [_tokens(t, cfg.vocab_size, f"{what} turn {i + 1}")
+                    for i, t in enumerate(req.turns)]
+        worst = sum(len(p) for p in prompts) + len(prompts) * req.max_new_tokens + cfg.next_n
+        if worst > cfg.max_context:
+            raise RequestError(f"{what}: prompts ({sum(len(p) for p in prompts)} tokens) plus "
+                               f"{len(prompts)} x max_new_tokens ({req.max_new_tokens}) need up "
+                               f"to {worst} positions; max_context is {cfg.max_context}")
+        if rid is None:
+            while self._next_id in self._ids_in_use:
+                self._next_id += 1
+            rid = self._next_id
+        self._ids_in_use.add(rid)
+        live = _Live(req, rid, prompts)
+        live.reserved_pages = math.ceil((worst // CSA_RATIO + 1) / ref.PAGE_SLOTS)
+        if live.reserved_pages > self.caches.num_pages:
+            self._ids_in_use.discard(rid)
+            raise RequestError(f"{what}: needs {live.reserved_pages} indexer pages, the cache "
+                               f"has {self.caches.num_pages}")
+        self.waiting.append(live)
+        return rid
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def run(self, requests: Sequence[Request] = (), progress: bool = False,
+            max_steps: int = 1_000_000) -> list[RequestOutput]:
+        for r in requests:
+            self.submit(r)
+        done: list[RequestOutput] = []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(self.waiting) + len(self.running), unit="req", leave=False)
+        steps = 0
+        while not self.idle:
+            if steps >= max_steps:
+                raise SpinError(f"engine did not finish within {max_steps} steps")
+            finished = self.step()
+            done += finished
+            steps += 1
+            if bar is not None:
+                bar.update(len(finished))
+                if self.history:
+                    bar.set_postfix(batch=self.history[-1].batch)
+        if bar is not None:
+            bar.close()
+        return done
+
+    # ---- one engine step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        finished: list[RequestOutput] = []
+        joined = []
+        while self.waiting and len(self.running) + len(joined) < self.max_batch \
+                and self._free_slots \
+                and self._reserved + self.waiting[0].reserved_pages <= self.caches.num_pages:
+            live = self.waiting.popleft()
+            live.slot = self._free_slots.pop()
+            self._reserved += live.reserved_pages
+            if self.pool is not None:
+                self.pool.admit(live.rid)
+            live.out.append([])
+            t0 = time.perf_counter()
+            self._prefill(live, live.prompts[0])
+            self._sync()
+            self.prefill_seconds += time.perf_counter() - t0
+            if not self._emit(live, [live.pending], finished):
+                joined.append(live)
+        batch = list(self.running)
+        if batch:
+            self._decode(batch, finished)
+        self.running = [r for r in batch if r.slot >= 0] + joined
+        return finished
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _prefill(self, live: _Live, tokens: list[int]) -> None:
+        """Run `tokens` (continuing live.context) through the model in chunks; sample the next
+        token, reset SPIN (a new prompt or turn starts from zero state) and draft."""
+        cfg, dev = self.cfg, self.device
+        slot = torch.tensor([live.slot], dtype=torch.int64, device=dev)
+        start = len(live.context)
+        logits = hidden = None
+        for c in range(0, len(tokens), cfg.prefill_chunk):
+            chunk = tokens[c:c + cfg.prefill_chunk]
+            pos = torch.arange(start + c, start + c + len(chunk), device=dev).view(1, -1)
+            self.caches.ensure_pages(live.slot, int(pos[0, -1]) // CSA_RATIO + 1)
+            table = self.caches.block_table[live.slot:live.slot + 1]
+            self.prefill_indexer.prepare(((pos + 1) // CSA_RATIO).to(torch.int32), table)
+            logits, hidden = self.model.forward(torch.tensor([chunk], device=dev), pos, slot,
+                                                table, self.caches, self.prefill_indexer)
+        live.context += tokens
+        pos = len(live.context)
+        r = live.req
+        live.pending = sample(logits[0, -1].cpu(), r.temperature, r.top_k, r.seed, pos)
+        live.hidden = hidden[0, -1]
+        if self.pool is not None and live.turn > 0:
+            self.pool.reset([live.rid], live.step)
+        if live.rid == self.trace_request:
+            self._trace["turn_start"].append(len(self._trace["row_len"]))
+        self._draft([live])
+
+    def _draft(self, lives: list[_Live]) -> None:
+        d = self.cfg.mtp_depth
+        if not d or not lives:
+            return
+        if self.drafter is not None:
+            for live in lives:
+                drafts = [int(t) for t in self.drafter(live.rid, live.context + [live.pending], d)]
+                if len(drafts) != d or not all(0 <= t < self.cfg.vocab_size for t in drafts):
+                    raise SpinError(f"drafter returned {drafts!r}, need {d} token ids")
+                live.drafts = drafts
+            return
+        hidden = torch.stack([live.hidden for live in lives])
+        token = torch.tensor([live.pending for live in lives], device=self.device)
+        drafts = self.model.draft(hidden, token, d).cpu().tolist()
+        for live, dr in zip(lives, drafts):
+            live.drafts = dr
+
+    def _emit(self, live: _Live, tokens: list[int], finished: list[RequestOutput]) -> bool:
+        """Append generated tokens to the current turn; on the turn's end, start the next turn
+        or finish. Returns True when the request finished. live.pending must be tokens[-1]."""
+        r = live.req
+        turn = live.out[-1]
+        for k, tok in enumerate(tokens):
+            turn.append(tok)
+            stop = r.stop_token is not None and tok == r.stop_token
+            if stop or len(turn) >= r.max_new_tokens:
+                # tokens after the stop are dropped; the cache past the context is rewritten
+                extra = len(tokens) - 1 - k
+                if extra:
+                    live.context = live.context[:len(live.context) - extra]
+                live.pending = tok
+                return self._end_turn(live, "stop" if stop else "length", finished)
+        return False
+
+    def _end_turn(self, live: _Live, reason: str, finished: list[RequestOutput]) -> bool:
+        live.turn += 1
+        if live.turn < len(live.prompts):
+            live.out.append([])
+            t0 = time.perf_counter()
+            self._prefill(live, [live.pending] + live.prompts[live.turn])
+            self._sync()
+            self.prefill_seconds += time.perf_counter() - t0
+            return self._emit(live, [live.pending], finished)
+        self._finish(live, reason, finished)
+        return True
+
+    def _finish(self, live: _Live, reason: str, finished: list[RequestOutput]) -> None:
+        finished.append(RequestOutput(live.rid, live.out, reason, live.step, live.drafted,
+                                      live.accepted))
+        if self.pool is not None:
+            self.pool.release(live.rid)
+        self.caches.release(live.slot)
+        self._free_slots.append(live.slot)
+        self._reserved -= live.reserved_pages
+        self._ids_in_use.discard(live.rid)
+        live.slot = -1
+
+    # ---- decode ------------------------------------------------------------------------------
+    def _decode(self, batch: list[_Live], finished: list[RequestOutput]) -> None:
+        cfg, R, B = self.cfg, self.cfg.next_n, len(batch)
+        for live in batch:
+            if len(live.context) + R > cfg.max_context:          # cannot happen after submit
+                self._finish(live, "context", finished)
+        batch = [live for live in batch if live.slot >= 0]
+        B = len(batch)
+        if not B:
+            return
+        t0 = time.perf_counter()
+        stats = StepStats(batch=B, seconds=0.0)
+        start = torch.tensor([len(live.context) for live in batch], dtype=torch.int64)
+        pos = start.view(-1, 1) + torch.arange(R)
+        tokens = torch.tensor([[live.pending] + live.drafts for live in batch], dtype=torch.int64)
+        for live, p in zip(batch, pos[:, -1].tolist()):
+            self.caches.ensure_pages(live.slot, p // CSA_RATIO + 1)
+        slots = torch.tensor([live.slot for live in batch], dtype=torch.int64)
+        self._in["tokens"][:B].copy_(tokens)
+        self._in["pos"][:B].copy_(pos)
+        self._in["slot"][:B].copy_(slots)
+        self._in["table"][:B].copy_(self.caches.block_table[slots.to(self.device)])
+        ctx = ((pos + 1) // CSA_RATIO).to(torch.int32)
+        qpos = (pos // CSA_RATIO).to(torch.int32)
+        ids = [live.rid for live in batch]
+        steps = [live.step for live in batch]
+        table = self._in["table"][:B]
+        self.indexer.prepare(ids, ctx.to(self.device), qpos.to(self.device), steps, table)
+        observed = None
+        if self.shadow is not None:
+            self.shadow.prepare(ids, ctx.to(self.device), qpos.to(self.device), steps, table)
+            observed = _Observed(self, batch, stats, ctx)
+        logits, hidden = self._forward(B, observed, stats)
+        logits = logits.cpu()
+        if isinstance(self.indexer, SpinIndexer):
+            cnt = self.indexer.counts[:B].cpu()
+            stats.selected_blocks = int(cnt.sum())
+            visible = (ctx.max(1).values + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
+            stats.visible_blocks = int(visible.sum()) * cnt.shape[1]
+        # verify the drafts against the target rows
+        accepted = []
+        emitted = []
+        for b, live in enumerate(batch):
+            r, p = live.req, int(start[b])
+            targets = []
+            a = 0
+            for j in range(R):
+                targets.append(sample(logits[b, j], r.temperature, r.top_k, r.seed, p + j + 1))
+                if j < R - 1 and live.drafts[j] == targets[j]:
+                    a += 1
+                else:
+                    break
+            accepted.append(a)
+            emitted.append(live.drafts[:a] + [targets[a]])
+        acc = torch.tensor(accepted, dtype=torch.int32, device=self.device)
+        self._timed(lambda: self.indexer.finish(acc if R > 1 else None), stats)
+        if observed is not None and self.trace_request in ids:
+            self._record_trace(observed, ctx[ids.index(self.trace_request)],
+                               qpos[ids.index(self.trace_request)],
+                               accepted[ids.index(self.trace_request)])
+        redraft = []
+        for b, live in enumerate(batch):
+            a = accepted[b]
+            live.context += [live.pending] + live.drafts[:a]
+            live.pending = emitted[b][-1]
+            live.hidden = hidden[b, a].clone()      # graph outputs are overwritten next replay
+            turn = live.turn
+            live.step += 1
+            live.drafted += R - 1
+            live.accepted += a
+            stats.accepted += a
+            stats.drafted += R - 1
+            if not self._emit(live, emitted[b], finished) and live.turn == turn:
+                redraft.append(live)                 # a new turn drafted in its prefill
+        self._draft(redraft)
+        self._sync()
+        stats.seconds = time.perf_counter() - t0
+        stats.indexer_seconds += sum(a.elapsed_time(b) for a, b in stats._events) / 1e3
+        stats._events.clear()
+        self.history.append(stats)
+
+    def _forward(self, B: int, observed, stats: StepStats):
+        i = self._in
+        args = (i["tokens"][:B], i["pos"][:B], i["slot"][:B], i["table"][:B], self.caches)
+        if observed is not None or not self.cuda_graphs:
+            self._timed(self.indexer.select, stats)
+            indexer = observed if observed is not None else (
+                _TimedIndexer(self, stats) if self.time_indexer else self.indexer)
+            return self.model.forward(*args, indexer)
+        stats.graph = True
+        if B in self._graphs:
+            graph, logits, hidden = self._graphs[B]
+            graph.replay()
+            return logits, hidden
+        # first time at this batch size: run eagerly (the real step), then capture for later
+        self.indexer.select()
+        out = self.model.forward(*args, self.indexer)
+        self._sync()
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self.indexer.select()
+            logits, hidden = self.model.forward(*args, self.indexer)
+        self._graphs[B] = (graph, logits, hidden)
+        return out
+
+    def _timed(self, fn, stats: StepStats):
+        """Run fn, adding its time to stats.indexer_seconds: CUDA events on the GPU (no host
+        sync inside the step), wall time on the CPU."""
+        if not self.time_indexer:
+            return fn()
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            stats._events.append((start, end))
+            return out
+        t0 = time.perf_counter()
+        out = fn()
+        stats.indexer_seconds += time.perf_counter() - t0
+        return out
+
+    def _timed_layer(self, layer, q, weights, kv_cache, stats: StepStats) -> torch.Tensor:
+        return self._timed(lambda: self.indexer.layer(layer, q, weights, kv_cache), stats)
+
+    def _record_trace(self, observed: _Observed, ctx: torch.Tensor, qpos: torch.Tensor,
+                      accepted: int) -> None:
+        if int(ctx.min()) < 1:
+            return                                 # the trace format needs >= 1 slot per row
+        L = len(self.cfg.csa_layers)
+        for layer in range(L):
+            rows = observed.trace_rows[layer]
+            for j in range(ctx.shape[0]):
+                self._trace["scores"].append(rows[j, :int(ctx[j])].clone())
+        self._trace["row_len"].append(ctx.view(1, -1).expand(L, -1).clone())
+        self._trace["query_pos"].append(qpos.clone())
+        self._trace["accepted"].append(accepted)
+
+    def trace(self) -> SpinTrace:
+        """SPIN trace v1 of the traced request's decode steps (dense shadow scores)."""
+        t = self._trace
+        if not t["row_len"]:
+            raise SpinError("no trace recorded: set trace_request to a request that decodes "
+                            "past its first indexer slot")
+        T = len(t["row_len"])
+        starts = sorted({s for s in t["turn_start"] if s < T})
+        return SpinTrace(scores=torch.cat(t["scores"]).float(),
+                         row_len=torch.stack(t["row_len"]).to(torch.int32),
+                         query_pos=torch.stack(t["query_pos"]).to(torch.int32),
+                         index_topk=self.cfg.index_topk, block_size=ref.PAGE_SLOTS,
+                         turn_start=torch.tensor(starts, dtype=torch.int32) if starts else None,
+                         accepted=torch.tensor(t["accepted"], dtype=torch.int32),
+                         compress_ratio=CSA_RATIO, source="dsa-lite").validate()
+
+
+class _TimedIndexer:
+    def __init__(self, engine: Engine, stats: StepStats):
+        self.e, self.stats = engine, stats
+
+    def layer(self, layer, q, weights, kv_cache):
+        return self.e._timed_layer(layer, q, weights, kv_cache, self.stats)

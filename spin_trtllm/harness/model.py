@@ -1,0 +1,337 @@
+"""dsa-lite model: weights, caches and one batched forward pass over [B, R] query rows.
+
+The same forward serves decode steps (R = next_n rows: the pending token and its MTP drafts)
+and prefill chunks (R = up to prefill_chunk prompt tokens of one request). Every shape depends
+only on (B, R) and every write goes to a static location, so a decode step can be captured in
+a CUDA graph. Rows of a request sit at consecutive positions; their KV is written before
+anyone reads it, and causality comes from masks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import SpinError
+from .. import reference as ref
+from .config import CSA_RATIO, INDEX_DIM, INDEX_HEADS, DsaLiteConfig
+
+FP8_MAX = 448.0
+PAGE = ref.PAGE_SLOTS
+PAGE_BYTES = PAGE * ref.SLOT_BYTES
+
+
+class Indexer(Protocol):
+    def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
+              kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+
+# ---- weights ----------------------------------------------------------------------------------
+def _layer_shapes(cfg: DsaLiteConfig, r: int) -> dict[str, tuple[int, ...]]:
+    H, hd = cfg.hidden, cfg.head_dim
+    shapes = {"attn_norm": (H,), "wq": (H, cfg.heads * hd), "wk": (H, hd), "wv": (H, hd),
+              "wo": (cfg.heads * hd, H), "ffn_norm": (H,), "w1": (H, cfg.ffn),
+              "w3": (H, cfg.ffn), "w2": (cfg.ffn, H)}
+    if r:
+        shapes |= {"comp_gate": (hd,), "comp_bias": (r,)}
+    if r == CSA_RATIO:
+        shapes |= {"wiq": (H, INDEX_HEADS * INDEX_DIM), "wiw": (H, INDEX_HEADS),
+                   "wik": (H, INDEX_DIM), "icomp_gate": (INDEX_DIM,), "icomp_bias": (r,)}
+    return shapes
+
+
+def weight_shapes(cfg: DsaLiteConfig) -> dict[str, tuple[int, ...]]:
+    shapes = {"embed": (cfg.vocab_size, cfg.hidden), "final_norm": (cfg.hidden,),
+              "lm_head": (cfg.hidden, cfg.vocab_size)}
+    for i, r in enumerate(cfg.compress_ratios):
+        shapes |= {f"layers.{i}.{k}": s for k, s in _layer_shapes(cfg, r).items()}
+    if cfg.mtp_depth:
+        H = cfg.hidden
+        shapes |= {"mtp.norm_h": (H,), "mtp.norm_e": (H,), "mtp.proj": (2 * H, H),
+                   "mtp.ffn_norm": (H,), "mtp.w1": (H, cfg.ffn), "mtp.w3": (H, cfg.ffn),
+                   "mtp.w2": (cfg.ffn, H)}
+    return shapes
+
+
+def init_weights(cfg: DsaLiteConfig) -> dict[str, torch.Tensor]:
+    """Seeded random weights (fan-in scaled normals; norms at 1; biases 0)."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    out = {}
+    for name, shape in weight_shapes(cfg).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("norm") or leaf.startswith("norm"):
+            out[name] = torch.ones(shape)
+        elif leaf.endswith("bias"):
+            out[name] = torch.zeros(shape)
+        elif len(shape) == 1:
+            out[name] = torch.randn(shape, generator=g) / math.sqrt(shape[0])
+        elif name == "embed":
+            out[name] = torch.randn(shape, generator=g)
+        else:
+            out[name] = torch.randn(shape, generator=g) * (cfg.init_std / math.sqrt(shape[0]))
+    return out
+
+
+def save_checkpoint(path: str | Path, cfg: DsaLiteConfig, weights: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.detach().float().cpu().contiguous() for k, v in weights.items()}, str(path),
+              metadata={"format": "dsa-lite", "config": cfg.to_json()})
+
+
+def load_checkpoint(path: str | Path) -> tuple[DsaLiteConfig, dict[str, torch.Tensor]]:
+    """A safetensors checkpoint with its DsaLiteConfig in the metadata; every tensor checked."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises several types for bad files
+        raise SpinError(f"checkpoint {path}: not a readable safetensors file ({err})") from None
+    if meta.get("format") != "dsa-lite" or "config" not in meta:
+        raise SpinError(f"checkpoint {path}: metadata must have format=dsa-lite and a config")
+    try:
+        cfg = DsaLiteConfig.from_dict(json.loads(meta["config"]))
+    except json.JSONDecodeError:
+        raise SpinError(f"checkpoint {path}: config metadata is not JSON") from None
+    weights = load_file(str(path))
+    expected = weight_shapes(cfg)
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        raise SpinError(f"checkpoint {path}: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise SpinError(f"checkpoint {path}: {name} has shape {list(weights[name].shape)}, "
+                            f"expected {list(shape)}")
+    return cfg, weights
+
+
+# ---- caches -----------------------------------------------------------------------------------
+class Caches:
+    """Per-request KV of every layer plus the paged FP8 indexer K cache of the CSA layers.
+
+    Cache slot `max_requests` is scratch: rows that must not write anywhere write there, so
+    every write in a forward pass has a static shape. Indexer pages are handed out as contexts
+    grow; page `num_pages` is scratch in the same way.
+    """
+
+    def __init__(self, cfg: DsaLiteConfig, max_requests: int, num_pages: int,
+                 device: torch.device):
+        dt = getattr(torch, cfg.dtype)
+        S = max_requests + 1
+        self.cfg, self.max_requests, self.num_pages = cfg, max_requests, num_pages
+        self.scratch_slot, self.scratch_page = max_requests, num_pages
+        hd = cfg.head_dim
+        self.ring_k = [torch.zeros(S, cfg.ring, hd, dtype=dt, device=device)
+                       for _ in cfg.compress_ratios]
+        self.ring_v = [torch.zeros_like(t) for t in self.ring_k]
+        # compressed entries: one vector per group, used as key and value (shared KV)
+        self.comp = {i: torch.zeros(S, cfg.max_context // r + 1, hd, dtype=dt, device=device)
+                     for i, r in enumerate(cfg.compress_ratios) if r}
+        self.ring_ik = {i: torch.zeros(S, cfg.ring, INDEX_DIM, dtype=dt, device=device)
+                        for i in cfg.csa_layers}
+        self.index = [torch.zeros(num_pages + 1, PAGE, 1, ref.SLOT_BYTES, dtype=torch.uint8,
+                                  device=device) for _ in cfg.csa_layers]
+        self.max_pages = math.ceil(cfg.index_slots / PAGE)
+        self.block_table = torch.full((S, self.max_pages), -1, dtype=torch.int32, device=device)
+        self._pages: dict[int, list[int]] = {}
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    def nbytes(self) -> int:
+        tensors = self.ring_k + self.ring_v + list(self.comp.values()) + \
+            list(self.ring_ik.values()) + self.index
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def ensure_pages(self, slot: int, index_slots: int) -> None:
+        """Give cache slot `slot` pages for `index_slots` indexer slots."""
+        pages = self._pages.setdefault(slot, [])
+        need = math.ceil(index_slots / PAGE)
+        if need > self.max_pages:
+            raise SpinError(f"{index_slots} indexer slots exceed the cache's {self.max_pages} "
+                            f"pages per request")
+        if need - len(pages) > len(self._free):
+            raise SpinError(f"indexer K cache out of pages ({len(self._free)} free, "
+                            f"{need - len(pages)} needed)")
+        new = []
+        while len(pages) < need:
+            new.append(self._free.pop())
+            pages.append(new[-1])
+        if new:
+            start = len(pages) - len(new)
+            self.block_table[slot, start:len(pages)] = torch.tensor(new, dtype=torch.int32)
+
+    def release(self, slot: int) -> None:
+        pages = self._pages.pop(slot, [])
+        self._free.extend(reversed(pages))
+        self.block_table[slot] = -1
+
+
+# ---- the forward pass ---------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, dims: Optional[int] = None) -> torch.Tensor:
+    """Rotate the first `dims` (all) channels of x [..., D] by positions pos (broadcast to
+    x[..., 0]); pairs are (i, i + dims/2)."""
+    D = x.shape[-1] if dims is None else dims
+    half = D // 2
+    freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float64) / half)
+    ang = (pos.to(torch.float64).unsqueeze(-1) * freq).to(x.dtype)
+    while ang.dim() < x.dim():
+        ang = ang.unsqueeze(-2)
+    cos, sin = ang.cos(), ang.sin()
+    a, b, rest = x[..., :half], x[..., half:D], x[..., D:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos, rest], -1)
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3 with an fp32 scale: x ~= fp8 * scale (scale = amax / 448)."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    return (xf / scale).to(torch.float8_e4m3fn), scale.squeeze(-1)
+
+
+class DsaLiteModel:
+    def __init__(self, cfg: DsaLiteConfig, weights: dict[str, torch.Tensor],
+                 device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, cfg.dtype)
+        self.w = {k: v.to(self.device, self.dtype) for k, v in weights.items()}
+        self.csa_index = {layer: i for i, layer in enumerate(cfg.csa_layers)}
+        self.head_scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.index_scale = 1.0 / math.sqrt(INDEX_HEADS * INDEX_DIM)
+
+    # one (B, R) forward -------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor,
+                block_table: torch.Tensor, caches: Caches, indexer: Indexer
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, pos: int64 [B, R] (consecutive positions per request); slot: int64 [B] cache
+        slots; block_table: int32 [B, pages] indexer pages. Returns float32 logits [B, R, V]
+        and the last hidden state [B, R, hidden]."""
+        cfg, w = self.cfg, self.w
+        B, R = tokens.shape
+        h = w["embed"][tokens]
+        last = torch.arange(R, device=pos.device) == R - 1
+        ring_idx = pos % cfg.ring
+        rows_slot = slot.unsqueeze(1).expand(B, R)
+        for i, r in enumerate(cfg.compress_ratios):
+            p = f"layers.{i}."
+            x = rms_norm(h, w[p + "attn_norm"])
+            q = rope((x @ w[p + "wq"]).view(B, R, cfg.heads, cfg.head_dim), pos, cfg.rope_theta)
+            k = rope(x @ w[p + "wk"], pos, cfg.rope_theta)
+            caches.ring_k[i][rows_slot, ring_idx] = k
+            caches.ring_v[i][rows_slot, ring_idx] = x @ w[p + "wv"]
+            # sliding window: positions pos - window + 1 .. pos
+            wpos = pos.unsqueeze(-1) - torch.arange(cfg.window, device=pos.device)
+            wslot = slot.view(B, 1, 1)
+            keys = caches.ring_k[i][wslot, wpos % cfg.ring]
+            values = caches.ring_v[i][wslot, wpos % cfg.ring]
+            valid = wpos >= 0
+            if r:
+                comp = self._compress(i, r, pos, slot, last, caches, p)
+                if r == CSA_RATIO:
+                    ids = self._index(i, x, pos, slot, last, block_table, caches, indexer, p)
+                    ckeys = comp[wslot, ids.clamp(min=0)]
+                    cvalid = ids >= 0
+                else:
+                    n = comp.shape[1]
+                    ids = torch.arange(n, device=pos.device)
+                    ckeys = comp[slot].unsqueeze(1).expand(B, R, n, cfg.head_dim)
+                    cvalid = ids < ((pos + 1) // r).unsqueeze(-1)
+                keys = torch.cat([keys, ckeys], 2)
+                values = torch.cat([values, ckeys], 2)
+                valid = torch.cat([valid, cvalid], 2)
+            att = torch.einsum("brhd,brnd->brhn", q, keys) * self.head_scale
+            att = att.masked_fill(~valid.unsqueeze(2), float("-inf")).softmax(-1)
+            out = torch.einsum("brhn,brnd->brhd", att, values).reshape(B, R, -1)
+            h = h + out @ w[p + "wo"]
+            h = h + self._ffn(h, p)
+        logits = (rms_norm(h, w["final_norm"]) @ w["lm_head"]).float()
+        return logits, h
+
+    def _ffn(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        x = rms_norm(h, self.w[p + "ffn_norm"])
+        return (torch.nn.functional.silu(x @ self.w[p + "w1"]) * (x @ self.w[p + "w3"])) @ self.w[p + "w2"]
+
+    def _group(self, ring: torch.Tensor, r: int, pos: torch.Tensor, slot: torch.Tensor,
+               gate: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Softmax-gated pooling of the group holding each row: tokens g*r .. min(g*r + r - 1,
+        the request's last row); rows of one group get identical values."""
+        B, R = pos.shape
+        gpos = (pos // r * r).unsqueeze(-1) + torch.arange(r, device=pos.device)   # [B, R, r]
+        x = ring[slot.view(B, 1, 1), gpos % self.cfg.ring]                         # [B, R, r, d]
+        score = x @ gate + bias
+        score = score.masked_fill(gpos > pos[:, -1:].unsqueeze(-1), float("-inf"))
+        return (score.softmax(-1).unsqueeze(-1) * x).sum(-2)
+
+    def _write_rows(self, pos: torch.Tensor, r: int, last: torch.Tensor) -> torch.Tensor:
+        """Rows that store their group: the group's last token, or the request's last row."""
+        return ((pos + 1) % r == 0) | last
+
+    def _compress(self, i: int, r: int, pos, slot, last, caches: Caches, p: str) -> torch.Tensor:
+        w = self.w
+        value = self._group(caches.ring_k[i], r, pos, slot, w[p + "comp_gate"], w[p + "comp_bias"])
+        store = self._write_rows(pos, r, last)
+        tslot = torch.where(store, slot.unsqueeze(1), caches.scratch_slot)
+        caches.comp[i][tslot, torch.where(store, pos // r, 0)] = value
+        return caches.comp[i]
+
+    def _index(self, i: int, x, pos, slot, last, block_table, caches: Caches,
+               indexer: Indexer, p: str) -> torch.Tensor:
+        """The lightning indexer of CSA layer i: store this step's compressed key, then ask the
+        indexer for the top-K compressed slots of every row."""
+        w, cfg = self.w, self.cfg
+        B, R = pos.shape
+        ci = self.csa_index[i]
+        caches.ring_ik[i][slot.unsqueeze(1).expand(B, R), pos % cfg.ring] = x @ w[p + "wik"]
+        key = self._group(caches.ring_ik[i], CSA_RATIO, pos, slot, w[p + "icomp_gate"],
+                          w[p + "icomp_bias"])
+        g = pos // CSA_RATIO
+        key = rope(key, g, cfg.rope_theta, dims=INDEX_DIM // 2)
+        k8, kscale = quantize_rows_fp8(key)
+        store = self._write_rows(pos, CSA_RATIO, last)
+        page = block_table.to(torch.int64).gather(1, (g // PAGE).clamp(max=block_table.shape[1] - 1))
+        store = store & (page >= 0)
+        page = torch.where(store, page, caches.scratch_page)
+        off = torch.where(store, g % PAGE, 0)
+        flat = caches.index[ci].view(-1)
+        base = page * PAGE_BYTES
+        kb = torch.arange(ref.KEY_BYTES, device=pos.device)
+        sb = torch.arange(4, device=pos.device)
+        flat[(base + off * ref.KEY_BYTES).unsqueeze(-1) + kb] = k8.view(torch.uint8)
+        flat[(base + PAGE * ref.KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
+            kscale.contiguous().view(torch.uint8).view(B, R, 4)
+        # queries: RoPE on half of each head at the row's position in slot units
+        iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, INDEX_DIM)
+        iq = rope(iq, pos.to(torch.float64) / CSA_RATIO, cfg.rope_theta, dims=INDEX_DIM // 2)
+        q8, qscale = quantize_rows_fp8(iq.reshape(B, R, -1))
+        weights = (x @ w[p + "wiw"]).float() * (qscale.unsqueeze(-1) * self.index_scale)
+        return indexer.layer(ci, q8.view(B * R, INDEX_HEADS, INDEX_DIM),
+                             weights.view(B * R, INDEX_HEADS).contiguous(),
+                             caches.index[ci]).view(B, R, -1).to(torch.int64)
+
+    # MTP draft head ------------------------------------------------------------------------------
+    def draft(self, hidden: torch.Tensor, token: torch.Tensor, depth: int) -> torch.Tensor:
+        """Greedy drafts [B, depth] from the last accepted hidden state [B, H] and token [B]."""
+        w = self.w
+        out = []
+        for _ in range(depth):
+            e = w["embed"][token]
+            x = torch.cat([rms_norm(hidden, w["mtp.norm_h"]), rms_norm(e, w["mtp.norm_e"])], -1)
+            hidden = x @ w["mtp.proj"]
+            hidden = hidden + self._ffn(hidden, "mtp.")
+            logits = rms_norm(hidden, w["final_norm"]) @ w["lm_head"]
+            token = logits.float().argmax(-1)
+            out.append(token)
+        return torch.stack(out, -1)
