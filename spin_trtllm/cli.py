@@ -185,24 +185,24 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .replay.evaluate import replay
-    from .replay.predictors import compare_predictors
-    from .replay.synth import SynthConfig, synthesize
+    from .harness.demo import DemoOptions, format_report, run_demo
 
     cfg = _load_config(args)
-    sparsities = _sparsities(args, cfg)
-    synth = SynthConfig(steps=args.steps, layers=args.layers, prompt_slots=args.slots,
-                        next_n=args.next_n, seed=args.seed or 0)
-    print(f"demo: synthetic trace, {synth.steps} decode steps, {synth.layers} indexer layers, "
-          f"{synth.prompt_slots} slots, next_n {synth.next_n}", file=sys.stderr)
-    trace = synthesize(synth, progress=not args.quiet)
-    trace.name = "demo-synthetic"
-    out = compare_predictors(trace, progress=not args.quiet)
-    _print_predictors(out)
-    print()
-    results = replay(trace, sparsities, cfg, progress=not args.quiet)
-    _print_table(results)
-    _write_json(args.json, {"predictors": out, "replay": _json_results(results)})
+    if args.sparsity is not None:
+        cfg = cfg.with_overrides(target_sparsity=args.sparsity)
+    elif "target_sparsity" not in cfg.model_fields_set:
+        cfg = cfg.with_overrides(target_sparsity=0.5)
+    for name in ("requests", "prompt_tokens", "new_tokens", "batch"):
+        if getattr(args, name) < 1:
+            raise SpinError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    opts = DemoOptions(device=args.device, requests=args.requests,
+                       prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                       max_batch=args.batch, mtp_depth=args.mtp, checkpoint=args.checkpoint,
+                       measure_miss=args.measure_miss, dump_trace=args.dump_trace,
+                       cuda_graphs=args.cuda_graphs, progress=not args.quiet)
+    res = run_demo(cfg, opts)
+    print(format_report(res))
+    _write_json(args.json, res)
     return 0
 
 
@@ -270,13 +270,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("demo", help="the main job: synthesize a trace, compare predictors, "
-                                    "replay SPIN at several sparsities")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--slots", type=int, default=8192)
-    p.add_argument("--next-n", type=int, default=1)
-    _add_common(p)
+    p = sub.add_parser("demo", help="the main job: dsa-lite decoding with SPIN and with the "
+                                    "all-keep indexer, side by side")
+    p.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda[:i]")
+    p.add_argument("--requests", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=1600, help="longest prompt (bytes)")
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--batch", type=int, default=4, help="max requests decoding together")
+    p.add_argument("--mtp", type=int, default=0, choices=range(0, 8), metavar="D",
+                   help="MTP draft depth (next_n = D + 1)")
+    p.add_argument("--sparsity", type=float, help="SPIN target block sparsity (default 0.5)")
+    p.add_argument("--checkpoint", help="dsa-lite safetensors checkpoint (default: seeded "
+                                        "random weights)")
+    p.add_argument("--measure-miss", action="store_true",
+                   help="run a shadow dense indexer and report SPIN's miss rate")
+    p.add_argument("--dump-trace", metavar="FILE", help="write SPIN trace v1 of request 0")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="GPU: replay captured decode steps (no indexer time split)")
+    p.add_argument("--json", help="write results as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo)
     return parser

@@ -42,7 +42,7 @@ class SpinConfig(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as err:
-            raise SpinConfigError(_describe(err)) from None
+            raise SpinConfigError(describe_validation_error(err, SpinConfig, "spin config")) from None
 
     # ---- loaders -------------------------------------------------------------------------
     @classmethod
@@ -121,12 +121,13 @@ def _first_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
-def _describe(err: ValidationError) -> str:
+def describe_validation_error(err: ValidationError, model: type, label: str) -> str:
+    """One line naming every bad field and its rule (unknown keys list the valid ones)."""
     parts = []
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"]) or "config"
         if e["type"] == "extra_forbidden":
-            parts.append(f"{field}: unknown key (valid keys: {', '.join(SpinConfig.model_fields)})")
+            parts.append(f"{field}: unknown key (valid keys: {', '.join(model.model_fields)})")
         else:
             parts.append(f"{field}: {e['msg']} (got {e.get('input')!r})")
-    return "spin config: " + "; ".join(parts)
+    return f"{label}: " + "; ".join(parts)

@@ -109,8 +109,30 @@ def test_synth_info_compare_ablate(tmp_path, capsys):
     assert len(json.loads(out.read_text())) == 4
 
 
-def test_demo_runs(capsys):
-    assert main(["demo", "--steps", "20", "--slots", "1024", "--layers", "2", "--quiet",
-                 "--sparsity", "0.4"]) == 0
+def test_demo_runs_dsa_lite_side_by_side(capsys, tmp_path):
+    trace = tmp_path / "demo.safetensors"
+    out_json = tmp_path / "demo.json"
+    assert main(["demo", "--device", "cpu", "--requests", "3", "--prompt-tokens", "1400",
+                 "--new-tokens", "12", "--batch", "2", "--mtp", "1", "--sparsity", "0.4",
+                 "--measure-miss", "--dump-trace", str(trace), "--json", str(out_json),
+                 "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "prev_iter" in out and "demo-synthetic" in out
+    assert "SPIN @ 0.40" in out and "all-keep" in out and "token agreement" in out
+    res = json.loads(out_json.read_text())
+    assert res["requests"] == 3 and res["spin"]["decode_steps"] > 0
+    assert 0 < res["spin"]["realized_sparsity"] < 0.4
+    assert res["spin"]["mean_miss"] is not None and res["all_keep"]["realized_sparsity"] is None
+    assert main(["info", str(trace)]) == 0
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["demo", "--requests", "0"], "--requests must be >= 1"),
+    (["demo", "--device", "cuda", "--quiet"], "no CUDA device"),
+    (["demo", "--checkpoint", "/nonexistent.safetensors", "--quiet"], "not a readable"),
+])
+def test_demo_bad_options(argv, msg, capsys):
+    if "cuda" in argv and __import__("torch").cuda.is_available():
+        pytest.skip("has CUDA")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err

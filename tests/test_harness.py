@@ -274,3 +274,16 @@ def test_tiny_prompts_with_no_indexer_slot_yet():
     e = Engine(tiny(), spin_cfg(), max_batch=2, measure_miss=True)
     outs = e.run([Request(b"a", max_new_tokens=10), Request(b"ab", max_new_tokens=3)])
     assert sorted(len(o.tokens) for o in outs) == [3, 10]
+
+
+def test_synthetic_requests_decode_and_validate():
+    cfg = tiny().with_overrides(mtp_depth=1)
+    e = Engine(cfg, spin_cfg(), max_batch=2)
+    e.add_synthetic(0, 1000, max_new_tokens=5)
+    e.add_synthetic(1, 300, max_new_tokens=3, seed=1)
+    with pytest.raises(RequestError, match="batch is full"):
+        e.add_synthetic(2, 100, max_new_tokens=3)
+    outs = e.run()
+    assert sorted(len(o.tokens) for o in outs) == [3, 5]
+    with pytest.raises(RequestError, match="do not fit max_context"):
+        e.add_synthetic(3, 4090, max_new_tokens=10)

@@ -7,6 +7,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from ..config import describe_validation_error
 from ..errors import SpinConfigError
 
 # The indexer has DeepSeek-V4's dimensions everywhere: the spin ops (and DeepGEMM) fix them.
@@ -122,14 +123,7 @@ class DsaLiteConfig(BaseModel):
         try:
             return cls(**data)
         except ValidationError as err:
-            parts = []
-            for e in err.errors():
-                name = ".".join(str(x) for x in e["loc"]) or "config"
-                if e["type"] == "extra_forbidden":
-                    parts.append(f"{name}: unknown key (valid: {', '.join(cls.model_fields)})")
-                else:
-                    parts.append(f"{name}: {e['msg']} (got {e.get('input')!r})")
-            raise SpinConfigError("dsa-lite config: " + "; ".join(parts)) from None
+            raise SpinConfigError(describe_validation_error(err, cls, "dsa-lite config")) from None
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)

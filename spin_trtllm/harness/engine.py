@@ -85,7 +85,9 @@ class _Live:
 class StepStats:
     batch: int
     seconds: float
-    indexer_seconds: float = 0.0          # eager steps only (graphs are timed as a whole)
+    indexer_seconds: float = 0.0          # with time_indexer (eager): select + layers + finish
+    shadow_seconds: float = 0.0           # with time_indexer: the shadow dense indexer
+    forward_seconds: float = 0.0          # CUDA: GPU time of select + model forward
     selected_blocks: int = 0
     visible_blocks: int = 0
     miss: list[float] = field(default_factory=list)
@@ -160,7 +162,8 @@ class _Observed:
 
     def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
         e, R = self.e, self.e.cfg.next_n
-        true = e.shadow.layer(layer, q, weights, kv_cache).long()
+        true = e._timed(lambda: e.shadow.layer(layer, q, weights, kv_cache), self.stats,
+                        "shadow_seconds").long()
         for i, live in enumerate(self.batch):
             if live.rid == e.trace_request:
                 self.trace_rows[layer] = e.shadow.logits[i * R:(i + 1) * R].float().cpu()
@@ -299,6 +302,47 @@ class Engine:
                                f"has {self.caches.num_pages}")
         self.waiting.append(live)
         return rid
+
+    def add_synthetic(self, request_id: int, context_tokens: int, max_new_tokens: int,
+                      seed: int = 0) -> None:
+        """Benchmarks: a request that is decoding already, its `context_tokens` of context filled
+        with random cache contents instead of a prefill (step times do not depend on them)."""
+        cfg, R = self.cfg, self.cfg.next_n
+        if context_tokens + max_new_tokens + R > cfg.max_context or context_tokens < 1:
+            raise RequestError(f"synthetic request: {context_tokens} context + {max_new_tokens} "
+                               f"new tokens do not fit max_context {cfg.max_context}")
+        if not self._free_slots or len(self.running) >= self.max_batch:
+            raise RequestError("synthetic request: the batch is full")
+        if request_id in self._ids_in_use:
+            raise RequestError(f"request {request_id}: request_id already in use")
+        live = _Live(Request([0], max_new_tokens=max_new_tokens), request_id, [[0]])
+        live.reserved_pages = math.ceil(((context_tokens + max_new_tokens + R) // CSA_RATIO + 1)
+                                        / ref.PAGE_SLOTS)
+        if self._reserved + live.reserved_pages > self.caches.num_pages:
+            raise RequestError("synthetic request: indexer K cache out of pages")
+        self._ids_in_use.add(request_id)
+        live.slot = self._free_slots.pop()
+        self._reserved += live.reserved_pages
+        if self.pool is not None:
+            self.pool.admit(request_id)
+        c, slot = self.caches, live.slot
+        c.ensure_pages(slot, context_tokens // CSA_RATIO + 1)
+        g = torch.Generator(self.device).manual_seed(seed)
+        for t in c.ring_k + c.ring_v + list(c.ring_ik.values()) + list(c.comp.values()):
+            t[slot] = torch.randn(t.shape[1:], generator=g, device=self.device).to(t.dtype)
+        pages = c.block_table[slot, :math.ceil((context_tokens // CSA_RATIO + 1) / ref.PAGE_SLOTS)]
+        for kv in c.index:
+            keys = torch.randn(len(pages), ref.PAGE_SLOTS * ref.KEY_BYTES, generator=g,
+                               device=self.device).to(torch.float8_e4m3fn).view(torch.uint8)
+            scales = (torch.rand(len(pages), ref.PAGE_SLOTS, generator=g, device=self.device)
+                      * 0.01 + 0.001).view(torch.uint8)
+            kv.view(kv.shape[0], -1)[pages.long()] = torch.cat([keys, scales], 1)
+        live.context = [0] * context_tokens
+        live.pending = 1
+        live.drafts = [0] * cfg.mtp_depth
+        live.hidden = torch.zeros(cfg.hidden, dtype=self.model.dtype, device=self.device)
+        live.out.append([])
+        self.running.append(live)
 
     @property
     def idle(self) -> bool:
@@ -472,8 +516,16 @@ class Engine:
         if self.shadow is not None:
             self.shadow.prepare(ids, ctx.to(self.device), qpos.to(self.device), steps, table)
             observed = _Observed(self, batch, stats, ctx)
+        if self.device.type == "cuda":
+            f0, f1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            f0.record()
         logits, hidden = self._forward(B, observed, stats)
-        logits = logits.cpu()
+        if self.device.type == "cuda":
+            f1.record()
+            stats._events.append((f0, f1, "forward_seconds"))
+        greedy = logits.argmax(-1).cpu()
+        sampled = [b for b, live in enumerate(batch) if live.req.temperature > 0]
+        row_logits = logits[sampled].cpu() if sampled else None
         if isinstance(self.indexer, SpinIndexer):
             cnt = self.indexer.counts[:B].cpu()
             stats.selected_blocks = int(cnt.sum())
@@ -487,7 +539,11 @@ class Engine:
             targets = []
             a = 0
             for j in range(R):
-                targets.append(sample(logits[b, j], r.temperature, r.top_k, r.seed, p + j + 1))
+                if r.temperature > 0:
+                    row = row_logits[sampled.index(b), j]
+                    targets.append(sample(row, r.temperature, r.top_k, r.seed, p + j + 1))
+                else:
+                    targets.append(int(greedy[b, j]))
                 if j < R - 1 and live.drafts[j] == targets[j]:
                     a += 1
                 else:
@@ -517,7 +573,8 @@ class Engine:
         self._draft(redraft)
         self._sync()
         stats.seconds = time.perf_counter() - t0
-        stats.indexer_seconds += sum(a.elapsed_time(b) for a, b in stats._events) / 1e3
+        for a, b, what in stats._events:
+            setattr(stats, what, getattr(stats, what) + a.elapsed_time(b) / 1e3)
         stats._events.clear()
         self.history.append(stats)
 
@@ -547,9 +604,9 @@ class Engine:
         self._graphs[B] = (graph, logits, hidden)
         return out
 
-    def _timed(self, fn, stats: StepStats):
-        """Run fn, adding its time to stats.indexer_seconds: CUDA events on the GPU (no host
-        sync inside the step), wall time on the CPU."""
+    def _timed(self, fn, stats: StepStats, what: str = "indexer_seconds"):
+        """Run fn, adding its time to stats.<what>: CUDA events on the GPU (no host sync inside
+        the step), wall time on the CPU."""
         if not self.time_indexer:
             return fn()
         if self.device.type == "cuda":
@@ -557,11 +614,11 @@ class Engine:
             start.record()
             out = fn()
             end.record()
-            stats._events.append((start, end))
+            stats._events.append((start, end, what))
             return out
         t0 = time.perf_counter()
         out = fn()
-        stats.indexer_seconds += time.perf_counter() - t0
+        setattr(stats, what, getattr(stats, what) + time.perf_counter() - t0)
         return out
 
     def _timed_layer(self, layer, q, weights, kv_cache, stats: StepStats) -> torch.Tensor:

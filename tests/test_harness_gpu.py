@@ -1,0 +1,62 @@
+"""dsa-lite on the GPU (marked gpu, skipped without CUDA): CUDA-graph replay equals eager."""
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig
+from spin_trtllm.harness import Engine, Request, init_weights, tiny, v4_flash_indexer
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+TEXT = bytes(range(32, 127)) * 40
+
+
+def schedule_run(engine, arrivals):
+    outs, t = {}, 0
+    while t <= max(arrivals) or not engine.idle:
+        for r in arrivals.get(t, []):
+            engine.submit(r)
+        outs.update({o.request_id: o for o in engine.step()})
+        t += 1
+    return outs
+
+
+def arrivals():
+    return {0: [Request(TEXT[:1500], max_new_tokens=24, request_id=0),
+                Request(TEXT[7:900], max_new_tokens=10, temperature=0.8, seed=2, request_id=1)],
+            3: [Request(TEXT[3:1200], max_new_tokens=16, request_id=2,
+                        turns=[TEXT[50:150]])],
+            6: [Request(TEXT[9:400], max_new_tokens=12, request_id=3)]}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mtp", [0, 2])
+@pytest.mark.parametrize("spin", [True, False])
+def test_cuda_graph_replay_equals_eager(mtp, spin):
+    cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
+    w = init_weights(cfg)
+    sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1) if spin else None
+    eager_engine = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=False)
+    graph_engine = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=True)
+    eager = schedule_run(eager_engine, arrivals())
+    graph = schedule_run(graph_engine, arrivals())
+    assert {k: v.tokens for k, v in eager.items()} == {k: v.tokens for k, v in graph.items()}
+    assert [s.selected_blocks for s in eager_engine.history] == \
+        [s.selected_blocks for s in graph_engine.history]
+    assert sum(s.graph for s in graph_engine.history) > len(graph_engine._graphs) >= 2
+
+
+@gpu
+@pytest.mark.gpu
+def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
+    cfg = v4_flash_indexer(max_context=8192, compress_ratios=(0, 4, 128, 4), mtp_depth=3)
+    sc = SpinConfig(index_topk=512, target_sparsity=0.5)
+    e = Engine(cfg, sc, device="cuda", max_batch=4, cuda_graphs=True)
+    for i in range(4):
+        e.add_synthetic(i, 6000 + 300 * i, max_new_tokens=8, seed=i)
+    outs = e.run()
+    assert sorted(len(o.tokens) for o in outs) == [8, 8, 8, 8]
+    later = e.history[2:]
+    assert later and all(s.graph for s in later)
+    assert all(0.4 < 1 - s.selected_blocks / s.visible_blocks < 0.6 for s in later)
