@@ -179,8 +179,8 @@ class _Observed:
             valid = (true >= 0).view(B, R, -1)
             n = valid.sum(-1)
             # as in replay: rows where SPIN dropped blocks (not warm-up, not all kept)
-            eligible = (n > 0) & (cnt.cpu().view(B, 1) < self.visible_blocks)
-            miss = ((valid & ~sel).sum(-1).double() / n.clamp(min=1))[eligible.to(n.device)]
+            eligible = (n > 0) & (cnt.view(B, 1) < self.visible_blocks.to(cnt.device))
+            miss = ((valid & ~sel).sum(-1).double() / n.clamp(min=1))[eligible]
             self.stats.miss.extend(miss.cpu().tolist())
         return top
 
