@@ -34,7 +34,9 @@ class SpinIndexer:
                             f"max_context >= 1; got {max_batch}, {next_n}, {max_context}")
         self.cfg, self.pool = cfg, pool
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
-        pool.ensure_capacity(max_context + next_n)
+        if pool.max_capacity < max_context + next_n:
+            raise SpinError(f"SpinIndexer: the state pool's max_capacity {pool.max_capacity} is "
+                            f"below max_context + next_n = {max_context + next_n}")
         dev = pool.device
         L = pool.num_layers
         # m_cap covers every block: warm-up steps select them all
@@ -58,7 +60,9 @@ class SpinIndexer:
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
                 query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
                 block_table: torch.Tensor) -> None:
-        """Host side, before the step: copy the batch metadata into the device buffers."""
+        """Host side, before the step: copy the batch metadata into the device buffers, and grow
+        the state pool when a query position outgrows it (pool.generation changes: CUDA graphs
+        captured before must be captured again). Pass CPU tensors to avoid a device sync."""
         B = len(request_ids)
         if not 1 <= B <= self.max_batch:
             raise SpinError(f"SpinIndexer: batch of {B} requests, allowed 1..{self.max_batch}")
@@ -69,6 +73,8 @@ class SpinIndexer:
         if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
             raise SpinError(f"SpinIndexer: block_table must be int32 [{B}, max_pages], got "
                             f"{block_table.dtype} {list(block_table.shape)}")
+        if query_pos.numel():
+            self.pool.ensure_capacity(int(query_pos.max()) + 1)
         self.batch = B
         self.slot[:B].copy_(self.pool.slots(request_ids))
         self.request[:B].copy_(torch.as_tensor(list(request_ids), dtype=torch.int64))
@@ -82,7 +88,7 @@ class SpinIndexer:
     def select(self) -> None:
         B = self.batch
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
-                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self.max_context,
+                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self._max_len(),
                    self.block_ids[:B], self.counts[:B])
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
@@ -114,7 +120,11 @@ class SpinIndexer:
         ops.update(self.pool.state, self.slot[:B], self.logits[layer if R > 1 else 0, :B * R],
                    self.block_ids[:B, layer], self.counts[:B, layer], self.context_lens[:B],
                    self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
-                   self.max_context)
+                   self._max_len())
+
+    def _max_len(self) -> int:
+        # the ops clamp context lengths to this; it may not exceed the state's capacity
+        return min(self.max_context, self.pool.capacity)
 
 
 class DenseIndexer:

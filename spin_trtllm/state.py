@@ -38,6 +38,7 @@ class StatePool:
         self._slot_of: dict[int, int] = {}
         self._reset_step = [0] * max_requests     # step of each slot's last reset (block ages)
         self._free = list(range(max_requests - 1, -1, -1))  # pop() hands out slot 0 first
+        self.generation = 0       # bumped when the state tensors are reallocated
 
     @staticmethod
     def _pages(capacity: int) -> int:
@@ -132,6 +133,7 @@ class StatePool:
         self.state.last_seen[:, :, blocks:] = torch.tensor(
             self._reset_step, dtype=torch.int64, device=self.device).view(-1, 1, 1)
         self.state.decode_steps.copy_(old.decode_steps)
+        self.generation += 1
         return True
 
     def request_ids(self) -> list[int]:

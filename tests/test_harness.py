@@ -287,3 +287,16 @@ def test_synthetic_requests_decode_and_validate():
     assert sorted(len(o.tokens) for o in outs) == [3, 5]
     with pytest.raises(RequestError, match="do not fit max_context"):
         e.add_synthetic(3, 4090, max_new_tokens=10)
+
+
+def test_state_grows_with_context_without_changing_results():
+    cfg = tiny()
+    w = init_weights(cfg)
+    reqs = lambda: [Request(prompt(2400), max_new_tokens=20), Request(prompt(300, 3), max_new_tokens=20)]
+    small = Engine(cfg, spin_cfg(), weights=w, max_batch=2, state_initial_capacity=64)
+    assert small.pool.capacity == 64
+    a = small.run(reqs())
+    assert small.pool.capacity >= (2400 + 20) // 4 and small.pool.generation >= 1
+    big = Engine(cfg, spin_cfg(), weights=w, max_batch=2, state_initial_capacity=10 ** 6)
+    assert big.pool.capacity >= cfg.index_slots
+    assert [o.tokens for o in a] == [o.tokens for o in big.run(reqs())]

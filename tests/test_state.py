@@ -60,8 +60,8 @@ def test_capacity_grows_in_pages_and_keeps_state():
     pool.state.V[s].normal_()
     pool.state.last_seen[s, :, 1] = 8
     before_V = pool.state.V.clone()
-    assert pool.ensure_capacity(100) is False
-    assert pool.ensure_capacity(129) is True
+    assert pool.ensure_capacity(100) is False and pool.generation == 0
+    assert pool.ensure_capacity(129) is True and pool.generation == 1
     assert pool.capacity == 256                     # doubled
     assert torch.equal(pool.state.V[:, :, :128], before_V)
     assert (pool.state.V[:, :, 128:] == 0).all()

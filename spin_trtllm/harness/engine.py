@@ -195,10 +195,13 @@ class Engine:
                  max_requests: Optional[int] = None, num_pages: Optional[int] = None,
                  cuda_graphs: Optional[bool] = None, measure_miss: bool = False,
                  trace_request: Optional[int] = None, time_indexer: bool = False,
-                 drafter: Optional[Callable[[int, list[int], int], list[int]]] = None):
+                 drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
+                 state_initial_capacity: int = 1024):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
-        (request id, context + pending token, depth) -> drafts replaces the MTP head."""
+        (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
+        starts at state_initial_capacity indexer slots per request and grows with the longest
+        context (StatePool.ensure_capacity)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -220,7 +223,7 @@ class Engine:
         if spin is not None:
             self.pool: Optional[StatePool] = StatePool(
                 L, self.max_requests, spin, self.device,
-                initial_capacity=min(4096, cfg.index_slots + R),
+                initial_capacity=min(state_initial_capacity, cfg.index_slots + R),
                 max_capacity=cfg.index_slots + R)
             self.indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots)
         else:
@@ -241,7 +244,7 @@ class Engine:
                             "indexer timing")
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._graph_pool = None
-        self._eager_seen: set[int] = set()
+        self._graph_generation = self.pool.generation if self.pool is not None else 0
         self._in = {
             "tokens": torch.zeros(max_batch, R, dtype=torch.int64, device=self.device),
             "pos": torch.zeros(max_batch, R, dtype=torch.int64, device=self.device),
@@ -511,10 +514,13 @@ class Engine:
         ids = [live.rid for live in batch]
         steps = [live.step for live in batch]
         table = self._in["table"][:B]
-        self.indexer.prepare(ids, ctx.to(self.device), qpos.to(self.device), steps, table)
+        self.indexer.prepare(ids, ctx, qpos, steps, table)
+        if self.pool is not None and self.pool.generation != self._graph_generation:
+            self._graphs.clear()                  # the state was reallocated: capture again
+            self._graph_generation = self.pool.generation
         observed = None
         if self.shadow is not None:
-            self.shadow.prepare(ids, ctx.to(self.device), qpos.to(self.device), steps, table)
+            self.shadow.prepare(ids, ctx, qpos, steps, table)
             observed = _Observed(self, batch, stats, ctx)
         if self.device.type == "cuda":
             f0, f1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
