@@ -37,14 +37,18 @@ def test_cuda_graph_replay_equals_eager(mtp, spin):
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)
     sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1) if spin else None
-    eager_engine = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=False)
-    graph_engine = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=True)
+    # a small initial state capacity: the pool grows mid-run and the graphs are captured again
+    kw = dict(weights=w, device="cuda", max_batch=3, state_initial_capacity=64)
+    eager_engine = Engine(cfg, sc, cuda_graphs=False, **kw)
+    graph_engine = Engine(cfg, sc, cuda_graphs=True, **kw)
     eager = schedule_run(eager_engine, arrivals())
     graph = schedule_run(graph_engine, arrivals())
     assert {k: v.tokens for k, v in eager.items()} == {k: v.tokens for k, v in graph.items()}
     assert [s.selected_blocks for s in eager_engine.history] == \
         [s.selected_blocks for s in graph_engine.history]
-    assert sum(s.graph for s in graph_engine.history) > len(graph_engine._graphs) >= 2
+    assert sum(s.graph for s in graph_engine.history) > len(graph_engine._graphs) >= 1
+    if spin:
+        assert graph_engine.pool.generation >= 1
 
 
 @gpu

@@ -145,6 +145,6 @@ def v4_flash_indexer(**changes: Any) -> DsaLiteConfig:
     a 64 x 128 indexer and K = 512, 20 HCA layers at 128:1), a small model around it."""
     ratios = (0, 0) + (CSA_RATIO, MAX_HCA_RATIO) * 20 + (CSA_RATIO,)
     base = dict(hidden=512, heads=8, head_dim=64, ffn=1024, compress_ratios=ratios,
-                index_topk=512, max_context=32768, prefill_chunk=64, dtype="bfloat16")
+                index_topk=512, max_context=32768, prefill_chunk=256, dtype="bfloat16")
     base.update(changes)
     return DsaLiteConfig.from_dict(base)

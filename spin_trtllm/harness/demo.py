@@ -149,6 +149,9 @@ def agreement(a: dict[int, RequestOutput], b: dict[int, RequestOutput]) -> dict[
 def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
     if spin.index_topk != cfg.index_topk:
+        if "index_topk" in spin.model_fields_set:
+            raise SpinError(f"index_topk {spin.index_topk}: the dsa-lite model uses "
+                            f"K = {cfg.index_topk}")
         spin = spin.with_overrides(index_topk=cfg.index_topk)
     if weights is None:
         weights = init_weights(cfg)
