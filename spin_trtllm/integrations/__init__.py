@@ -1,0 +1,1 @@
+"""Integrations: TensorRT-LLM's PyTorch backend (`trtllm`) and TensorRT networks (`tensorrt`)."""

@@ -1,0 +1,105 @@
+"""The TensorRT-LLM adapter's metadata mapping, run against dsa-lite through the same interface:
+it must give exactly what dsa-lite's own SpinIndexer wiring gives."""
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig, SpinError
+from spin_trtllm.harness import Engine, Request, init_weights, tiny
+from spin_trtllm.integrations.trtllm.adapter import DecodeBatch, SpinDecodeAdapter
+
+TEXT = ("for i in range(10):\n    total += values[i] * weights[i]\n" * 60).encode()
+
+
+class TrtllmStyleIndexer:
+    """Drives the adapter the way the TensorRT-LLM patch does: kv lens in tokens, request ids,
+    block offsets, and the previous step's acceptance handed over at the next step's start."""
+
+    def __init__(self, adapter, ratio, next_n):
+        self.adapter, self.ratio, self.next_n = adapter, ratio, next_n
+        self.accepted = {}
+        self.calls = []
+
+    def prepare(self, request_ids, context_lens, query_pos, steps, block_table):
+        # what TensorRT-LLM knows: kv lens in tokens (set by the engine hook below), not the
+        # slot lengths and query positions dsa-lite computed
+        self.adapter.begin_step(DecodeBatch(list(request_ids), self.kv_lens, block_table,
+                                            self.accepted))
+        self.accepted = {}
+        self.calls.append(list(request_ids))
+
+    def select(self):
+        pass
+
+    def layer(self, layer, q, weights, kv_cache):
+        return self.adapter.layer(layer, q, weights, kv_cache)
+
+    def finish(self, accepted=None):
+        if accepted is not None:
+            self.accepted = dict(zip(self.calls[-1], accepted.tolist()))
+
+
+def run(cfg, spin, w, requests, via_adapter):
+    e = Engine(cfg, None if via_adapter else spin, weights=w, max_batch=3)
+    if via_adapter:
+        adapter = SpinDecodeAdapter(spin, len(cfg.csa_layers), 3, cfg.next_n, cfg.max_context,
+                                    compress_ratio=4, device="cpu", initial_capacity=64)
+        shim = TrtllmStyleIndexer(adapter, 4, cfg.next_n)
+        e.indexer = shim
+        decode = e._decode
+
+        def decode_with_kv_lens(batch, finished):
+            # kv lens = tokens in the cache after this step's rows are written
+            shim.kv_lens = torch.tensor([len(live.context) + cfg.next_n for live in batch])
+            return decode(batch, finished)
+
+        e._decode = decode_with_kv_lens
+    outs = {}
+    t = 0
+    pending = list(requests)
+    while pending or not e.idle:
+        for when, req in list(pending):
+            if when == t:
+                e.submit(req)
+                pending.remove((when, req))
+        outs.update({o.request_id: o.tokens for o in e.step()})
+        t += 1
+    return outs
+
+
+@pytest.mark.parametrize("mtp", [0, 2])
+def test_adapter_matches_spin_indexer_on_dsa_lite(mtp):
+    cfg = tiny().with_overrides(mtp_depth=mtp)
+    w = init_weights(cfg)
+    spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.2)
+    reqs = lambda: [(0, Request(TEXT[:1500], max_new_tokens=20, request_id=10)),
+                    (0, Request(TEXT[5:700], max_new_tokens=8, temperature=0.9, request_id=11)),
+                    (4, Request(TEXT[9:1100], max_new_tokens=14, request_id=12)),
+                    (6, Request(TEXT[2:300], max_new_tokens=6, request_id=13))]
+    direct = run(cfg, spin, w, reqs(), via_adapter=False)
+    adapted = run(cfg, spin, w, reqs(), via_adapter=True)
+    assert direct == adapted and len(direct) == 4
+
+
+def test_adapter_state_follows_the_batch():
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5)
+    a = SpinDecodeAdapter(spin, num_layers=2, max_batch=2, next_n=2, max_tokens=4096,
+                          compress_ratio=4, device="cpu")
+    table = torch.arange(8, dtype=torch.int32).view(1, 8).repeat(2, 1)
+    a.begin_step(DecodeBatch([5, 6], torch.tensor([800, 900]), table))
+    assert sorted(a.pool.request_ids()) == [5, 6]
+    # rows see (kv_len - next_n + j + 1) // 4 slots; query at (tokens - 1) // 4
+    assert a.indexer.context_lens[:2].tolist() == [[199, 200], [224, 225]]
+    assert a.indexer.query_pos[:2].tolist() == [[199, 199], [224, 224]]
+    slot6 = a.pool.slot_of(6)
+    a.begin_step(DecodeBatch([6, 7], torch.tensor([903, 40]), table, accepted={5: 1, 6: 1}))
+    assert sorted(a.pool.request_ids()) == [6, 7] and a.pool.slot_of(6) == slot6
+    assert a.indexer.step[:2].tolist() == [1, 0]           # 7 is new: warm-up again
+    with pytest.raises(SpinError, match="2 request ids but 3 kv lens"):
+        a.begin_step(DecodeBatch([6, 7], torch.tensor([1, 2, 3]), table))
+    with pytest.raises(SpinError, match="kv lens must be >= next_n"):
+        a.begin_step(DecodeBatch([6, 7], torch.tensor([1, 50]), table))
+    out = torch.empty(3, 64, dtype=torch.int32)
+    with pytest.raises(SpinError, match="out must be"):
+        a.layer(0, torch.zeros(4, 64, 128).to(torch.float8_e4m3fn), torch.zeros(4, 64),
+                torch.zeros(8, 64, 1, 132, dtype=torch.uint8), out)
