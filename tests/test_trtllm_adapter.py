@@ -15,8 +15,9 @@ class TrtllmStyleIndexer:
     """Drives the adapter the way the TensorRT-LLM patch does: kv lens in tokens, request ids,
     block offsets, and the previous step's acceptance handed over at the next step's start."""
 
-    def __init__(self, adapter, ratio, next_n):
+    def __init__(self, adapter, ratio, next_n, derive_accepted):
         self.adapter, self.ratio, self.next_n = adapter, ratio, next_n
+        self.derive = derive_accepted
         self.accepted = {}
         self.calls = []
 
@@ -24,7 +25,7 @@ class TrtllmStyleIndexer:
         # what TensorRT-LLM knows: kv lens in tokens (set by the engine hook below), not the
         # slot lengths and query positions dsa-lite computed
         self.adapter.begin_step(DecodeBatch(list(request_ids), self.kv_lens, block_table,
-                                            self.accepted))
+                                            None if self.derive else self.accepted))
         self.accepted = {}
         self.calls.append(list(request_ids))
 
@@ -39,12 +40,12 @@ class TrtllmStyleIndexer:
             self.accepted = dict(zip(self.calls[-1], accepted.tolist()))
 
 
-def run(cfg, spin, w, requests, via_adapter):
-    e = Engine(cfg, None if via_adapter else spin, weights=w, max_batch=3)
+def run(cfg, spin, w, requests, via_adapter, derive_accepted=False, drafter=None):
+    e = Engine(cfg, None if via_adapter else spin, weights=w, max_batch=3, drafter=drafter)
     if via_adapter:
         adapter = SpinDecodeAdapter(spin, len(cfg.csa_layers), 3, cfg.next_n, cfg.max_context,
                                     compress_ratio=4, device="cpu", initial_capacity=64)
-        shim = TrtllmStyleIndexer(adapter, 4, cfg.next_n)
+        shim = TrtllmStyleIndexer(adapter, 4, cfg.next_n, derive_accepted)
         e.indexer = shim
         decode = e._decode
 
@@ -57,6 +58,7 @@ def run(cfg, spin, w, requests, via_adapter):
     outs = {}
     t = 0
     pending = list(requests)
+    run.engine = e
     while pending or not e.idle:
         for when, req in list(pending):
             if when == t:
@@ -67,8 +69,8 @@ def run(cfg, spin, w, requests, via_adapter):
     return outs
 
 
-@pytest.mark.parametrize("mtp", [0, 2])
-def test_adapter_matches_spin_indexer_on_dsa_lite(mtp):
+@pytest.mark.parametrize("mtp,derive", [(0, False), (2, False), (2, True)])
+def test_adapter_matches_spin_indexer_on_dsa_lite(mtp, derive):
     cfg = tiny().with_overrides(mtp_depth=mtp)
     w = init_weights(cfg)
     spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.2)
@@ -76,9 +78,23 @@ def test_adapter_matches_spin_indexer_on_dsa_lite(mtp):
                     (0, Request(TEXT[5:700], max_new_tokens=8, temperature=0.9, request_id=11)),
                     (4, Request(TEXT[9:1100], max_new_tokens=14, request_id=12)),
                     (6, Request(TEXT[2:300], max_new_tokens=6, request_id=13))]
-    direct = run(cfg, spin, w, reqs(), via_adapter=False)
-    adapted = run(cfg, spin, w, reqs(), via_adapter=True)
+    drafter = None
+    if mtp:
+        # drafts from a first run's tokens, every other one spoiled: some accepted, some not
+        first = run(cfg, spin, w, reqs(), via_adapter=False)
+        prompt_len = {r.request_id: len(r.prompt) for _, r in reqs()}
+
+        def drafter(rid, context, depth):
+            done = len(context) - prompt_len[rid]
+            toks = first[rid] + [0] * (done + depth)
+            return [toks[done + i] if i % 2 == 0 else (toks[done + i] + 1) % 256
+                    for i in range(depth)]
+    direct = run(cfg, spin, w, reqs(), via_adapter=False, drafter=drafter)
+    accepted = sum(s.accepted for s in run.engine.history)
+    adapted = run(cfg, spin, w, reqs(), via_adapter=True, derive_accepted=derive,
+                  drafter=drafter)
     assert direct == adapted and len(direct) == 4
+    assert (accepted > 0) == (mtp > 0)
 
 
 def test_adapter_state_follows_the_batch():

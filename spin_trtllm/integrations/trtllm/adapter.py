@@ -39,7 +39,8 @@ class DecodeBatch:
     block_table   int32 [B, max_pages]: the indexer K-cache pages of each request (its block
                   offsets), 64 indexer slots per page
     accepted      accepted draft tokens of the previous step, by request id (MTP only);
-                  requests missing from it replay row 0 only
+                  requests missing from it replay row 0 only. None: derived from the kv lens,
+                  which grow by accepted + 1 from one step to the next
     """
 
     request_ids: Sequence[int]
@@ -67,6 +68,7 @@ class SpinDecodeAdapter:
         self.indexer = SpinIndexer(cfg, self.pool, max_batch, next_n, self.max_slots)
         self._steps: dict[int, int] = {}
         self._last_ids: Optional[list[int]] = None     # the step whose MTP updates are pending
+        self._last_kv: dict[int, int] = {}
 
     @property
     def generation(self) -> int:
@@ -82,7 +84,13 @@ class SpinDecodeAdapter:
         if B and int(kv.min()) < R:
             raise SpinError(f"SpinDecodeAdapter: kv lens must be >= next_n ({R}), got "
                             f"{int(kv.min())}")
-        self._replay_deferred(batch.accepted)
+        accepted = batch.accepted
+        if accepted is None and self._last_ids is not None:
+            now = dict(zip(ids, kv.tolist()))
+            accepted = {rid: now[rid] - self._last_kv[rid] - 1 for rid in self._last_ids
+                        if rid in now and rid in self._last_kv}
+        self._replay_deferred(accepted)
+        self._last_kv = dict(zip(ids, kv.tolist()))
         # realign with the batch: requests that left give their state back, new ones start at 0
         for rid in self.pool.request_ids():
             if rid not in ids:

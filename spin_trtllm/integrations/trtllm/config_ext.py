@@ -1,0 +1,59 @@
+"""Give TensorRT-LLM's closed pydantic configs a `spin:` sub-block (framework-free mechanism).
+
+TensorRT-LLM's sparse_attention_config is a discriminated union of StrictBaseModel classes
+(extra="forbid"), and its parents bake the union's schema in when they are built. So an add-on
+adds the field to each config class and rebuilds them, then rebuilds every parent that holds
+the union.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from pydantic.fields import FieldInfo
+
+from ...config import SpinConfig
+from ...errors import SpinError
+
+FIELD = "spin"
+
+
+def add_spin_field(config_classes: Sequence[type], parent_classes: Sequence[type],
+                   field_type: type = SpinConfig) -> list[str]:
+    """Add `spin: Optional[field_type] = None` to each config class (idempotent) and rebuild
+    them and their parents. Returns the names of the classes that were changed."""
+    changed = []
+    for cls in config_classes:
+        fields = getattr(cls, "model_fields", None)
+        if not isinstance(fields, dict):
+            raise SpinError(f"{cls.__name__} is not a pydantic v2 model; cannot add `spin`")
+        current = fields.get(FIELD)
+        if current is not None and current.annotation == Optional[field_type]:
+            continue
+        if current is not None:
+            raise SpinError(f"{cls.__name__} already has a field `{FIELD}` of another type "
+                            f"({current.annotation}); refusing to replace it")
+        fields[FIELD] = FieldInfo.from_annotated_attribute(
+            Optional[field_type], None)
+        cls.model_rebuild(force=True)
+        changed.append(cls.__name__)
+    if changed:
+        for parent in parent_classes:
+            parent.model_rebuild(force=True)
+    return changed
+
+
+def spin_config_of(block: Any) -> Optional[SpinConfig]:
+    """The effective SpinConfig of a sparse_attention_config object (or mapping), with
+    index_topk taken from the block; None when it has no `spin:` sub-block."""
+    if block is None:
+        return None
+    get = block.get if isinstance(block, dict) else (lambda k, d=None: getattr(block, k, d))
+    spin = get(FIELD)
+    if spin is None:
+        return None
+    fields = spin.model_dump(exclude_unset=True) if isinstance(spin, SpinConfig) else dict(spin)
+    outer = {"algorithm": get("algorithm"), "spin": fields}
+    if get("index_topk") is not None:
+        outer["index_topk"] = get("index_topk")
+    return SpinConfig.from_trtllm(outer)
