@@ -206,6 +206,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spin_for_deploy(args: argparse.Namespace) -> SpinConfig:
+    cfg = _load_config(args)
+    if args.sparsity is not None:
+        cfg = cfg.with_overrides(target_sparsity=args.sparsity)
+    return cfg
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import re
+
+    from .integrations.trtllm.bundle import BundleOptions, write_bundle
+
+    model = args.model
+    if Path(model).exists():
+        model = str(Path(model).resolve())
+    elif not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        raise SpinError(f"model {args.model!r}: not a directory here and not a hub id (org/name)")
+    for name in ("tp", "max_batch_size", "max_seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SpinError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.llmapi_model and not Path(args.llmapi_model).is_file():
+        raise SpinError(f"--llmapi-model {args.llmapi_model}: no such file")
+    opts = BundleOptions(model=model, algorithm=args.algorithm, index_topk=args.index_topk,
+                         tensor_parallel_size=args.tp or 1, max_batch_size=args.max_batch_size,
+                         max_seq_len=args.max_seq_len, mtp_depth=args.mtp, name=args.name,
+                         llmapi_model=args.llmapi_model)
+    for path in write_bundle(_spin_for_deploy(args), opts, args.output, force=args.force):
+        print(path)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from .integrations.trtllm.serve import run_trtllm_serve, serve_options
+
+    options = serve_options(args.config_yaml, _spin_for_deploy(args), args.algorithm)
+    return run_trtllm_serve(args.model, options, extra)
+
+
 # ---- parser -----------------------------------------------------------------------------------
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="SpinConfig YAML (flat, spin:, or sparse_attention_config:)")
@@ -291,12 +330,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("build", help="write a deployable bundle: LLM-API options YAML with the "
+                                     "SPIN block and a Triton model repository (llmapi backend)")
+    p.add_argument("model", metavar="MODEL", help="model directory or hub id")
+    p.add_argument("--output", "-o", required=True, help="bundle directory")
+    p.add_argument("--algorithm", choices=["deepseek_v4", "dsa"], default="deepseek_v4")
+    p.add_argument("--sparsity", type=float, help="SPIN target block sparsity")
+    p.add_argument("--tp", type=int, help="tensor_parallel_size")
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--mtp", type=int, default=0, choices=range(0, 8), metavar="D",
+                   help="MTP draft depth (speculative_config)")
+    p.add_argument("--name", default="spin_llm", help="Triton model name")
+    p.add_argument("--llmapi-model", help="TensorRT-LLM's triton_backend/all_models/llmapi/"
+                                          "tensorrt_llm/1/model.py (default: found next to "
+                                          "tensorrt_llm, else set SPIN_TRTLLM_LLMAPI_MODEL)")
+    p.add_argument("--force", action="store_true", help="overwrite files in a non-empty OUTPUT")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("serve", help="trtllm-serve with SPIN enabled (needs tensorrt_llm); "
+                                     "unknown flags go to trtllm-serve")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--config", dest="config_yaml", help="trtllm-serve LLM-API options YAML")
+    p.add_argument("--spin-config", dest="config", help="SpinConfig YAML for the spin block")
+    p.add_argument("--algorithm", choices=["deepseek_v4", "dsa"])
+    p.add_argument("--sparsity", type=float, help="SPIN target block sparsity")
+    p.add_argument("--exploration", type=float)
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=cmd_serve, passthrough=True)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if getattr(args, "passthrough", False):
+            return args.func(args, extra)
         return args.func(args)
     except SpinError as err:
         print(f"spin-trtllm: error: {err}", file=sys.stderr)

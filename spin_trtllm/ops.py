@@ -83,10 +83,12 @@ def _load_native() -> bool:
 
 
 NATIVE = _load_native()
-if not NATIVE:
+if not NATIVE and torch.cuda.is_available():   # CPU-only torch: the reference is the only path
     log.warning("spin_trtllm: native library not built; spin::%s run through the reference "
                 "implementation (./build.sh builds it where torch has CUDA and nvcc exists)",
                 ", spin::".join(OPS))
+elif not NATIVE:
+    log.info("spin_trtllm: no CUDA; spin ops run the reference implementation")
 
 
 # ---- validation ---------------------------------------------------------------------------------

@@ -241,10 +241,17 @@ def _patch_indexer(Indexer: type) -> None:
         rows = len(rt.gen_ids) * rt.next_n
         start = 0 if is_generation else int(metadata.num_ctx_tokens)
         gen = slice(start, start + rows)
-        kv = metadata.kv_cache_manager.get_indexer_k_cache_buffers(self.layer_idx)
-        if kv.dtype != torch.uint8 or kv.dim() < 2 or kv.shape[1] != 64:
-            _warn_once("layout", f"indexer K cache {kv.dtype} {list(kv.shape)} is not 64-slot "
-                                 f"FP8 pages; SPIN needs them")
+        try:
+            kv = metadata.kv_cache_manager.get_indexer_k_cache_buffers(self.layer_idx)
+        except (AttributeError, KeyError, IndexError, RuntimeError) as err:
+            # DeepSeek-V4 keeps compressed keys in another pool; unverified without a real install
+            _warn_once("kcache", f"no indexer K cache for layer {self.layer_idx} ({err}); "
+                                 f"the dense indexer runs")
+            kv = None
+        if kv is None or kv.dtype != torch.uint8 or kv.dim() < 2 or kv.shape[1] != 64:
+            if kv is not None:
+                _warn_once("layout", f"indexer K cache {kv.dtype} {list(kv.shape)} is not "
+                                     f"64-slot FP8 pages; SPIN needs them")
             return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
                                 q_scale, is_generation)
         q = q_fp8[gen].reshape(rows, q_fp8.shape[-2], q_fp8.shape[-1]).contiguous()

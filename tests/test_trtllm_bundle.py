@@ -1,0 +1,118 @@
+"""spin-trtllm build / serve: generated files parse and validate; bad input is refused."""
+
+import ast
+import sys
+
+import pytest
+import yaml
+
+from spin_trtllm import SpinConfig
+from spin_trtllm.cli import main
+from spin_trtllm.integrations.trtllm.config_ext import spin_config_of
+from spin_trtllm.integrations.trtllm.serve import serve_options
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+text_format = pytest.importorskip("google.protobuf.text_format")
+
+
+def build(tmp_path, *extra):
+    out = tmp_path / "bundle"
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    rc = main(["build", str(model), "-o", str(out), "--sparsity", "0.4", "--seed", "7",
+               "--max-batch-size", "16", *extra])
+    return rc, out, model
+
+
+def test_build_writes_a_valid_bundle(tmp_path, capsys):
+    rc, out, model = build(tmp_path, "--mtp", "3", "--tp", "8", "--name", "dsv4")
+    assert rc == 0
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 4
+    opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+    block = opts["sparse_attention_config"]
+    assert block["algorithm"] == "deepseek_v4" and block["index_topk"] == 512
+    spin = spin_config_of(block)
+    assert spin.target_sparsity == 0.4 and spin.seed == 7 and spin.index_topk == 512
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert opts["disable_overlap_scheduler"] is True and opts["tensor_parallel_size"] == 8
+    repo = out / "triton_model_repo" / "dsv4"
+    cfg = text_format.Parse((repo / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.name == "dsv4" and cfg.backend == "python"
+    assert [i.name for i in cfg.input][0] == "text_input"
+    assert {o.name for o in cfg.output} == {"text_output", "finish_reason"}
+    tree = ast.parse((repo / "1" / "model.py").read_text())
+    imports = [n.names[0].name for n in ast.walk(tree) if isinstance(n, ast.Import)]
+    assert "spin_trtllm.trtllm" in imports
+    my = yaml.safe_load((repo / "1" / "model.yaml").read_text())
+    assert my["model"] == str(model.resolve()) and my["backend"] == "pytorch"
+    assert my["triton_config"]["max_batch_size"] == 16 and my["tensor_parallel_size"] == 8
+    assert spin_config_of(my["sparse_attention_config"]) == spin
+
+
+def test_build_dsa_keeps_k_and_refuses_to_overwrite(tmp_path, capsys):
+    rc, out, _ = build(tmp_path, "--algorithm", "dsa")
+    assert rc == 0
+    block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
+    assert block["index_topk"] == 2048 and "index_topk" not in block["spin"]
+    capsys.readouterr()
+    rc, _, _ = build(tmp_path, "--algorithm", "dsa")
+    assert rc == 2 and "pass --force" in capsys.readouterr().err
+    assert build(tmp_path, "--force")[0] == 0
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["build", "./no/such/dir", "-o", "x"], "not a directory here and not a hub id"),
+    (["build", "org/model", "-o", "{tmp}/o", "--sparsity", "1.5"], "target_sparsity"),
+    (["build", "org/model", "-o", "{tmp}/o", "--tp", "0"], "--tp must be >= 1"),
+    (["build", "org/model", "-o", "{tmp}/o", "--name", "a b"], "--name"),
+    (["build", "org/model", "-o", "{tmp}/o", "--llmapi-model", "/nope.py"], "no such file"),
+    (["serve", "org/model", "--algorithm", "dsa"], "needs TensorRT-LLM"),
+    (["serve", "org/model"], "pass --algorithm"),
+    (["demo", "--bogus"], "unrecognized arguments"),
+])
+def test_deploy_commands_reject_bad_input(argv, msg, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if "tensorrt_llm" in sys.modules:
+        pytest.skip("tensorrt_llm is installed")
+    try:
+        rc = main(argv)
+    except SystemExit as exit_:             # argparse errors exit from inside main
+        rc = exit_.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_serve_options_merge_the_spin_block(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max_batch_size: 8\nsparse_attention_config:\n  algorithm: dsa\n"
+                   "  index_topk: 1024\n")
+    opts = serve_options(str(cfg), SpinConfig(target_sparsity=0.3), None)
+    assert opts["max_batch_size"] == 8
+    spin = spin_config_of(opts["sparse_attention_config"])
+    assert spin.index_topk == 1024 and spin.target_sparsity == 0.3
+    cfg.write_text("sparse_attention_config:\n  algorithm: dsa\n  index_topk: 1024\n"
+                   "  spin:\n    index_topk: 64\n")
+    with pytest.raises(Exception, match="conflicts"):
+        serve_options(str(cfg), SpinConfig(), None)
+    cfg.write_text("- not a mapping\n")
+    with pytest.raises(Exception, match="expected a mapping"):
+        serve_options(str(cfg), SpinConfig(), None)
+
+
+def test_the_example_bundle_is_what_build_writes(tmp_path):
+    """examples/trtllm/bundle is generated; it must not drift from the generator."""
+    from pathlib import Path
+
+    from spin_trtllm.integrations.trtllm.bundle import find_llmapi_model
+    if find_llmapi_model():
+        pytest.skip("a TensorRT-LLM checkout is installed: model.py would point at it")
+    example = Path(__file__).parent.parent / "examples" / "trtllm" / "bundle"
+    out = tmp_path / "b"
+    assert main(["build", "deepseek-ai/DeepSeek-V4-Flash", "-o", str(out), "--sparsity", "0.4",
+                 "--tp", "8", "--max-batch-size", "64"]) == 0
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(example) for p in example.rglob("*") if p.is_file())
+    for rel in files:
+        assert (out / rel).read_text() == (example / rel).read_text(), rel
