@@ -56,8 +56,9 @@ def test_tokens_do_not_depend_on_the_batch(mtp, temperature):
     assert len(crowd[42].tokens) == 30 and set(crowd) == {1, 2, 3, 4, 42}
 
 
-def test_spin_at_zero_sparsity_equals_all_keep():
-    cfg = tiny()
+@pytest.mark.parametrize("ratios", [(0, 4, 128, 4), (0, 1, 128, 1)])
+def test_spin_at_zero_sparsity_equals_all_keep(ratios):
+    cfg = tiny().with_overrides(compress_ratios=ratios)
     w = init_weights(cfg)
     reqs = lambda: [Request(prompt(900), max_new_tokens=25), Request(prompt(400, 7), max_new_tokens=25)]
     dense = Engine(cfg, None, weights=w, max_batch=2).run(reqs())
@@ -225,6 +226,8 @@ def test_engine_config_errors():
         Engine(tiny(), SpinConfig(index_topk=512))
     with pytest.raises(SpinConfigError, match="compress_ratios"):
         DsaLiteConfig.from_dict({"compress_ratios": [0, 128]})
+    with pytest.raises(SpinConfigError, match="share one ratio"):
+        DsaLiteConfig.from_dict({"compress_ratios": [1, 4]})
     with pytest.raises(SpinConfigError, match="unknown key"):
         DsaLiteConfig.from_dict({"layers": 3})
     with pytest.raises(SpinConfigError, match="mtp_depth"):

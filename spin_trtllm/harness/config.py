@@ -13,14 +13,17 @@ from ..errors import SpinConfigError
 # The indexer has DeepSeek-V4's dimensions everywhere: the spin ops (and DeepGEMM) fix them.
 INDEX_HEADS = 64
 INDEX_DIM = 128
-CSA_RATIO = 4          # layers with this compression ratio have an indexer
+CSA_RATIO = 4          # DeepSeek-V4 C4A layers: indexer over 4:1 compressed slots
+DSA_RATIO = 1          # DeepSeek-V3.2 DSA layers: indexer over every token
+INDEX_RATIOS = (DSA_RATIO, CSA_RATIO)
 MAX_HCA_RATIO = 128
 
 
 class DsaLiteConfig(BaseModel):
     """compress_ratios has one entry per layer: 0 = sliding window only, 4 = CSA (compressed
-    KV, indexer, top-K sparse attention + window), r > 4 = HCA (dense attention over KV
-    compressed r:1 + window)."""
+    KV, indexer, top-K sparse attention + window), 1 = DSA (the same over uncompressed tokens,
+    as DeepSeek-V3.2), r > 4 = HCA (dense attention over KV compressed r:1 + window). The
+    indexer layers of one model share one ratio (1 or 4)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -68,12 +71,15 @@ class DsaLiteConfig(BaseModel):
         if not v:
             raise ValueError("needs at least one layer")
         for r in v:
-            if r not in (0, CSA_RATIO) and not CSA_RATIO < r <= MAX_HCA_RATIO:
-                raise ValueError(f"each ratio must be 0, {CSA_RATIO} or in ({CSA_RATIO}, "
+            if r not in (0,) + INDEX_RATIOS and not CSA_RATIO < r <= MAX_HCA_RATIO:
+                raise ValueError(f"each ratio must be 0, 1, {CSA_RATIO} or in ({CSA_RATIO}, "
                                  f"{MAX_HCA_RATIO}], got {r}")
-        if CSA_RATIO not in v:
-            raise ValueError(f"needs at least one CSA layer (ratio {CSA_RATIO}): SPIN lives in "
-                             f"the indexer")
+        indexed = {r for r in v if r in INDEX_RATIOS}
+        if not indexed:
+            raise ValueError("needs at least one indexer layer (ratio 1 or 4): SPIN lives in "
+                             "the indexer")
+        if len(indexed) > 1:
+            raise ValueError("indexer layers must share one ratio (all 1 or all 4)")
         return v
 
     @field_validator("init_std", "rope_theta")
@@ -98,13 +104,19 @@ class DsaLiteConfig(BaseModel):
         return self.mtp_depth + 1
 
     @property
+    def index_ratio(self) -> int:
+        """Tokens per indexer slot: 4 (C4A) or 1 (V3.2 DSA)."""
+        return next(r for r in self.compress_ratios if r in INDEX_RATIOS)
+
+    @property
     def csa_layers(self) -> list[int]:
-        return [i for i, r in enumerate(self.compress_ratios) if r == CSA_RATIO]
+        """The indexer layers (CSA or DSA)."""
+        return [i for i, r in enumerate(self.compress_ratios) if r in INDEX_RATIOS]
 
     @property
     def index_slots(self) -> int:
         """Indexer slots of the longest context."""
-        return self.max_context // CSA_RATIO + 1
+        return self.max_context // self.index_ratio + 1
 
     @property
     def ring(self) -> int:

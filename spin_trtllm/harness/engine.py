@@ -23,7 +23,7 @@ from ..errors import SpinConfigError, SpinError
 from ..indexer import DenseIndexer, SpinIndexer
 from ..replay.trace import SpinTrace
 from ..state import StatePool
-from .config import CSA_RATIO, DsaLiteConfig
+from .config import DsaLiteConfig
 from .model import Caches, DsaLiteModel, init_weights
 
 
@@ -298,7 +298,7 @@ class Engine:
             rid = self._next_id
         self._ids_in_use.add(rid)
         live = _Live(req, rid, prompts)
-        live.reserved_pages = math.ceil((worst // CSA_RATIO + 1) / ref.PAGE_SLOTS)
+        live.reserved_pages = math.ceil((worst // cfg.index_ratio + 1) / ref.PAGE_SLOTS)
         if live.reserved_pages > self.caches.num_pages:
             self._ids_in_use.discard(rid)
             raise RequestError(f"{what}: needs {live.reserved_pages} indexer pages, the cache "
@@ -319,7 +319,7 @@ class Engine:
         if request_id in self._ids_in_use:
             raise RequestError(f"request {request_id}: request_id already in use")
         live = _Live(Request([0], max_new_tokens=max_new_tokens), request_id, [[0]])
-        live.reserved_pages = math.ceil(((context_tokens + max_new_tokens + R) // CSA_RATIO + 1)
+        live.reserved_pages = math.ceil(((context_tokens + max_new_tokens + R) // cfg.index_ratio + 1)
                                         / ref.PAGE_SLOTS)
         if self._reserved + live.reserved_pages > self.caches.num_pages:
             raise RequestError("synthetic request: indexer K cache out of pages")
@@ -329,11 +329,11 @@ class Engine:
         if self.pool is not None:
             self.pool.admit(request_id)
         c, slot = self.caches, live.slot
-        c.ensure_pages(slot, context_tokens // CSA_RATIO + 1)
+        c.ensure_pages(slot, context_tokens // cfg.index_ratio + 1)
         g = torch.Generator(self.device).manual_seed(seed)
         for t in c.ring_k + c.ring_v + list(c.ring_ik.values()) + list(c.comp.values()):
             t[slot] = torch.randn(t.shape[1:], generator=g, device=self.device).to(t.dtype)
-        pages = c.block_table[slot, :math.ceil((context_tokens // CSA_RATIO + 1) / ref.PAGE_SLOTS)]
+        pages = c.block_table[slot, :math.ceil((context_tokens // cfg.index_ratio + 1) / ref.PAGE_SLOTS)]
         for kv in c.index:
             keys = torch.randn(len(pages), ref.PAGE_SLOTS * ref.KEY_BYTES, generator=g,
                                device=self.device).to(torch.float8_e4m3fn).view(torch.uint8)
@@ -414,9 +414,9 @@ class Engine:
         for c in range(0, len(tokens), cfg.prefill_chunk):
             chunk = tokens[c:c + cfg.prefill_chunk]
             pos = torch.arange(start + c, start + c + len(chunk), device=dev).view(1, -1)
-            self.caches.ensure_pages(live.slot, int(pos[0, -1]) // CSA_RATIO + 1)
+            self.caches.ensure_pages(live.slot, int(pos[0, -1]) // cfg.index_ratio + 1)
             table = self.caches.block_table[live.slot:live.slot + 1]
-            self.prefill_indexer.prepare(((pos + 1) // CSA_RATIO).to(torch.int32), table)
+            self.prefill_indexer.prepare(((pos + 1) // cfg.index_ratio).to(torch.int32), table)
             logits, hidden = self.model.forward(torch.tensor([chunk], device=dev), pos, slot,
                                                 table, self.caches, self.prefill_indexer)
         live.context += tokens
@@ -503,14 +503,14 @@ class Engine:
         pos = start.view(-1, 1) + torch.arange(R)
         tokens = torch.tensor([[live.pending] + live.drafts for live in batch], dtype=torch.int64)
         for live, p in zip(batch, pos[:, -1].tolist()):
-            self.caches.ensure_pages(live.slot, p // CSA_RATIO + 1)
+            self.caches.ensure_pages(live.slot, p // cfg.index_ratio + 1)
         slots = torch.tensor([live.slot for live in batch], dtype=torch.int64)
         self._in["tokens"][:B].copy_(tokens)
         self._in["pos"][:B].copy_(pos)
         self._in["slot"][:B].copy_(slots)
         self._in["table"][:B].copy_(self.caches.block_table[slots.to(self.device)])
-        ctx = ((pos + 1) // CSA_RATIO).to(torch.int32)
-        qpos = (pos // CSA_RATIO).to(torch.int32)
+        ctx = ((pos + 1) // cfg.index_ratio).to(torch.int32)
+        qpos = (pos // cfg.index_ratio).to(torch.int32)
         ids = [live.rid for live in batch]
         steps = [live.step for live in batch]
         table = self._in["table"][:B]
@@ -657,7 +657,7 @@ class Engine:
                          index_topk=self.cfg.index_topk, block_size=ref.PAGE_SLOTS,
                          turn_start=torch.tensor(starts, dtype=torch.int32) if starts else None,
                          accepted=torch.tensor(t["accepted"], dtype=torch.int32),
-                         compress_ratio=CSA_RATIO, source="dsa-lite").validate()
+                         compress_ratio=self.cfg.index_ratio, source="dsa-lite").validate()
 
 
 class _TimedIndexer:

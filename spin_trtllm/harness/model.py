@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import SpinError
 from .. import reference as ref
-from .config import CSA_RATIO, INDEX_DIM, INDEX_HEADS, DsaLiteConfig
+from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
 
 FP8_MAX = 448.0
 PAGE = ref.PAGE_SLOTS
@@ -39,7 +39,7 @@ def _layer_shapes(cfg: DsaLiteConfig, r: int) -> dict[str, tuple[int, ...]]:
               "w3": (H, cfg.ffn), "w2": (cfg.ffn, H)}
     if r:
         shapes |= {"comp_gate": (hd,), "comp_bias": (r,)}
-    if r == CSA_RATIO:
+    if r in INDEX_RATIOS:
         shapes |= {"wiq": (H, INDEX_HEADS * INDEX_DIM), "wiw": (H, INDEX_HEADS),
                    "wik": (H, INDEX_DIM), "icomp_gate": (INDEX_DIM,), "icomp_bias": (r,)}
     return shapes
@@ -240,7 +240,7 @@ class DsaLiteModel:
             valid = wpos >= 0
             if r:
                 comp = self._compress(i, r, pos, slot, last, caches, p)
-                if r == CSA_RATIO:
+                if r in INDEX_RATIOS:
                     ids = self._index(i, x, pos, slot, last, block_table, caches, indexer, p)
                     ckeys = comp[wslot, ids.clamp(min=0)]
                     cvalid = ids >= 0
@@ -295,12 +295,13 @@ class DsaLiteModel:
         B, R = pos.shape
         ci = self.csa_index[i]
         caches.ring_ik[i][slot.unsqueeze(1).expand(B, R), pos % cfg.ring] = x @ w[p + "wik"]
-        key = self._group(caches.ring_ik[i], CSA_RATIO, pos, slot, w[p + "icomp_gate"],
+        ratio = cfg.index_ratio
+        key = self._group(caches.ring_ik[i], ratio, pos, slot, w[p + "icomp_gate"],
                           w[p + "icomp_bias"])
-        g = pos // CSA_RATIO
+        g = pos // ratio
         key = rope(key, g, cfg.rope_theta, dims=INDEX_DIM // 2)
         k8, kscale = quantize_rows_fp8(key)
-        store = self._write_rows(pos, CSA_RATIO, last)
+        store = self._write_rows(pos, ratio, last)
         page = block_table.to(torch.int64).gather(1, (g // PAGE).clamp(max=block_table.shape[1] - 1))
         store = store & (page >= 0)
         page = torch.where(store, page, caches.scratch_page)
@@ -314,7 +315,7 @@ class DsaLiteModel:
             kscale.contiguous().view(torch.uint8).view(B, R, 4)
         # queries: RoPE on half of each head at the row's position in slot units
         iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, INDEX_DIM)
-        iq = rope(iq, pos.to(torch.float64) / CSA_RATIO, cfg.rope_theta, dims=INDEX_DIM // 2)
+        iq = rope(iq, pos.to(torch.float64) / ratio, cfg.rope_theta, dims=INDEX_DIM // 2)
         q8, qscale = quantize_rows_fp8(iq.reshape(B, R, -1))
         weights = (x @ w[p + "wiw"]).float() * (qscale.unsqueeze(-1) * self.index_scale)
         return indexer.layer(ci, q8.view(B * R, INDEX_HEADS, INDEX_DIM),

@@ -1,0 +1,322 @@
+"""Train a small dsa-lite model on real text (the Python standard library's sources).
+
+`sequence_forward` is dsa-lite's forward over whole sequences, for training: the same layers,
+compressors, window, FP8 rounding of indexer keys and queries, and top-K sparse attention as
+the decode engine (tests/test_train.py checks they agree), written as masked attention over
+[T, T] so it trains in parallel. The indexer is trained as DeepSeek-V3.2's is: from detached
+inputs, by KL from the head-summed attention distribution over the indexer's slots to
+softmax(z), on sampled query rows. Training runs a dense stage (attention sees every visible
+slot) and then a sparse stage (attention sees the indexer's top-K), plus the MTP draft head
+(predicts token t + 2 from the hidden state at t and the embedding of token t + 1).
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpinError
+from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
+from .model import FP8_MAX, init_weights, rms_norm, rope
+
+
+# ---- corpus ---------------------------------------------------------------------------------------
+@dataclass
+class Corpus:
+    train: torch.Tensor           # uint8 bytes
+    held_out: torch.Tensor
+    files: int
+    held_out_files: int
+    source: str
+
+
+def stdlib_corpus(held_out_every: int = 20, limit_bytes: Optional[int] = None) -> Corpus:
+    """The .py files of this Python's standard library (PSF licence), in path order; every
+    file whose crc32(path) % held_out_every == 0 is held out for evaluation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py")
+                   if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    if not files:
+        raise SpinError(f"no .py files under {root}: no training corpus on this machine")
+    train, held = bytearray(), bytearray()
+    n_held = 0
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue
+        rel = str(f.relative_to(root))
+        if zlib.crc32(rel.encode()) % held_out_every == 0:
+            held += data + b"\n"
+            n_held += 1
+        else:
+            train += data + b"\n"
+        if limit_bytes and len(train) >= limit_bytes:
+            break
+    def as_tensor(b: bytearray) -> torch.Tensor:
+        return torch.frombuffer(bytes(b), dtype=torch.uint8).clone() if b else \
+            torch.zeros(0, dtype=torch.uint8)
+
+    return Corpus(as_tensor(train), as_tensor(held), len(files), n_held,
+                  f"Python {sysconfig.get_python_version()} standard library ({root})")
+
+
+def batches(data: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator):
+    """Random windows of seq_len + 1 bytes: inputs and next-byte targets."""
+    if data.numel() < seq_len + 2:
+        raise SpinError(f"corpus of {data.numel()} bytes is shorter than one sequence ({seq_len})")
+    while True:
+        start = torch.randint(0, data.numel() - seq_len - 1, (batch,), generator=generator)
+        idx = start.unsqueeze(1) + torch.arange(seq_len + 1)
+        yield data[idx].long()
+
+
+# ---- the sequence forward -------------------------------------------------------------------------
+def fake_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round x to what the engine stores: per-row e4m3 with scale amax/448 (straight-through
+    gradient). Returns (dequantized values, scales)."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    q = (xf / scale).to(torch.float8_e4m3fn).to(xf.dtype) * scale
+    return (x + (q.to(x.dtype) - x).detach()), scale.squeeze(-1)
+
+
+def _pool(x: torch.Tensor, r: int, gate: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """[N, T, d] -> [N, T // r, d]: softmax-gated pooling of each complete group of r tokens."""
+    N, T, d = x.shape
+    G = T // r
+    xg = x[:, :G * r].reshape(N, G, r, d)
+    return ((xg @ gate + bias).softmax(-1).unsqueeze(-1) * xg).sum(-2)
+
+
+def index_scores(w: dict, p: str, xn: torch.Tensor, ratio: int, cfg: DsaLiteConfig,
+                 rows: Optional[torch.Tensor] = None, chunk: int = 256) -> torch.Tensor:
+    """Indexer scores z [N, rows, G] = sum_h w_h ReLU(q_h . k_g), with the engine's FP8
+    rounding, for all query positions or the given ones."""
+    N, T, _ = xn.shape
+    pos = torch.arange(T, device=xn.device)
+    key = _pool(xn @ w[p + "wik"], ratio, w[p + "icomp_gate"], w[p + "icomp_bias"])
+    G = key.shape[1]
+    key = rope(key, torch.arange(G, device=xn.device).view(1, -1), cfg.rope_theta,
+               dims=INDEX_DIM // 2)
+    key, _ = fake_fp8_rows(key)
+    t = pos if rows is None else rows
+    out = []
+    for start in range(0, t.numel(), chunk):
+        tt = t[start:start + chunk]
+        xr = xn[:, tt]
+        iq = (xr @ w[p + "wiq"]).view(N, -1, INDEX_HEADS, INDEX_DIM)
+        iq = rope(iq, tt.to(torch.float64).view(1, -1) / ratio, cfg.rope_theta,
+                  dims=INDEX_DIM // 2)
+        iq, _ = fake_fp8_rows(iq.reshape(N, -1, INDEX_HEADS * INDEX_DIM))
+        iq = iq.view(N, -1, INDEX_HEADS, INDEX_DIM)
+        heads = (xr @ w[p + "wiw"]) * (1.0 / math.sqrt(INDEX_HEADS * INDEX_DIM))
+        dots = torch.relu(torch.einsum("nthd,ngd->nthg", iq, key))
+        out.append(torch.einsum("nth,nthg->ntg", heads, dots))
+    return torch.cat(out, 1)
+
+
+def sequence_forward(w: dict, cfg: DsaLiteConfig, x: torch.Tensor, sparse: bool = True,
+                     kl_rows: int = 0, generator: Optional[torch.Generator] = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: int64 [N, T]. Returns logits [N, T, V] (float32), the last hidden state [N, T, H]
+    and the indexer KL loss (0 when kl_rows = 0)."""
+    N, T = x.shape
+    dev = x.device
+    pos = torch.arange(T, device=dev)
+    h = w["embed"][x]
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    band = (pos.view(1, -1) <= pos.view(-1, 1)) & (pos.view(1, -1) > pos.view(-1, 1) - cfg.window)
+    kl = torch.zeros((), device=dev)
+    for i, r in enumerate(cfg.compress_ratios):
+        p = f"layers.{i}."
+        xn = rms_norm(h, w[p + "attn_norm"])
+        q = rope((xn @ w[p + "wq"]).view(N, T, cfg.heads, cfg.head_dim), pos.view(1, -1),
+                 cfg.rope_theta)
+        k = rope(xn @ w[p + "wk"], pos.view(1, -1), cfg.rope_theta)
+        v = xn @ w[p + "wv"]
+        scores = torch.einsum("nthd,nsd->nhts", q, k) * scale
+        scores = scores.masked_fill(~band, float("-inf"))
+        values = v
+        if r:
+            comp = _pool(k, r, w[p + "comp_gate"], w[p + "comp_bias"])          # [N, G, hd]
+            G = comp.shape[1]
+            visible = torch.arange(G, device=dev).view(1, -1) < ((pos + 1) // r).view(-1, 1)
+            cs = torch.einsum("nthd,ngd->nhtg", q, comp) * scale
+            keep = visible.expand(N, T, G)
+            if r in INDEX_RATIOS:
+                xd = xn.detach()                   # the indexer trains on its own
+                if sparse:
+                    with torch.no_grad():
+                        z = index_scores(w, p, xd, r, cfg).float()
+                        z = z.masked_fill(~visible, float("-inf"))
+                        k_eff = min(cfg.index_topk, G)
+                        top = z.topk(k_eff, dim=-1).indices
+                        chosen = torch.zeros_like(keep).scatter_(-1, top, True)
+                    keep = keep & chosen
+                if kl_rows:
+                    kl = kl + _indexer_kl(w, p, xd, cs.detach(), visible, r, cfg, kl_rows,
+                                          generator)
+            cs = cs.masked_fill(~keep.unsqueeze(1), float("-inf"))
+            scores = torch.cat([scores, cs], -1)
+            values = torch.cat([v, comp], 1)
+        att = scores.softmax(-1)
+        out = torch.einsum("nhts,nsd->nthd", att, values).reshape(N, T, -1)
+        h = h + out @ w[p + "wo"]
+        xf = rms_norm(h, w[p + "ffn_norm"])
+        h = h + (F.silu(xf @ w[p + "w1"]) * (xf @ w[p + "w3"])) @ w[p + "w2"]
+    logits = (rms_norm(h, w["final_norm"]) @ w["lm_head"]).float()
+    return logits, h, kl
+
+
+def _indexer_kl(w, p, xd, comp_scores, visible, r, cfg, rows, generator) -> torch.Tensor:
+    """KL(head-summed attention over the indexer's slots || softmax(z)) on sampled rows."""
+    N, T, _ = xd.shape
+    first = r - 1                                   # rows that see at least one slot
+    if T - first < 1:
+        return torch.zeros((), device=xd.device)
+    t = torch.randint(first, T, (min(rows, T - first),), generator=generator).to(xd.device)
+    vis = visible[t]                                                         # [S, G]
+    att = comp_scores[:, :, t].float().masked_fill(~vis, float("-inf")).softmax(-1)
+    target = att.sum(1)
+    target = target / target.sum(-1, keepdim=True)                           # [N, S, G]
+    z = index_scores(w, p, xd, r, cfg, rows=t).float().masked_fill(~vis, float("-inf"))
+    logq = z.log_softmax(-1)
+    terms = torch.where(target > 0, target * (target.clamp(min=1e-30).log() - logq), 0.0)
+    return terms.sum(-1).mean()
+
+
+def mtp_logits(w: dict, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+    """The MTP head over all positions: hidden at t and the embedding of token t + 1 -> logits
+    for token t + 2 (what DsaLiteModel.draft does one step at a time)."""
+    e = w["embed"][next_tokens]
+    x = torch.cat([rms_norm(hidden, w["mtp.norm_h"]), rms_norm(e, w["mtp.norm_e"])], -1)
+    hm = x @ w["mtp.proj"]
+    xf = rms_norm(hm, w["mtp.ffn_norm"])
+    hm = hm + (F.silu(xf @ w["mtp.w1"]) * (xf @ w["mtp.w3"])) @ w["mtp.w2"]
+    return (rms_norm(hm, w["final_norm"]) @ w["lm_head"]).float()
+
+
+# ---- training ------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    seconds: float = 240.0            # wall-clock budget (the schedule follows it)
+    max_steps: int = 100_000
+    seq_len: int = 4096
+    batch: int = 8
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.05
+    dense_fraction: float = 0.5       # DSA's dense warm-up share of the budget
+    kl_rows: int = 128
+    kl_weight: float = 1.0
+    mtp_weight: float = 0.3
+    eval_every_s: float = 30.0
+    eval_batches: int = 4
+    seed: int = 0
+
+
+def bits_per_byte(w, cfg, data, seq_len, batch, n_batches, sparse, generator) -> float:
+    it = batches(data, batch, seq_len, generator)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for _ in range(n_batches):
+            xy = next(it).to(w["embed"].device)
+            logits, _, _ = sequence_forward(w, cfg, xy[:, :-1], sparse=sparse)
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           xy[:, 1:].reshape(-1), reduction="sum"))
+            count += xy[:, 1:].numel()
+    return total / count / math.log(2)
+
+
+def train(cfg: DsaLiteConfig, tc: TrainConfig, corpus: Corpus, device: torch.device | str,
+          log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], dict]:
+    """Returns the trained weights (float32, CPU) and a report for the model card."""
+    device = torch.device(device)
+    if tc.seq_len > cfg.max_context:
+        raise SpinError(f"seq_len {tc.seq_len} exceeds the model's max_context {cfg.max_context}")
+    torch.manual_seed(tc.seed)
+    g = torch.Generator().manual_seed(tc.seed)
+    w = {k: v.to(device).requires_grad_(True) for k, v in init_weights(cfg).items()}
+    decay = [v for k, v in w.items() if v.dim() == 2 and k != "embed"]
+    rest = [v for k, v in w.items() if not (v.dim() == 2 and k != "embed")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" \
+        else torch.autocast("cpu", enabled=False)
+    it = batches(corpus.train, tc.batch, tc.seq_len, g)
+    t0 = time.time()
+    last_eval = t0
+    history = []
+    step = 0
+    while step < tc.max_steps:
+        elapsed = time.time() - t0
+        frac = min(1.0, elapsed / tc.seconds)
+        if elapsed >= tc.seconds:
+            break
+        lr = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
+        lr = tc.min_lr + (lr - tc.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        sparse = frac >= tc.dense_fraction
+        xy = next(it).to(device)
+        with amp:
+            logits, hidden, kl = sequence_forward(w, cfg, xy[:, :-1], sparse=sparse,
+                                                  kl_rows=tc.kl_rows, generator=g)
+            lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
+            loss = lm + tc.kl_weight * kl
+            if cfg.mtp_depth:
+                ml = mtp_logits(w, hidden[:, :-1], xy[:, 1:-1])
+                mtp = F.cross_entropy(ml.reshape(-1, ml.shape[-1]), xy[:, 2:].reshape(-1))
+                loss = loss + tc.mtp_weight * mtp
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(w.values()), 1.0)
+        opt.step()
+        step += 1
+        if time.time() - last_eval >= tc.eval_every_s:
+            last_eval = time.time()
+            msg = (f"step {step} {time.time() - t0:.0f}s {'sparse' if sparse else 'dense'} "
+                   f"lm {float(lm) / math.log(2):.3f} bpb  kl {float(kl):.3f}")
+            history.append({"step": step, "seconds": time.time() - t0,
+                            "train_bpb": float(lm) / math.log(2), "kl": float(kl)})
+            log(msg)
+    seconds = time.time() - t0
+    weights = {k: v.detach().float().cpu() for k, v in w.items()}
+    eval_g = torch.Generator().manual_seed(1234)
+    with amp:
+        held_sparse = bits_per_byte(w, cfg, corpus.held_out, tc.seq_len, tc.batch,
+                                    tc.eval_batches, True, eval_g)
+        eval_g.manual_seed(1234)
+        held_dense = bits_per_byte(w, cfg, corpus.held_out, tc.seq_len, tc.batch,
+                                   tc.eval_batches, False, eval_g)
+    report = {"steps": step, "seconds": seconds, "tokens": step * tc.batch * tc.seq_len,
+              "held_out_bpb_sparse": held_sparse, "held_out_bpb_dense": held_dense,
+              "train": asdict(tc), "history": history,
+              "corpus": {"source": corpus.source, "files": corpus.files,
+                         "held_out_files": corpus.held_out_files,
+                         "train_bytes": corpus.train.numel(),
+                         "held_out_bytes": corpus.held_out.numel()},
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    log(f"done: {step} steps in {seconds:.0f}s; held-out bpb {held_sparse:.3f} (sparse top-K), "
+        f"{held_dense:.3f} (dense)")
+    return weights, report
+
+
+def stdlib_model_config(**changes) -> DsaLiteConfig:
+    """The shipped model: byte-level, 5 layers (DSA, window, DSA, HCA 64:1, DSA), hidden 128,
+    a 64 x 128 indexer with K = 256 over uncompressed tokens (DeepSeek-V3.2 style), MTP d = 1."""
+    base = dict(vocab_size=256, hidden=128, heads=4, head_dim=32, ffn=384,
+                compress_ratios=(1, 0, 1, 64, 1), window=128, index_topk=256, mtp_depth=1,
+                max_context=65536, prefill_chunk=256, rope_theta=10000.0, dtype="float32")
+    base.update(changes)
+    return DsaLiteConfig.from_dict(base)

@@ -1,0 +1,88 @@
+"""Training forward == decode engine, and a short training run that learns."""
+
+import math
+
+import pytest
+import torch
+
+from spin_trtllm.harness import Engine, Request, init_weights, tiny
+from spin_trtllm.harness.model import DsaLiteModel
+from spin_trtllm.harness.train import (Corpus, TrainConfig, index_scores, mtp_logits,
+                                       sequence_forward, stdlib_corpus, train)
+
+TEXT = ("import os\nfor name in os.listdir('.'):\n    print(name.upper(), len(name))\n" * 30).encode()
+
+
+def engine_prefill_logits(cfg, w, tokens):
+    """Logits of the last token, through the engine's chunked prefill (caches, FP8 pages)."""
+    e = Engine(cfg, None, weights=w, max_batch=1)
+    captured = {}
+    forward = e.model.forward
+
+    def spy(*args):
+        logits, hidden = forward(*args)
+        captured["logits"], captured["hidden"] = logits[0, -1].clone(), hidden[0, -1].clone()
+        return logits, hidden
+
+    e.model.forward = spy
+    e.submit(Request(tokens, max_new_tokens=1))
+    e.step()
+    return captured["logits"], captured["hidden"]
+
+
+@pytest.mark.parametrize("ratios,k", [((0, 4, 128, 4), 16), ((1, 0, 64, 1), 48)])
+def test_sequence_forward_matches_the_engine(ratios, k):
+    cfg = tiny().with_overrides(compress_ratios=ratios, index_topk=k, mtp_depth=1,
+                                prefill_chunk=37)
+    w = init_weights(cfg)
+    wd = {n: t.double() for n, t in w.items()}
+    x = torch.tensor(list(TEXT[:700]))
+    logits, hidden, _ = sequence_forward(wd, cfg, x.view(1, -1), sparse=True)
+    for t in (3, 150, 433, 699):
+        ref_logits, ref_hidden = engine_prefill_logits(cfg, w, x[:t + 1].tolist())
+        torch.testing.assert_close(logits[0, t], ref_logits, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(hidden[0, t], ref_hidden, rtol=1e-6, atol=1e-6)
+    # the draft head over all positions equals the engine's one-step draft
+    model = DsaLiteModel(cfg, w)
+    drafted = model.draft(hidden[0, 200:201], x[201:202], 1)
+    assert int(drafted[0, 0]) == int(mtp_logits(wd, hidden[0, 200:201], x[201:202]).argmax())
+
+
+def test_sparse_attention_differs_from_dense_when_k_is_small():
+    cfg = tiny().with_overrides(compress_ratios=(1, 1), index_topk=8)
+    w = {n: t.double() for n, t in init_weights(cfg).items()}
+    x = torch.tensor(list(TEXT[:300])).view(1, -1)
+    sparse, _, _ = sequence_forward(w, cfg, x, sparse=True)
+    dense, _, _ = sequence_forward(w, cfg, x, sparse=False)
+    assert torch.allclose(sparse[0, :8], dense[0, :8])          # K covers every slot there
+    assert not torch.allclose(sparse[0, 200:], dense[0, 200:])
+
+
+def test_index_scores_for_some_rows_equal_all_rows():
+    cfg = tiny().with_overrides(compress_ratios=(1,))
+    w = {n: t.double() for n, t in init_weights(cfg).items()}
+    xn = torch.randn(2, 90, cfg.hidden, dtype=torch.float64)
+    rows = torch.tensor([0, 17, 89])
+    torch.testing.assert_close(index_scores(w, "layers.0.", xn, 1, cfg, rows=rows),
+                               index_scores(w, "layers.0.", xn, 1, cfg, chunk=32)[:, rows])
+
+
+def test_short_training_run_learns_and_round_trips(tmp_path):
+    cfg = tiny().with_overrides(compress_ratios=(1, 64, 1), index_topk=32, mtp_depth=1,
+                                dtype="float32", max_context=512)
+    data = torch.frombuffer(bytearray(TEXT * 4), dtype=torch.uint8).clone()
+    corpus = Corpus(data[:-2000], data[-2000:], 1, 1, "test text")
+    tc = TrainConfig(seconds=1e9, max_steps=60, seq_len=128, batch=4, lr=3e-3, warmup_steps=5,
+                     dense_fraction=0.0, kl_rows=16, eval_every_s=1e9, eval_batches=2)
+    tc.dense_fraction = 0.5
+    weights, report = train(cfg, tc, corpus, "cpu", log=lambda m: None)
+    assert report["steps"] == 60
+    assert report["held_out_bpb_sparse"] < 4.0         # random bytes: 8 bits; this text repeats
+    out = Engine(cfg, None, weights=weights).run([Request(TEXT[:200], max_new_tokens=20)])[0]
+    assert len(out.tokens) == 20
+
+
+def test_stdlib_corpus_splits_files():
+    c = stdlib_corpus(limit_bytes=3_000_000)
+    assert c.train.numel() >= 3_000_000 and c.held_out.numel() > 0 and c.held_out_files > 0
+    assert c.train.dtype == torch.uint8
