@@ -29,10 +29,12 @@ def _fmt(value: Any, pct: bool = True) -> str:
 
 def _print_table(results: Sequence[dict[str, Any]]) -> None:
     head = ["trace", "variant", "target", "realized", "mean miss", "p99 miss", "recall",
-            "pearson", "eligible"]
+            "pearson", "random miss", "oracle miss", "eligible"]
     rows = [[r["trace"], r.get("variant", ""), _fmt(r["target_sparsity"]),
              _fmt(r["realized_sparsity"]), _fmt(r["mean_miss"]), _fmt(r["p99_miss"]),
-             _fmt(r["recall"]), _fmt(r["pearson"], pct=False), str(r["eligible_rows"])]
+             _fmt(r["recall"]), _fmt(r["pearson"], pct=False),
+             _fmt(r.get("random_mean_miss")), _fmt(r.get("oracle_mean_miss")),
+             str(r["eligible_rows"])]
             for r in results]
     if not any(r[1] for r in rows):
         head.pop(1)

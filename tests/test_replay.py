@@ -153,3 +153,34 @@ def test_topk_mask_ties_go_to_lower_ids_and_respect_length():
     got = topk_mask(scores, torch.tensor([5, 2]), 2)
     assert got.tolist() == [[False, True, True, False, False, False],
                             [True, True, False, False, False, False]]
+
+
+def test_random_and_oracle_references():
+    """The true top-K sits in one block that jumps every step: the oracle (same budget) never
+    misses, SPIN misses often, and random's expected miss is 1 - m/B."""
+    steps, n, b, K = 30, 96, 8, 8
+    g = torch.Generator().manual_seed(4)
+    rows = []
+    for t in range(steps):
+        s = torch.rand(n, generator=g)
+        hot = int(torch.randint(1, n // b - 1, (1,), generator=g)) * b
+        s[hot:hot + b] += 10.0
+        rows.append(s)
+    trace = SpinTrace(scores=torch.cat(rows), row_len=torch.full((steps, 1, 1), n, dtype=torch.int32),
+                      query_pos=torch.full((steps, 1), n - 1, dtype=torch.int32), index_topk=K,
+                      block_size=b).validate()
+    cfg = SpinConfig(exploration=0.0)
+    r = replay(trace, [0.5], cfg)[0]
+    assert r["oracle_mean_miss"] == 0.0 and r["oracle_p99_miss"] == 0.0
+    assert r["mean_miss"] > 0.2
+    # every eligible row keeps ceil(12 * 0.5) = 6 of 12 blocks
+    assert r["random_mean_miss"] == pytest.approx(0.5)
+    per = r["per_layer"][0]
+    assert per["oracle_mean_miss"] == 0.0 and per["random_mean_miss"] == pytest.approx(0.5)
+
+
+def test_oracle_never_worse_than_spin(small_trace):
+    for r in replay(small_trace, [0.3, 0.6], SpinConfig(exploration=0.1)):
+        if r["mean_miss"] is not None:
+            assert r["oracle_mean_miss"] <= r["mean_miss"] + 1e-12
+            assert r["oracle_mean_miss"] <= r["random_mean_miss"] + 1e-12

@@ -9,7 +9,11 @@ Metric definitions (the README repeats them):
 - realized sparsity = 1 - sum(selected blocks) / sum(B_t) over all non-warm-up rows (every
   MTP row, since the indexer scores every row; a row counts the union blocks it can see);
 - top-K recall = 1 - mean miss; Pearson correlation of predicted vs true slot scores over
-  each eligible row's visible slots, averaged over rows (A2 predicts blocks: no Pearson).
+  each eligible row's visible slots, averaged over rows (A2 predicts blocks: no Pearson);
+- references on the same eligible rows with the same budget (the m_r selected blocks row r
+  can see): random = the expected miss of m_r blocks drawn uniformly from the row's B_r
+  visible blocks, 1 - m_r / B_r (the floor); oracle = the miss of the m_r blocks that hold
+  the most true top-K' slots (the best any block selection can do: the limit).
 All target sparsities of one call replay together as a batch of independent streams.
 """
 
@@ -79,10 +83,17 @@ def row_pearson(pred: torch.Tensor, true: torch.Tensor, visible: torch.Tensor) -
 
 
 def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: float,
-             rows: int) -> dict[str, Any]:
+             rows: int, random_miss: Optional[np.ndarray] = None,
+             oracle_miss: Optional[np.ndarray] = None) -> dict[str, Any]:
     eligible = int(miss.size)
     mean = float(miss.mean()) if eligible else None
     finite_p = pearson[np.isfinite(pearson)]
+    refs = {}
+    for name, arr in (("random", random_miss), ("oracle", oracle_miss)):
+        if arr is not None:
+            refs[f"{name}_mean_miss"] = float(arr.mean()) if arr.size else None
+            refs[f"{name}_p99_miss"] = float(np.percentile(arr, 99, method="linear")) \
+                if arr.size else None
     return {
         "realized_sparsity": (1.0 - selected / total) if total else None,
         "mean_miss": mean,
@@ -91,6 +102,7 @@ def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: floa
         "pearson": float(finite_p.mean()) if finite_p.size else None,
         "eligible_rows": eligible,
         "rows": rows,
+        **refs,
     }
 
 
@@ -112,6 +124,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     accepted = trace.accepted_or_zero().to(torch.int64)
 
     miss_rows: list[torch.Tensor] = []      # per step: miss [G, R] (nan where not eligible)
+    random_rows: list[torch.Tensor] = []    # the references, same rows and budgets
+    oracle_rows: list[torch.Tensor] = []
     pearson_rows: list[torch.Tensor] = []
     sel_blocks = torch.zeros(G, dtype=torch.float64)
     tot_blocks = torch.zeros(G, dtype=torch.float64)
@@ -147,6 +161,19 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         committed = torch.arange(R) <= acc[:, None]
         eligible = sel.eligible & committed
         miss_rows.append(torch.where(eligible, miss, torch.nan))
+        # references: the budget m_r is the selected blocks row r can see
+        row_valid = torch.arange(sel.mask.shape[-1]) < sel.n_blocks.unsqueeze(-1)
+        budget = (sel.mask.unsqueeze(1) & row_valid).sum(-1)               # [G, R]
+        blocks_r = sel.n_blocks.clamp(min=1).double()
+        random_rows.append(torch.where(eligible, 1.0 - budget.double() / blocks_r, torch.nan))
+        nb = -(-width // b)
+        per_block = torch.nn.functional.pad(true_top, (0, nb * b - width)).view(
+            L, R, nb, b).sum(-1).repeat(S, 1, 1)                           # [G, R, nb]
+        best = per_block.sort(-1, descending=True).values.cumsum(-1)
+        covered = torch.where(budget > 0, best.gather(
+            -1, (budget - 1).clamp(min=0, max=nb - 1).unsqueeze(-1)).squeeze(-1), 0)
+        oracle = 1.0 - covered.double() / k_row.clamp(min=1)
+        oracle_rows.append(torch.where(eligible, oracle, torch.nan))
         if pearson and slot_pred is not None:
             visible = torch.arange(width) < n.unsqueeze(-1)
             pr = row_pearson(slot_pred, dense_g, visible)
@@ -154,8 +181,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
 
         # realized sparsity: every row of non-warm-up streams, union blocks each row can see
         live = ~sel.dense
-        row_valid = torch.arange(sel.mask.shape[-1]) < sel.n_blocks.unsqueeze(-1)
-        seen = (sel.mask.unsqueeze(1) & row_valid).sum(-1)
+        seen = budget
         sel_blocks += torch.where(live, seen.sum(-1).double(), 0.0)
         tot_blocks += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
         counted_rows += torch.where(live, R, 0)
@@ -164,6 +190,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
             masks.append(torch.nn.functional.pad(kept, (0, max_blocks - kept.shape[-1])))
 
     miss_all = torch.stack(miss_rows).view(T, S, L, R).numpy()
+    random_all = torch.stack(random_rows).view(T, S, L, R).numpy()
+    oracle_all = torch.stack(oracle_rows).view(T, S, L, R).numpy()
     pear_all = (torch.stack(pearson_rows).view(T, S, L, R).numpy() if pearson_rows
                 else np.full((T, S, L, R), np.nan))
     sel_sl = sel_blocks.view(S, L).numpy()
@@ -175,19 +203,23 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     for s, rho_s in enumerate(sparsities):
         m = miss_all[:, s]
         p = pear_all[:, s]
+        rnd, orc = random_all[:, s], oracle_all[:, s]
         entry = {"trace": trace.name, "target_sparsity": rho_s}
         if label is not None:
             entry["variant"] = label
-        entry.update(_summary(m[np.isfinite(m)], p[np.isfinite(m)], sel_sl[s].sum(),
-                              tot_sl[s].sum(), int(rows_sl[s].sum())))
+        ok = np.isfinite(m)
+        entry.update(_summary(m[ok], p[ok], sel_sl[s].sum(), tot_sl[s].sum(),
+                              int(rows_sl[s].sum()), rnd[ok], orc[ok]))
         entry["steps"], entry["layers"], entry["next_n"] = T, L, R
         entry["config"] = base
         entry["per_layer"] = []
         for layer in range(L):
             ml, pl = m[:, layer], p[:, layer]
+            okl = np.isfinite(ml)
             per = {"layer": layer}
-            per.update(_summary(ml[np.isfinite(ml)], pl[np.isfinite(ml)], sel_sl[s, layer],
-                                tot_sl[s, layer], int(rows_sl[s, layer])))
+            per.update(_summary(ml[okl], pl[okl], sel_sl[s, layer], tot_sl[s, layer],
+                                int(rows_sl[s, layer]), rnd[:, layer][okl],
+                                orc[:, layer][okl]))
             entry["per_layer"].append(per)
         if masks is not None:
             entry["masks"] = torch.stack([mk[s] for mk in masks]) if masks else None
