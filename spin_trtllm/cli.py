@@ -208,6 +208,94 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpinError(f"--device {name}: this torch has no CUDA device")
+    return dev
+
+
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    from .harness.config import CSA_RATIO
+    from .harness.model import save_checkpoint
+    from .harness.pretrained import STDLIB_CHECKPOINT, model_card
+    from .harness.train import TrainConfig, stdlib_corpus, stdlib_model_config, train
+
+    import torch
+
+    if args.seconds <= 0 or args.seq_len < 8 or args.batch < 1:
+        raise SpinError("need --seconds > 0, --seq-len >= 8, --batch >= 1")
+    ratios = (1, 0, 1, 64, 1) if args.ratio == 1 else (CSA_RATIO, 0, CSA_RATIO, 64, CSA_RATIO)
+    cfg = stdlib_model_config(compress_ratios=ratios,
+                              max_context=max(65536, args.seq_len))
+    tc = TrainConfig(seconds=args.seconds, seq_len=args.seq_len, batch=args.batch,
+                     seed=args.seed or 0)
+    corpus = stdlib_corpus(limit_bytes=args.limit_bytes)
+    out = Path(args.out or STDLIB_CHECKPOINT)
+    weights, report = train(cfg, tc, corpus, _device(args.device),
+                            log=lambda m: print(m, file=sys.stderr))
+    command = "spin-trtllm train-tiny " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 \
+        else "spin-trtllm train-tiny"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out, cfg, weights, dtype=torch.float16,
+                    extra={"card": "MODEL_CARD.md", "held_out_bpb":
+                           f"{report['held_out_bpb_sparse']:.4f}"})
+    card = Path(args.card) if args.card else out.parent / "MODEL_CARD.md"
+    card.write_text(model_card(cfg, report, command))
+    _write_json(args.json, report)
+    print(f"wrote {out} and {card}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from .harness.engine import Engine, Request
+    from .harness.model import load_checkpoint
+    from .harness.pretrained import default_checkpoint
+    from .harness.train import stdlib_corpus
+
+    ckpt = args.checkpoint or default_checkpoint()
+    if ckpt is None:
+        raise SpinError("no checkpoint: pass --checkpoint or run spin-trtllm train-tiny")
+    if args.prompt_tokens < 1 or args.steps < 1:
+        raise SpinError("--prompt-tokens and --steps must be >= 1")
+    cfg, weights = load_checkpoint(ckpt)
+    if not args.mtp:
+        cfg = cfg.with_overrides(mtp_depth=0)
+    elif not cfg.mtp_depth:
+        raise SpinError("--mtp: the checkpoint has no MTP head")
+    if args.prompt_file:
+        text = Path(args.prompt_file).read_bytes()
+    else:
+        held = stdlib_corpus().held_out
+        span = args.prompt_tokens + args.steps + 1
+        if held.numel() < span:
+            raise SpinError(f"the held-out text ({held.numel()} bytes) is shorter than "
+                            f"{span} bytes")
+        start = (args.held_out * 7919 * 64) % (held.numel() - span)
+        text = bytes(held[start:start + span].tolist())
+    if len(text) < args.prompt_tokens:
+        raise SpinError(f"prompt has {len(text)} bytes, fewer than --prompt-tokens")
+    prompt, rest = text[:args.prompt_tokens], text[args.prompt_tokens:]
+    forced = list(rest[:args.steps + 1]) if len(rest) > args.steps and not args.sample else None
+    need = args.prompt_tokens + args.steps + cfg.next_n + 2
+    cfg = cfg.with_overrides(max_context=max(cfg.max_context, need))
+    engine = Engine(cfg, None, weights=weights, device=_device(args.device), trace_request=0)
+    engine.run([Request(prompt, max_new_tokens=args.steps + 1, forced=forced,
+                        temperature=0.0 if forced else 0.8, seed=args.seed or 0,
+                        request_id=0)], progress=not args.quiet)
+    trace = engine.trace(0)
+    trace.name = Path(args.out).name
+    trace.save(args.out)
+    print(f"wrote {args.out}: {trace.num_steps} steps, {trace.num_layers} indexer layers, "
+          f"next_n {trace.next_n}, {trace.max_slots} slots, compress_ratio "
+          f"{trace.compress_ratio} ({'teacher-forced' if forced else 'sampled'})")
+    return 0
+
+
 def _spin_for_deploy(args: argparse.Namespace) -> SpinConfig:
     cfg = _load_config(args)
     if args.sparsity is not None:
@@ -332,6 +420,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train-tiny", help="train the small dsa-lite model on the Python "
+                                          "standard library (GPU: a few minutes)")
+    p.add_argument("--out", help="checkpoint (default: the package's spin_trtllm/data/"
+                                 "dsa_lite_stdlib.safetensors)")
+    p.add_argument("--card", help="model card (default: MODEL_CARD.md beside --out)")
+    p.add_argument("--seconds", type=float, default=240.0, help="training time budget")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--ratio", type=int, choices=[1, 4], default=1,
+                   help="tokens per indexer slot: 1 (V3.2 DSA) or 4 (V4 C4A)")
+    p.add_argument("--limit-bytes", type=int, help="train on at most this much text")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", help="write the training report here")
+    p.set_defaults(func=cmd_train_tiny)
+
+    p = sub.add_parser("trace", help="dump SPIN trace v1 (dense indexer scores) from a dsa-lite "
+                                     "checkpoint decoding a prompt")
+    p.add_argument("out", metavar="OUT.safetensors")
+    p.add_argument("--checkpoint", help="default: the shipped stdlib model")
+    p.add_argument("--prompt-file", help="text whose first --prompt-tokens bytes are the "
+                                         "prompt; the next --steps bytes are teacher-forced")
+    p.add_argument("--held-out", type=int, default=0, metavar="I",
+                   help="without --prompt-file: the I-th slice of the held-out text")
+    p.add_argument("--prompt-tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=256, help="decode steps")
+    p.add_argument("--mtp", action="store_true", help="MTP rows from the model's draft head")
+    p.add_argument("--sample", action="store_true", help="sample (T = 0.8) instead of forcing")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("build", help="write a deployable bundle: LLM-API options YAML with the "
                                      "SPIN block and a Triton model repository (llmapi backend)")

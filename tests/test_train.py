@@ -86,3 +86,18 @@ def test_stdlib_corpus_splits_files():
     c = stdlib_corpus(limit_bytes=3_000_000)
     assert c.train.numel() >= 3_000_000 and c.held_out.numel() > 0 and c.held_out_files > 0
     assert c.train.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("mtp", [0, 1])
+def test_teacher_forced_decoding_matches_the_training_forward(mtp):
+    cfg = tiny().with_overrides(compress_ratios=(1, 0, 64, 1), index_topk=48, mtp_depth=mtp)
+    w = init_weights(cfg)
+    wd = {n: t.double() for n, t in w.items()}
+    x = torch.tensor(list(TEXT[:340]))
+    logits, _, _ = sequence_forward(wd, cfg, x.view(1, -1), sparse=True)
+    expected = logits[0].double().log_softmax(-1)[torch.arange(299, 339), x[300:340]]
+    e = Engine(cfg, None, weights=w)
+    out = e.run([Request(x[:300].tolist(), max_new_tokens=40, forced=x[300:340].tolist())])[0]
+    assert out.tokens == x[300:340].tolist()
+    torch.testing.assert_close(torch.tensor(out.logprobs, dtype=torch.float64), expected,
+                               rtol=1e-6, atol=1e-6)

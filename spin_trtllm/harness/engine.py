@@ -44,6 +44,7 @@ class Request:
     turns: Sequence[Prompt] = ()          # follow-up user turns, each continues the context
     stop_token: Optional[int] = None
     request_id: Optional[int] = None      # assigned by the engine when None
+    forced: Optional[Sequence[int]] = None  # teacher forcing: emit these instead of sampling
 
 
 @dataclass
@@ -54,6 +55,7 @@ class RequestOutput:
     decode_steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    logprobs: list[float] = field(default_factory=list)   # natural log p of each token
 
     @property
     def tokens(self) -> list[int]:
@@ -79,6 +81,7 @@ class _Live:
     drafted: int = 0
     accepted: int = 0
     reserved_pages: int = 0
+    logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -165,8 +168,9 @@ class _Observed:
         true = e._timed(lambda: e.shadow.layer(layer, q, weights, kv_cache), self.stats,
                         "shadow_seconds").long()
         for i, live in enumerate(self.batch):
-            if live.rid == e.trace_request:
-                self.trace_rows[layer] = e.shadow.logits[i * R:(i + 1) * R].float().cpu()
+            if live.rid in e.trace_requests:
+                self.trace_rows[(live.rid, layer)] = \
+                    e.shadow.logits[i * R:(i + 1) * R].float().cpu()
         top = self._timed(layer, q, weights, kv_cache)
         if isinstance(e.indexer, SpinIndexer):
             B = len(self.batch)
@@ -194,7 +198,8 @@ class Engine:
                  device: torch.device | str = "cpu", max_batch: int = 8,
                  max_requests: Optional[int] = None, num_pages: Optional[int] = None,
                  cuda_graphs: Optional[bool] = None, measure_miss: bool = False,
-                 trace_request: Optional[int] = None, time_indexer: bool = False,
+                 trace_request: Optional[int | Sequence[int]] = None,
+                 time_indexer: bool = False,
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
                  state_initial_capacity: int = 1024):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
@@ -229,11 +234,12 @@ class Engine:
         else:
             self.pool = None
             self.indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots, self.device)
-        self.trace_request = trace_request
+        self.trace_requests: set[int] = set() if trace_request is None else (
+            {trace_request} if isinstance(trace_request, int) else set(trace_request))
         self.measure_miss = measure_miss
         self.time_indexer = time_indexer
         self.shadow = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots, self.device) \
-            if (measure_miss or trace_request is not None) else None
+            if (measure_miss or self.trace_requests) else None
         self.prefill_indexer = _PrefillIndexer(cfg.index_topk, self.model.dtype)
         self.drafter = drafter
         eager_only = self.shadow is not None or time_indexer
@@ -259,8 +265,9 @@ class Engine:
         self._next_id = 0
         self.history: list[StepStats] = []
         self.prefill_seconds = 0.0
-        self._trace: dict[str, list] = {"scores": [], "row_len": [], "query_pos": [],
-                                        "accepted": [], "turn_start": []}
+        self._traces: dict[int, dict[str, list]] = {
+            rid: {"scores": [], "row_len": [], "query_pos": [], "accepted": [], "turn_start": []}
+            for rid in self.trace_requests}
 
     # ---- requests --------------------------------------------------------------------------
     def submit(self, req: Request) -> int:
@@ -284,6 +291,13 @@ class Engine:
             raise RequestError(f"{what}: seed must be an int in [0, 2^32), got {req.seed!r}")
         if req.stop_token is not None and not 0 <= req.stop_token < cfg.vocab_size:
             raise RequestError(f"{what}: stop_token {req.stop_token} outside the vocabulary")
+        if req.forced is not None:
+            forced = _tokens(req.forced, cfg.vocab_size, f"{what} forced")
+            if req.turns:
+                raise RequestError(f"{what}: forced tokens work with one turn only")
+            if len(forced) < req.max_new_tokens:
+                raise RequestError(f"{what}: {len(forced)} forced tokens, fewer than "
+                                   f"max_new_tokens {req.max_new_tokens}")
         prompts = [_tokens(req.prompt, cfg.vocab_size, f"{what} prompt")]
         prompts += [_tokens(t, cfg.vocab_size, f"{what} turn {i + 1}")
                     for i, t in enumerate(req.turns)]
@@ -422,13 +436,24 @@ class Engine:
         live.context += tokens
         pos = len(live.context)
         r = live.req
-        live.pending = sample(logits[0, -1].cpu(), r.temperature, r.top_k, r.seed, pos)
+        live.pending = self._target(live, logits[0, -1].cpu(), 0, pos)
         live.hidden = hidden[0, -1]
         if self.pool is not None and live.turn > 0:
             self.pool.reset([live.rid], live.step)
-        if live.rid == self.trace_request:
-            self._trace["turn_start"].append(len(self._trace["row_len"]))
+        if live.rid in self.trace_requests:
+            self._traces[live.rid]["turn_start"].append(len(self._traces[live.rid]["row_len"]))
         self._draft([live])
+
+    def _target(self, live: _Live, logits: torch.Tensor, ahead: int, position: int) -> int:
+        """The target row's token: the forced one (teacher forcing, its log-prob recorded) or
+        a sample. `ahead` counts the rows before it in this step."""
+        r = live.req
+        if r.forced is None:
+            return sample(logits, r.temperature, r.top_k, r.seed, position)
+        index = len(live.out[-1]) + ahead
+        token = int(r.forced[min(index, len(r.forced) - 1)])
+        live.logprobs.append(float(logits.double().log_softmax(-1)[token]))
+        return token
 
     def _draft(self, lives: list[_Live]) -> None:
         d = self.cfg.mtp_depth
@@ -478,7 +503,7 @@ class Engine:
 
     def _finish(self, live: _Live, reason: str, finished: list[RequestOutput]) -> None:
         finished.append(RequestOutput(live.rid, live.out, reason, live.step, live.drafted,
-                                      live.accepted))
+                                      live.accepted, live.logprobs[:len(live.out[-1])]))
         if self.pool is not None:
             self.pool.release(live.rid)
         self.caches.release(live.slot)
@@ -530,7 +555,8 @@ class Engine:
             f1.record()
             stats._events.append((f0, f1, "forward_seconds"))
         greedy = logits.argmax(-1).cpu()
-        sampled = [b for b, live in enumerate(batch) if live.req.temperature > 0]
+        sampled = [b for b, live in enumerate(batch)
+                   if live.req.temperature > 0 or live.req.forced is not None]
         row_logits = logits[sampled].cpu() if sampled else None
         if isinstance(self.indexer, SpinIndexer):
             cnt = self.indexer.counts[:B].cpu()
@@ -545,9 +571,9 @@ class Engine:
             targets = []
             a = 0
             for j in range(R):
-                if r.temperature > 0:
+                if r.temperature > 0 or r.forced is not None:
                     row = row_logits[sampled.index(b), j]
-                    targets.append(sample(row, r.temperature, r.top_k, r.seed, p + j + 1))
+                    targets.append(self._target(live, row, j, p + j + 1))
                 else:
                     targets.append(int(greedy[b, j]))
                 if j < R - 1 and live.drafts[j] == targets[j]:
@@ -558,10 +584,10 @@ class Engine:
             emitted.append(live.drafts[:a] + [targets[a]])
         acc = torch.tensor(accepted, dtype=torch.int32, device=self.device)
         self._timed(lambda: self.indexer.finish(acc if R > 1 else None), stats)
-        if observed is not None and self.trace_request in ids:
-            self._record_trace(observed, ctx[ids.index(self.trace_request)],
-                               qpos[ids.index(self.trace_request)],
-                               accepted[ids.index(self.trace_request)])
+        if observed is not None:
+            for b, rid in enumerate(ids):
+                if rid in self.trace_requests:
+                    self._record_trace(observed, rid, ctx[b], qpos[b], accepted[b])
         redraft = []
         for b, live in enumerate(batch):
             a = accepted[b]
@@ -630,25 +656,34 @@ class Engine:
     def _timed_layer(self, layer, q, weights, kv_cache, stats: StepStats) -> torch.Tensor:
         return self._timed(lambda: self.indexer.layer(layer, q, weights, kv_cache), stats)
 
-    def _record_trace(self, observed: _Observed, ctx: torch.Tensor, qpos: torch.Tensor,
-                      accepted: int) -> None:
+    def _record_trace(self, observed: _Observed, rid: int, ctx: torch.Tensor,
+                      qpos: torch.Tensor, accepted: int) -> None:
         if int(ctx.min()) < 1:
             return                                 # the trace format needs >= 1 slot per row
+        t = self._traces[rid]
         L = len(self.cfg.csa_layers)
         for layer in range(L):
-            rows = observed.trace_rows[layer]
+            rows = observed.trace_rows[(rid, layer)]
             for j in range(ctx.shape[0]):
-                self._trace["scores"].append(rows[j, :int(ctx[j])].clone())
-        self._trace["row_len"].append(ctx.view(1, -1).expand(L, -1).clone())
-        self._trace["query_pos"].append(qpos.clone())
-        self._trace["accepted"].append(accepted)
+                t["scores"].append(rows[j, :int(ctx[j])].clone())
+        t["row_len"].append(ctx.view(1, -1).expand(L, -1).clone())
+        t["query_pos"].append(qpos.clone())
+        t["accepted"].append(accepted)
 
-    def trace(self) -> SpinTrace:
-        """SPIN trace v1 of the traced request's decode steps (dense shadow scores)."""
-        t = self._trace
+    def trace(self, request_id: Optional[int] = None) -> SpinTrace:
+        """SPIN trace v1 of a traced request's decode steps (dense shadow scores); the only
+        traced request when request_id is None."""
+        if request_id is None:
+            if len(self._traces) != 1:
+                raise SpinError(f"trace(): say which of the traced requests "
+                                f"{sorted(self._traces)}")
+            request_id = next(iter(self._traces))
+        t = self._traces.get(request_id)
+        if t is None:
+            raise SpinError(f"request {request_id} was not traced (trace_request)")
         if not t["row_len"]:
-            raise SpinError("no trace recorded: set trace_request to a request that decodes "
-                            "past its first indexer slot")
+            raise SpinError(f"no trace recorded for request {request_id}: it never decoded "
+                            f"past its first indexer slot")
         T = len(t["row_len"])
         starts = sorted({s for s in t["turn_start"] if s < T})
         return SpinTrace(scores=torch.cat(t["scores"]).float(),

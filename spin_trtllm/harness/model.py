@@ -77,9 +77,13 @@ def init_weights(cfg: DsaLiteConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_checkpoint(path: str | Path, cfg: DsaLiteConfig, weights: dict[str, torch.Tensor]) -> None:
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in weights.items()}, str(path),
-              metadata={"format": "dsa-lite", "config": cfg.to_json()})
+def save_checkpoint(path: str | Path, cfg: DsaLiteConfig, weights: dict[str, torch.Tensor],
+                    dtype: torch.dtype = torch.float32, extra: Optional[dict[str, str]] = None) -> None:
+    """safetensors with the DsaLiteConfig (and `extra` strings) in its metadata; float16
+    storage halves a shipped checkpoint (weights load back into the config's dtype)."""
+    meta = {"format": "dsa-lite", "config": cfg.to_json(), **(extra or {})}
+    save_file({k: v.detach().to(dtype).cpu().contiguous() for k, v in weights.items()}, str(path),
+              metadata=meta)
 
 
 def load_checkpoint(path: str | Path) -> tuple[DsaLiteConfig, dict[str, torch.Tensor]]:
@@ -98,7 +102,7 @@ def load_checkpoint(path: str | Path) -> tuple[DsaLiteConfig, dict[str, torch.Te
         cfg = DsaLiteConfig.from_dict(json.loads(meta["config"]))
     except json.JSONDecodeError:
         raise SpinError(f"checkpoint {path}: config metadata is not JSON") from None
-    weights = load_file(str(path))
+    weights = {k: v.float() for k, v in load_file(str(path)).items()}
     expected = weight_shapes(cfg)
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
@@ -186,10 +190,11 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, dims: Optional[int] =
     D = x.shape[-1] if dims is None else dims
     half = D // 2
     freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float64) / half)
-    ang = (pos.to(torch.float64).unsqueeze(-1) * freq).to(x.dtype)
+    ang = pos.to(torch.float64).unsqueeze(-1) * freq
     while ang.dim() < x.dim():
         ang = ang.unsqueeze(-2)
-    cos, sin = ang.cos(), ang.sin()
+    # angles and their cos/sin in float64: positions in the thousands lose the angle in bf16
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     a, b, rest = x[..., :half], x[..., half:D], x[..., D:]
     return torch.cat([a * cos - b * sin, a * sin + b * cos, rest], -1)
 

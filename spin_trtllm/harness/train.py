@@ -54,15 +54,16 @@ def stdlib_corpus(held_out_every: int = 20, limit_bytes: Optional[int] = None) -
         except OSError:
             continue
         rel = str(f.relative_to(root))
+        full = limit_bytes is not None and len(train) >= limit_bytes
         if zlib.crc32(rel.encode()) % held_out_every == 0:
             held += data + b"\n"
             n_held += 1
-        else:
+        elif not full:
             train += data + b"\n"
-        if limit_bytes and len(train) >= limit_bytes:
+        if full and len(held) * held_out_every >= limit_bytes:
             break
     def as_tensor(b: bytearray) -> torch.Tensor:
-        return torch.frombuffer(bytes(b), dtype=torch.uint8).clone() if b else \
+        return torch.frombuffer(b, dtype=torch.uint8).clone() if b else \
             torch.zeros(0, dtype=torch.uint8)
 
     return Corpus(as_tensor(train), as_tensor(held), len(files), n_held,

@@ -1,0 +1,161 @@
+"""SPIN's quality on the trained dsa-lite model (benchmarks/QUALITY.md is written from this).
+
+1. traces: the all-keep engine decodes held-out prompts with teacher forcing and dumps SPIN
+   trace v1 (dense indexer scores) of every request; one set without MTP, one with MTP rows
+   from the model's draft head;
+2. replay on the traces: miss vs realized sparsity with the random and oracle references,
+   the paper's Table 1, and the exploration / reduction / MTP ablations (plots);
+3. task-quality analog: held-out bits per byte of the teacher-forced continuations when the
+   model's sparse attention uses the top-K of the SPIN-masked indexer, against all-keep.
+Usage: python benchmarks/quality.py --out DIR [--checkpoint CKPT] [--device cuda] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from spin_trtllm import SpinConfig
+from spin_trtllm.harness import Engine, Request
+from spin_trtllm.harness.model import load_checkpoint
+from spin_trtllm.harness.pretrained import default_checkpoint
+from spin_trtllm.harness.train import stdlib_corpus
+from spin_trtllm.replay.evaluate import replay, run_study
+from spin_trtllm.replay.plots import plot_miss_curve, plot_topk_mask
+from spin_trtllm.replay.predictors import compare_predictors
+from spin_trtllm.replay.trace import SpinTrace
+
+
+def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
+    """`count` non-overlapping held-out windows spread over the held-out text."""
+    if held.numel() < count * length:
+        raise SystemExit(f"held-out text has {held.numel()} bytes, need {count * length}")
+    step = held.numel() // count
+    return [bytes(held[i * step:i * step + length].tolist()) for i in range(count)]
+
+
+def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=False,
+               measure_miss=False):
+    engine = Engine(cfg, spin, weights=weights, device=device, max_batch=len(texts),
+                    trace_request=list(range(len(texts))) if trace else None,
+                    measure_miss=measure_miss)
+    reqs = [Request(t[:prompt_tokens], max_new_tokens=steps, request_id=i,
+                    forced=list(t[prompt_tokens:prompt_tokens + steps]))
+            for i, t in enumerate(texts)]
+    outs = {o.request_id: o for o in engine.run(reqs)}
+    return engine, outs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--mtp-prompts", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = args.checkpoint or default_checkpoint()
+    if ckpt is None:
+        print("quality: no checkpoint (run spin-trtllm train-tiny)", file=sys.stderr)
+        return 2
+    cfg0, weights = load_checkpoint(ckpt)
+    length = args.prompt_tokens + args.steps + 1
+    cfg = cfg0.with_overrides(mtp_depth=0, max_context=max(cfg0.max_context, length + 16))
+    corpus = stdlib_corpus()
+    texts = slices(corpus.held_out, args.prompts + args.mtp_prompts, length)
+    report: dict = {"checkpoint": str(ckpt), "device": str(args.device),
+                    "prompt_tokens": args.prompt_tokens, "steps": args.steps,
+                    "corpus": corpus.source}
+    t0 = time.time()
+    # 1. traces (all-keep decoding: the dense indexer's own scores)
+    engine, _ = run_forced(cfg, weights, args.device, None, texts[:args.prompts],
+                           args.prompt_tokens, args.steps, trace=True)
+    traces = []
+    for i in range(args.prompts):
+        tr = engine.trace(i)
+        tr.name = f"heldout{i}"
+        tr.save(out / f"trace_{i}.safetensors")
+        traces.append(tr)
+    mtp_traces = []
+    if args.mtp_prompts and cfg0.mtp_depth:
+        cfg_mtp = cfg.with_overrides(mtp_depth=cfg0.mtp_depth)
+        engine, outs = run_forced(cfg_mtp, weights, args.device, None, texts[args.prompts:],
+                                  args.prompt_tokens, args.steps, trace=True)
+        for i in range(args.mtp_prompts):
+            tr = engine.trace(i)
+            tr.name = f"heldout_mtp{i}"
+            tr.save(out / f"trace_mtp_{i}.safetensors")
+            mtp_traces.append(tr)
+        report["mtp_acceptance"] = sum(o.accepted for o in outs.values()) / max(
+            1, sum(o.drafted for o in outs.values()))
+    report["trace_seconds"] = time.time() - t0
+    print(f"traces: {len(traces)} + {len(mtp_traces)} MTP, {traces[0].max_slots} slots, "
+          f"{traces[0].num_steps} steps [{time.time() - t0:.0f} s]", flush=True)
+
+    # 3. bits per byte with SPIN-masked top-K vs all-keep (teacher forcing)
+    t1 = time.time()
+    bpb = []
+    for rho in [None] + args.sparsity:
+        spin = None if rho is None else SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho)
+        engine, outs = run_forced(cfg, weights, args.device, spin, texts[:args.prompts],
+                                  args.prompt_tokens, args.steps, measure_miss=spin is not None)
+        lp = [x for o in outs.values() for x in o.logprobs]
+        hist = engine.history
+        sel = sum(s.selected_blocks for s in hist)
+        vis = sum(s.visible_blocks for s in hist)
+        miss = [m for s in hist for m in s.miss]
+        bpb.append({"target_sparsity": rho, "bpb": -sum(lp) / len(lp) / math.log(2),
+                    "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
+                    "mean_miss": sum(miss) / len(miss) if miss else None})
+        print(f"bpb {'all-keep' if rho is None else rho}: {bpb[-1]['bpb']:.4f} "
+              f"(realized {bpb[-1]['realized_sparsity']:.3f})", flush=True)
+    report["bpb"] = bpb
+    report["bpb_seconds"] = time.time() - t1
+
+    # 2. replays (CPU)
+    t2 = time.time()
+    base = SpinConfig()
+    results = []
+    for tr in traces:
+        results += replay(tr, args.sparsity, base)
+    report["replay"] = [{k: v for k, v in r.items() if k not in ("config", "masks")}
+                        for r in results]
+    plot_miss_curve(results, out / "miss_vs_sparsity.png")
+    for layer in range(traces[0].num_layers):
+        plot_topk_mask(traces[0], out / f"topk_mask_layer{layer}.png", layer=layer)
+    report["predictors"] = [compare_predictors(tr) for tr in traces]
+    studies = {}
+    for study in ("exploration", "reduction"):
+        res = []
+        for tr in traces:
+            res += run_study(tr, study, args.sparsity, base)
+        studies[study] = [{k: v for k, v in r.items() if k not in ("config", "masks", "per_layer")}
+                          for r in res]
+        plot_miss_curve(res, out / f"ablate_{study}.png")
+    if mtp_traces:
+        res = []
+        for tr in mtp_traces:
+            res += run_study(tr, "mtp", args.sparsity, base)
+            res += replay(tr, args.sparsity, base, label="SPIN (union, prefix_valid)")
+        studies["mtp"] = [{k: v for k, v in r.items() if k not in ("config", "masks", "per_layer")}
+                          for r in res]
+    report["studies"] = studies
+    report["replay_seconds"] = time.time() - t2
+    (out / "quality.json").write_text(json.dumps(report, indent=1, default=float))
+    print(f"wrote {out / 'quality.json'} [{time.time() - t0:.0f} s]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
