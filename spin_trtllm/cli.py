@@ -200,6 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     opts = DemoOptions(device=args.device, requests=args.requests,
                        prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                        max_batch=args.batch, mtp_depth=args.mtp, checkpoint=args.checkpoint,
+                       random_weights=args.random_weights,
                        measure_miss=args.measure_miss, dump_trace=args.dump_trace,
                        cuda_graphs=args.cuda_graphs, progress=not args.quiet)
     res = run_demo(cfg, opts)
@@ -409,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtp", type=int, default=0, choices=range(0, 8), metavar="D",
                    help="MTP draft depth (next_n = D + 1)")
     p.add_argument("--sparsity", type=float, help="SPIN target block sparsity (default 0.5)")
-    p.add_argument("--checkpoint", help="dsa-lite safetensors checkpoint (default: seeded "
-                                        "random weights)")
+    p.add_argument("--checkpoint", help="dsa-lite safetensors checkpoint (default: the shipped "
+                                        "model trained on the Python standard library)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="seeded random weights: tiny() on the CPU, v4_flash_indexer() on a GPU")
     p.add_argument("--measure-miss", action="store_true",
                    help="run a shadow dense indexer and report SPIN's miss rate")
     p.add_argument("--dump-trace", metavar="FILE", help="write SPIN trace v1 of request 0")

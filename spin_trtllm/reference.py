@@ -441,8 +441,7 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     past the row's causal length context_lens[b, r]."""
     B, R = context_lens.shape
     m_cap = block_ids.shape[1]
-    keys = dequantize_pages(kv_cache).to(dtype)
-    num_pages = keys.shape[0]
+    num_pages = kv_cache.shape[0]
     qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
     w = weights.to(dtype).view(B, R, -1)
     c = torch.arange(m_cap, device=q.device)
@@ -452,9 +451,17 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     pages = block_table.to(torch.int64).gather(1, ids.clamp(0, block_table.shape[1] - 1))
     live &= (pages >= 0) & (pages < num_pages)
     pages = torch.where(live, pages, 0)
-    out = torch.empty(B, R, m_cap, PAGE_SLOTS, dtype=dtype, device=q.device)
-    for start in range(0, m_cap, chunk):
-        k = keys[pages[:, start:start + chunk]]                       # [B, c, 64, 128]
+    out = torch.zeros(B, R, m_cap, PAGE_SLOTS, dtype=dtype, device=q.device)
+    # only the pages of live blocks are read and dequantized, chunk by chunk (on the CPU the
+    # live range is known without a sync; on CUDA, where graphs may capture this, all chunks)
+    last = m_cap
+    if q.device.type == "cpu":
+        any_live = live.any(0)
+        last = int(torch.nonzero(any_live).max()) + 1 if bool(any_live.any()) else 0
+    for start in range(0, last, chunk):
+        sub = pages[:, start:start + chunk]
+        k = dequantize_pages(kv_cache[sub.reshape(-1)]).to(dtype).view(
+            B, sub.shape[1], PAGE_SLOTS, -1)                           # [B, c, 64, 128]
         dots = torch.einsum("brhd,bcsd->brcsh", qf, k)
         out[:, :, start:start + chunk] = (torch.relu(dots) * w[:, :, None, None, :]).sum(-1)
     slot = ids.unsqueeze(-1) * PAGE_SLOTS + torch.arange(PAGE_SLOTS, device=q.device)

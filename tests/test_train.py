@@ -101,3 +101,42 @@ def test_teacher_forced_decoding_matches_the_training_forward(mtp):
     assert out.tokens == x[300:340].tolist()
     torch.testing.assert_close(torch.tensor(out.logprobs, dtype=torch.float64), expected,
                                rtol=1e-6, atol=1e-6)
+
+
+def test_shipped_checkpoint_loads_and_decodes():
+    from spin_trtllm.harness.model import load_checkpoint
+    from spin_trtllm.harness.pretrained import MODEL_CARD, default_checkpoint
+
+    path = default_checkpoint()
+    assert path is not None and MODEL_CARD.is_file()
+    cfg, w = load_checkpoint(path)
+    assert cfg.index_ratio == 1 and cfg.mtp_depth == 1 and cfg.index_topk == 256
+    cfg = cfg.with_overrides(max_context=2048)
+    prompt = b"def main():\n    args = parse_args()\n    for path in args.paths:\n"
+    out = Engine(cfg, None, weights=w).run([Request(prompt * 4, max_new_tokens=24)])[0]
+    assert len(out.tokens) == 24
+    text = out.text()
+    # a model that learned Python emits mostly printable ASCII
+    assert sum(c.isprintable() or c in "\n\t" for c in text) >= 20
+
+
+def test_train_tiny_and_trace_commands(tmp_path, capsys):
+    from spin_trtllm.cli import main
+    from spin_trtllm.replay.trace import SpinTrace
+
+    ckpt = tmp_path / "m.safetensors"
+    assert main(["train-tiny", "--out", str(ckpt), "--seconds", "3", "--seq-len", "128",
+                 "--batch", "2", "--limit-bytes", "200000", "--device", "cpu"]) == 0
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "held-out bits per byte" in card and "PSF" in card
+    src = tmp_path / "prompt.txt"
+    src.write_bytes(TEXT[:400])
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", str(out), "--checkpoint", str(ckpt), "--prompt-file", str(src),
+                 "--prompt-tokens", "300", "--steps", "20", "--mtp", "--device", "cpu",
+                 "--quiet"]) == 0
+    tr = SpinTrace.load(out)
+    assert tr.next_n == 2 and tr.compress_ratio == 1 and int(tr.row_len[0, 0, 0]) == 301
+    assert main(["trace", str(out), "--checkpoint", str(ckpt), "--prompt-file", str(src),
+                 "--prompt-tokens", "900", "--device", "cpu"]) == 2
+    assert "fewer than --prompt-tokens" in capsys.readouterr().err

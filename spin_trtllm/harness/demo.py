@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -16,6 +17,7 @@ from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, Request, RequestOutput
 from .model import init_weights, load_checkpoint
+from .pretrained import default_checkpoint
 
 
 @dataclass
@@ -27,6 +29,7 @@ class DemoOptions:
     max_batch: int = 4
     mtp_depth: int = 0
     checkpoint: Optional[str] = None
+    random_weights: bool = False
     measure_miss: bool = False
     dump_trace: Optional[str] = None
     cuda_graphs: bool = False
@@ -65,17 +68,22 @@ def _resolve(opts: DemoOptions) -> tuple[torch.device, DsaLiteConfig, Optional[d
         device = torch.device(opts.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise SpinError("--device cuda: this torch has no CUDA device")
-    if opts.checkpoint:
-        cfg, weights = load_checkpoint(opts.checkpoint)
+    checkpoint = opts.checkpoint
+    if checkpoint and opts.random_weights:
+        raise SpinError("--checkpoint and --random-weights exclude each other")
+    if not checkpoint and not opts.random_weights:
+        checkpoint = default_checkpoint()       # the shipped stdlib model
+    if checkpoint:
+        cfg, weights = load_checkpoint(checkpoint)
         if opts.mtp_depth and not cfg.mtp_depth:
             raise SpinError(f"--mtp {opts.mtp_depth}: the checkpoint has no MTP head")
         cfg = cfg.with_overrides(mtp_depth=opts.mtp_depth)
     else:
         base = v4_flash_indexer() if device.type == "cuda" else tiny()
         cfg, weights = base.with_overrides(mtp_depth=opts.mtp_depth), None
+    # size the caches for this workload, not for the model's longest context
     need = opts.prompt_tokens + opts.prompt_tokens // 8 + 2 * opts.new_tokens + cfg.next_n + 1
-    if need > cfg.max_context:
-        cfg = cfg.with_overrides(max_context=need)
+    cfg = cfg.with_overrides(max_context=max(need, 2 * cfg.index_topk))
     return device, cfg, weights
 
 
@@ -160,6 +168,9 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     if opts.dump_trace:
         spin_engine.trace().save(opts.dump_trace)
     return {"model": json.loads(cfg.to_json()), "device": str(device),
+            "weights": "random (seeded)" if opts.random_weights or not (
+                opts.checkpoint or default_checkpoint()) else str(opts.checkpoint or
+                                                                  default_checkpoint()),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "spin_config": spin.model_dump(mode="json"),
             "spin": summarize(spin_engine, spin_out, spin.warmup_steps),
@@ -171,10 +182,10 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
 def format_report(res: dict[str, Any]) -> str:
     m, s, d = res["model"], res["spin"], res["all_keep"]
     ratios = m["compress_ratios"]
-    kinds = {0: "window", 4: "CSA"}
-    layout = f"{len(ratios)} layers ({ratios.count(4)} CSA with a 64x128 indexer, " \
+    indexed = ratios.count(4) + ratios.count(1)
+    kind = "CSA" if 4 in ratios else "DSA"
+    layout = f"{len(ratios)} layers ({indexed} {kind} with a 64x128 indexer, " \
              f"{sum(1 for r in ratios if r > 4)} HCA, {ratios.count(0)} window-only)"
-    del kinds
 
     def f(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
@@ -194,7 +205,7 @@ def format_report(res: dict[str, Any]) -> str:
     ]
     sp = res["spin_config"]["target_sparsity"]
     lines = [f"dsa-lite on {res['device_name']}: {layout}, K={m['index_topk']}, "
-             f"next_n={m['mtp_depth'] + 1}, {m['dtype']}",
+             f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}",
              f"{'':28}{'SPIN @ ' + format(sp, '.2f'):>14}{'all-keep':>14}"]
     lines += [f"{a:28}{b:>14}{c:>14}" for a, b, c in rows]
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
