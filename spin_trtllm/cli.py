@@ -283,7 +283,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     prompt, rest = text[:args.prompt_tokens], text[args.prompt_tokens:]
     forced = list(rest[:args.steps + 1]) if len(rest) > args.steps and not args.sample else None
     need = args.prompt_tokens + args.steps + cfg.next_n + 2
-    cfg = cfg.with_overrides(max_context=max(cfg.max_context, need))
+    cfg = cfg.with_overrides(max_context=need)          # caches for this run only
     engine = Engine(cfg, None, weights=weights, device=_device(args.device), trace_request=0)
     engine.run([Request(prompt, max_new_tokens=args.steps + 1, forced=forced,
                         temperature=0.0 if forced else 0.8, seed=args.seed or 0,
