@@ -258,9 +258,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from .harness.pretrained import default_checkpoint
     from .harness.train import stdlib_corpus
 
-    ckpt = args.checkpoint or default_checkpoint()
+    if args.checkpoint and args.ratio:
+        raise SpinError("--checkpoint and --ratio exclude each other (the ratio is the model's)")
+    ckpt = args.checkpoint or default_checkpoint(args.ratio or 1)
     if ckpt is None:
-        raise SpinError("no checkpoint: pass --checkpoint or run spin-trtllm train-tiny")
+        raise SpinError(f"no shipped checkpoint with indexer ratio {args.ratio or 1}: pass "
+                        f"--checkpoint or run spin-trtllm train-tiny --ratio {args.ratio or 1}")
     if args.prompt_tokens < 1 or args.steps < 1:
         raise SpinError("--prompt-tokens and --steps must be >= 1")
     cfg, weights = load_checkpoint(ckpt)
@@ -443,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="dump SPIN trace v1 (dense indexer scores) from a dsa-lite "
                                      "checkpoint decoding a prompt")
     p.add_argument("out", metavar="OUT.safetensors")
-    p.add_argument("--checkpoint", help="default: the shipped stdlib model")
+    p.add_argument("--checkpoint", help="default: the shipped stdlib model of --ratio")
+    p.add_argument("--ratio", type=int, choices=[1, 4],
+                   help="tokens per indexer slot of the shipped model to use (default 1)")
     p.add_argument("--prompt-file", help="text whose first --prompt-tokens bytes are the "
                                          "prompt; the next --steps bytes are teacher-forced")
     p.add_argument("--held-out", type=int, default=0, metavar="I",

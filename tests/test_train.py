@@ -140,3 +140,18 @@ def test_train_tiny_and_trace_commands(tmp_path, capsys):
     assert main(["trace", str(out), "--checkpoint", str(ckpt), "--prompt-file", str(src),
                  "--prompt-tokens", "900", "--device", "cpu"]) == 2
     assert "fewer than --prompt-tokens" in capsys.readouterr().err
+
+
+def test_trace_from_the_shipped_c4a_model(tmp_path):
+    from spin_trtllm.cli import main
+    from spin_trtllm.harness.pretrained import default_checkpoint
+    from spin_trtllm.replay.trace import SpinTrace
+
+    assert default_checkpoint(4) is not None
+    src = tmp_path / "p.txt"
+    src.write_bytes(TEXT[:900])
+    out = tmp_path / "c4a.safetensors"
+    assert main(["trace", str(out), "--ratio", "4", "--prompt-file", str(src),
+                 "--prompt-tokens", "800", "--steps", "16", "--device", "cpu", "--quiet"]) == 0
+    tr = SpinTrace.load(out)
+    assert tr.compress_ratio == 4 and tr.next_n == 1 and int(tr.row_len[0, 0, 0]) == 801 // 4

@@ -10,12 +10,15 @@ from typing import Any, Optional
 from .config import DsaLiteConfig
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-STDLIB_CHECKPOINT = DATA / "dsa_lite_stdlib.safetensors"
+STDLIB_CHECKPOINT = DATA / "dsa_lite_stdlib.safetensors"          # indexer ratio 1 (V3.2 DSA)
+STDLIB_C4A_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a.safetensors"  # indexer ratio 4 (V4 C4A)
 MODEL_CARD = DATA / "MODEL_CARD.md"
 
 
-def default_checkpoint() -> Optional[Path]:
-    return STDLIB_CHECKPOINT if STDLIB_CHECKPOINT.is_file() else None
+def default_checkpoint(ratio: int = 1) -> Optional[Path]:
+    """The shipped checkpoint whose indexer layers use `ratio` tokens per slot, if present."""
+    path = {1: STDLIB_CHECKPOINT, 4: STDLIB_C4A_CHECKPOINT}.get(ratio)
+    return path if path is not None and path.is_file() else None
 
 
 def model_card(cfg: DsaLiteConfig, report: dict[str, Any], command: str) -> str:
