@@ -4,7 +4,9 @@
 #                       CUDA kernels when torch has CUDA and nvcc exists (sm_90a + sm_90;
 #                       SPIN_CUDA_ARCHS="100 120" adds targets), otherwise a CPU-only package
 #                       whose ops run through the reference. Where nvcc exists, every .cu file
-#                       is also compiled for sm_90a as a check.
+#                       is also compiled for sm_90a as a check. Where nvcc and TensorRT headers
+#                       exist (TENSORRT_ROOT or third_party/TensorRT/include) it also builds
+#                       the TensorRT plugins.
 #   ./build.sh test     the same, then run the test suite
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,6 +17,9 @@ python -c "import torch" 2>/dev/null || {
 pip install -e ".[test]"
 python -m spin_trtllm._build --check
 python -m spin_trtllm._build
+# TensorRT plugins (build/tensorrt/libspin_trtllm_plugins.so + plugin_harness) where nvcc and
+# TensorRT headers exist; otherwise plugins/tensorrt/build.sh prints one line and returns 0
+bash plugins/tensorrt/build.sh
 if [ "${1:-}" = "test" ]; then
   python -m pytest -q
 fi
