@@ -59,10 +59,12 @@ class SpinIndexer:
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
                 query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
-                block_table: torch.Tensor) -> None:
+                block_table: torch.Tensor, state_slots: Optional[torch.Tensor] = None) -> None:
         """Host side, before the step: copy the batch metadata into the device buffers, and grow
         the state pool when a query position outgrows it (pool.generation changes: CUDA graphs
-        captured before must be captured again). Pass CPU tensors to avoid a device sync."""
+        captured before must be captured again). Pass CPU tensors to avoid a device sync.
+        state_slots overrides the pool's request -> slot map (padding rows of a CUDA-graph
+        batch run on free slots with empty contexts)."""
         B = len(request_ids)
         if not 1 <= B <= self.max_batch:
             raise SpinError(f"SpinIndexer: batch of {B} requests, allowed 1..{self.max_batch}")
@@ -76,8 +78,9 @@ class SpinIndexer:
         if query_pos.numel():
             self.pool.ensure_capacity(int(query_pos.max()) + 1)
         self.batch = B
-        self.slot[:B].copy_(self.pool.slots(request_ids))
-        self.request[:B].copy_(torch.as_tensor(list(request_ids), dtype=torch.int64))
+        self.slot[:B].copy_(self.pool.slots(request_ids) if state_slots is None else state_slots)
+        self.request[:B].copy_(torch.as_tensor([int(r) & ((1 << 63) - 1) for r in request_ids],
+                                               dtype=torch.int64))
         self.step[:B].copy_(torch.as_tensor(steps, dtype=torch.int64))
         self.context_lens[:B].copy_(context_lens)
         self.query_pos[:B].copy_(query_pos)

@@ -136,6 +136,13 @@ class StatePool:
         self.generation += 1
         return True
 
+    def free_slots(self, count: int) -> list[int]:
+        """`count` slots no request holds (zeroed again when a request is admitted to one):
+        scratch for padding rows."""
+        if count > len(self._free):
+            raise SpinError(f"state pool: {count} free slots needed, {len(self._free)} free")
+        return self._free[-count:] if count else []
+
     def request_ids(self) -> list[int]:
         return list(self._slot_of)
 

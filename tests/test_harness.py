@@ -37,18 +37,38 @@ def run_schedule(engine, schedule):
     return outs
 
 
-@pytest.mark.parametrize("mtp,temperature", [(0, 0.0), (2, 0.9)])
+def copy_drafter(rid, context, depth):
+    """Drafts the tokens that followed the last token's previous occurrence: often right on
+    repetitive output, so MTP rows beyond row 0 get accepted."""
+    last = context[-1]
+    for i in range(len(context) - 2, -1, -1):
+        if context[i] == last:
+            nxt = context[i + 1:i + 1 + depth]
+            return nxt + [0] * (depth - len(nxt))
+    return [0] * depth
+
+
+@pytest.mark.parametrize("mtp,temperature", [(0, 0.0), (2, 0.9), (2, 0.0)])
 def test_tokens_do_not_depend_on_the_batch(mtp, temperature):
     cfg = tiny().with_overrides(mtp_depth=mtp)
     w = init_weights(cfg)
     target = lambda: Request(prompt(700), max_new_tokens=30, temperature=temperature, seed=5,
                              request_id=42)
-    alone = run_schedule(Engine(cfg, spin_cfg(), weights=w, max_batch=4), {0: [target()]})
+    drafter = None
+    if mtp:
+        # drafts from a first run's tokens, every other one spoiled: rows > 0 get accepted
+        first = run_schedule(Engine(cfg, spin_cfg(), weights=w), {0: [target()]})[42].tokens
+        oracle = Oracle(first, 700, every=2)
+        drafter = lambda rid, ctx, d: oracle(rid, ctx, d) if rid == 42 else copy_drafter(rid, ctx, d)
+    solo = Engine(cfg, spin_cfg(), weights=w, max_batch=4, drafter=drafter)
+    alone = run_schedule(solo, {0: [target()]})
+    if mtp:
+        assert alone[42].accepted > 0                  # rows beyond row 0 were accepted
     others = {0: [Request(prompt(300, 5), max_new_tokens=6, request_id=1), target()],
               3: [Request(prompt(500, 9), max_new_tokens=12, request_id=2)],
               4: [Request(prompt(90, 1), max_new_tokens=3, temperature=1.0, request_id=3)],
               9: [Request(prompt(250, 2), max_new_tokens=25, request_id=4)]}
-    engine = Engine(cfg, spin_cfg(), weights=w, max_batch=3)
+    engine = Engine(cfg, spin_cfg(), weights=w, max_batch=3, drafter=drafter)
     crowd = run_schedule(engine, others)
     assert max(s.batch for s in engine.history) == 3           # the batch really changed
     assert len({s.batch for s in engine.history}) >= 2
@@ -178,6 +198,19 @@ def test_a_reused_slot_carries_nothing_over():
     assert e.caches.free_pages == e.caches.num_pages and e.pool.active == 0
 
 
+def test_accepted_counts_only_kept_drafts_and_auto_ids_are_not_reused():
+    cfg = tiny().with_overrides(mtp_depth=3)
+    w = init_weights(cfg)
+    p = prompt(300)
+    base = Engine(cfg, None, weights=w).run([Request(p, max_new_tokens=30)])[0].tokens
+    e = Engine(cfg, None, weights=w, drafter=Oracle(base, len(p)))
+    out = e.run([Request(p, max_new_tokens=2)])[0]
+    # the first token comes from prefill; the one decode step keeps 1 of its 3 correct drafts
+    assert out.tokens == base[:2] and out.accepted == 1 and e.history[0].accepted == 1
+    again = e.run([Request(p, max_new_tokens=2)])[0]
+    assert again.request_id != out.request_id
+
+
 def test_stop_token_ends_the_turn_and_drops_later_drafts():
     cfg = tiny().with_overrides(mtp_depth=3)
     w = init_weights(cfg)
@@ -201,8 +234,10 @@ def test_stop_token_ends_the_turn_and_drops_later_drafts():
     (Request(b"hi", seed=-1), "seed must be an int"),
     (Request([1, 2, 999]), "token id 999 outside the vocabulary"),
     (Request(b"hi", turns=[b""]), "turn 1: empty prompt"),
-    (Request(b"hi", stop_token=300), "stop_token 300 outside"),
+    (Request(b"hi", stop_token=300), "stop_token must be a token id in \\[0, 256\\), got 300"),
     (Request(12345), "must be text, bytes or a sequence"),
+    (Request(b"hi", turns="abc"), "turns must be a list of prompts"),
+    (Request(b"hi", stop_token="x"), "stop_token must be a token id"),
 ])
 def test_bad_requests_are_rejected_without_disturbing_others(req, match):
     cfg = tiny()
@@ -290,6 +325,10 @@ def test_synthetic_requests_decode_and_validate():
     assert sorted(len(o.tokens) for o in outs) == [3, 5]
     with pytest.raises(RequestError, match="do not fit max_context"):
         e.add_synthetic(3, 4090, max_new_tokens=10)
+    with pytest.raises(RequestError, match="request_id must be an int"):
+        e.add_synthetic(-5, 100, max_new_tokens=3)
+    with pytest.raises(RequestError, match="max_new_tokens must be >= 1"):
+        e.add_synthetic(4, 100, max_new_tokens=0)
 
 
 def test_state_grows_with_context_without_changing_results():

@@ -96,9 +96,16 @@ def test_teacher_forced_decoding_matches_the_training_forward(mtp):
     x = torch.tensor(list(TEXT[:340]))
     logits, _, _ = sequence_forward(wd, cfg, x.view(1, -1), sparse=True)
     expected = logits[0].double().log_softmax(-1)[torch.arange(299, 339), x[300:340]]
-    e = Engine(cfg, None, weights=w)
+    truth = x.tolist()
+
+    def drafter(rid, context, depth):          # right 2 times in 3: rows j > 0 get verified
+        n = len(context)
+        return [truth[n + i] if (n + i) % 3 else 0 for i in range(depth)]
+
+    e = Engine(cfg, None, weights=w, drafter=drafter if mtp else None)
     out = e.run([Request(x[:300].tolist(), max_new_tokens=40, forced=x[300:340].tolist())])[0]
     assert out.tokens == x[300:340].tolist()
+    assert (out.accepted > 0) == (mtp > 0)
     torch.testing.assert_close(torch.tensor(out.logprobs, dtype=torch.float64), expected,
                                rtol=1e-6, atol=1e-6)
 

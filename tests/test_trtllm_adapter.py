@@ -119,3 +119,29 @@ def test_adapter_state_follows_the_batch():
     with pytest.raises(SpinError, match="out must be"):
         a.layer(0, torch.zeros(4, 64, 128).to(torch.float8_e4m3fn), torch.zeros(4, 64),
                 torch.zeros(8, 64, 1, 132, dtype=torch.uint8), out)
+
+
+def test_padding_rows_of_a_cuda_graph_batch():
+    """TensorRT-LLM pads graph batches with a dummy id (2^64 - 1), repeated: those rows run on
+    free state slots with empty contexts, give -1 rows, and leave the real requests alone."""
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    kw = dict(num_layers=1, max_batch=4, next_n=2, max_tokens=4096, compress_ratio=4,
+              device="cpu", initial_capacity=64)
+    g = torch.Generator().manual_seed(1)
+    rows = (torch.randn(16, 64 * 128, generator=g)).to(torch.float8_e4m3fn).view(torch.uint8)
+    scales = (torch.rand(16, 64, generator=g) * 0.01 + 0.001).view(torch.uint8)
+    cache = torch.cat([rows, scales], 1).view(-1, 64, 1, 132)
+    table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    dummy = (1 << 64) - 1
+    padded, plain = SpinDecodeAdapter(spin, **kw), SpinDecodeAdapter(spin, **kw)
+    for step in range(3):
+        kv = torch.tensor([700 + 2 * step, 900 + 2 * step])
+        q = torch.randn(8, 64, 128, generator=g).to(torch.float8_e4m3fn)
+        w = torch.randn(8, 64, generator=g)
+        padded.begin_step(DecodeBatch([3, 8, dummy, dummy], torch.cat([kv, torch.tensor([1, 1])]),
+                                      torch.cat([table, table]), accepted={3: 1, 8: 0}))
+        plain.begin_step(DecodeBatch([3, 8], kv, table, accepted={3: 1, 8: 0}))
+        top = padded.layer(0, q, w, cache)
+        assert torch.equal(top[:4], plain.layer(0, q[:4].contiguous(), w[:4].contiguous(), cache))
+        assert (top[4:] == -1).all()
+        assert sorted(padded.pool.request_ids()) == [3, 8]

@@ -289,8 +289,13 @@ class Engine:
             raise RequestError(f"{what}: top_k must be an int >= 0, got {req.top_k!r}")
         if not isinstance(req.seed, int) or not 0 <= req.seed < 1 << 32:
             raise RequestError(f"{what}: seed must be an int in [0, 2^32), got {req.seed!r}")
-        if req.stop_token is not None and not 0 <= req.stop_token < cfg.vocab_size:
-            raise RequestError(f"{what}: stop_token {req.stop_token} outside the vocabulary")
+        if req.stop_token is not None and (not isinstance(req.stop_token, int) or
+                                           not 0 <= req.stop_token < cfg.vocab_size):
+            raise RequestError(f"{what}: stop_token must be a token id in [0, {cfg.vocab_size}), "
+                               f"got {req.stop_token!r}")
+        if isinstance(req.turns, (str, bytes)):
+            raise RequestError(f"{what}: turns must be a list of prompts, not one "
+                               f"{type(req.turns).__name__}")
         if req.forced is not None:
             forced = _tokens(req.forced, cfg.vocab_size, f"{what} forced")
             if req.turns:
@@ -310,6 +315,7 @@ class Engine:
             while self._next_id in self._ids_in_use:
                 self._next_id += 1
             rid = self._next_id
+            self._next_id += 1                   # a finished request's id is not handed out again
         self._ids_in_use.add(rid)
         live = _Live(req, rid, prompts)
         live.reserved_pages = math.ceil((worst // cfg.index_ratio + 1) / ref.PAGE_SLOTS)
@@ -325,6 +331,12 @@ class Engine:
         """Benchmarks: a request that is decoding already, its `context_tokens` of context filled
         with random cache contents instead of a prefill (step times do not depend on them)."""
         cfg, R = self.cfg, self.cfg.next_n
+        if not isinstance(request_id, int) or not 0 <= request_id < 1 << 62:
+            raise RequestError(f"synthetic request: request_id must be an int in [0, 2^62), got "
+                               f"{request_id!r}")
+        if max_new_tokens < 1:
+            raise RequestError(f"synthetic request: max_new_tokens must be >= 1, got "
+                               f"{max_new_tokens}")
         if context_tokens + max_new_tokens + R > cfg.max_context or context_tokens < 1:
             raise RequestError(f"synthetic request: {context_tokens} context + {max_new_tokens} "
                                f"new tokens do not fit max_context {cfg.max_context}")
@@ -403,7 +415,11 @@ class Engine:
                 self.pool.admit(live.rid)
             live.out.append([])
             t0 = time.perf_counter()
-            self._prefill(live, live.prompts[0])
+            try:
+                self._prefill(live, live.prompts[0])
+            except Exception:
+                self._finish(live, "error", [])    # give back its slot, pages and state
+                raise
             self._sync()
             self.prefill_seconds += time.perf_counter() - t0
             if not self._emit(live, [live.pending], finished):
@@ -597,10 +613,16 @@ class Engine:
             turn = live.turn
             live.step += 1
             live.drafted += R - 1
-            live.accepted += a
-            stats.accepted += a
             stats.drafted += R - 1
-            if not self._emit(live, emitted[b], finished) and live.turn == turn:
+            before = len(live.out[-1])
+            done = self._emit(live, emitted[b], finished)
+            # drafts dropped after a stop token or max_new_tokens do not count as accepted
+            kept = a if live.turn == turn and not done else min(a, len(live.out[turn]) - before)
+            live.accepted += kept
+            stats.accepted += kept
+            if done:
+                finished[-1].accepted = live.accepted
+            if not done and live.turn == turn:
                 redraft.append(live)                 # a new turn drafted in its prefill
         self._draft(redraft)
         self._sync()

@@ -68,6 +68,7 @@ class SpinDecodeAdapter:
         self.indexer = SpinIndexer(cfg, self.pool, max_batch, next_n, self.max_slots)
         self._steps: dict[int, int] = {}
         self._last_ids: Optional[list[int]] = None     # the step whose MTP updates are pending
+        self._last_pad: list[bool] = []
         self._last_kv: dict[int, int] = {}
 
     @property
@@ -81,33 +82,48 @@ class SpinDecodeAdapter:
         kv = torch.as_tensor(batch.kv_lens).to("cpu", torch.int64).view(-1)
         if kv.numel() != B:
             raise SpinError(f"SpinDecodeAdapter: {B} request ids but {kv.numel()} kv lens")
-        if B and int(kv.min()) < R:
+        # padding rows of a CUDA-graph batch (TensorRT-LLM repeats a dummy id, 2^64 - 1): they
+        # run on free state slots with empty contexts and produce -1 rows
+        seen: set[int] = set()
+        pad = []
+        for rid in ids:
+            pad.append(rid in seen or not 0 <= rid < 1 << 63)
+            seen.add(rid)
+        real = [rid for rid, p in zip(ids, pad) if not p]
+        real_kv = kv[[i for i, p in enumerate(pad) if not p]]
+        if real and int(real_kv.min()) < R:
             raise SpinError(f"SpinDecodeAdapter: kv lens must be >= next_n ({R}), got "
-                            f"{int(kv.min())}")
+                            f"{int(real_kv.min())}")
         accepted = batch.accepted
         if accepted is None and self._last_ids is not None:
-            now = dict(zip(ids, kv.tolist()))
+            now = dict(zip(real, real_kv.tolist()))
             accepted = {rid: now[rid] - self._last_kv[rid] - 1 for rid in self._last_ids
                         if rid in now and rid in self._last_kv}
         self._replay_deferred(accepted)
-        self._last_kv = dict(zip(ids, kv.tolist()))
+        self._last_kv = dict(zip(real, real_kv.tolist()))
         # realign with the batch: requests that left give their state back, new ones start at 0
         for rid in self.pool.request_ids():
-            if rid not in ids:
+            if rid not in seen:
                 self.release(rid)
-        for rid in ids:
+        for rid in real:
             if self.pool.slot_of(rid) is None:
                 self.pool.admit(rid)
                 self._steps[rid] = 0
+        spare = iter(self.pool.free_slots(sum(pad)))
+        slots = torch.tensor([next(spare) if p else self.pool.slot_of(rid)
+                              for rid, p in zip(ids, pad)], dtype=torch.int32)
+        padded = torch.tensor(pad).view(-1, 1)
         tokens = kv.view(-1, 1) - R + 1 + torch.arange(R)          # tokens seen by each row
-        context = (tokens // self.ratio).to(torch.int32)
-        query = ((tokens - 1) // self.ratio).to(torch.int32)
-        steps = [self._steps[rid] for rid in ids]
-        self.indexer.prepare(ids, context, query, steps, batch.block_table)
+        context = torch.where(padded, 0, tokens // self.ratio).to(torch.int32)
+        query = torch.where(padded, 0, (tokens - 1) // self.ratio).to(torch.int32)
+        steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
+        self.indexer.prepare(ids, context, query, steps, batch.block_table,
+                             state_slots=slots.to(self.pool.device))
         self.indexer.select()
-        for rid in ids:
+        for rid in real:
             self._steps[rid] += 1
         self._last_ids = ids if R > 1 else None
+        self._last_pad = pad
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -131,8 +147,9 @@ class SpinDecodeAdapter:
     def _replay_deferred(self, accepted: Optional[Mapping[int, int]]) -> None:
         if self._last_ids is None:
             return
-        acc = [max(0, min(int((accepted or {}).get(rid, 0)), self.next_n - 1))
-               for rid in self._last_ids]
+        pad = getattr(self, "_last_pad", [False] * len(self._last_ids))
+        acc = [0 if p else max(0, min(int((accepted or {}).get(rid, 0)), self.next_n - 1))
+               for rid, p in zip(self._last_ids, pad)]
         self.indexer.finish(torch.tensor(acc, dtype=torch.int32, device=self.pool.device))
         self._last_ids = None
 

@@ -92,6 +92,12 @@ def _locate() -> dict[str, Any]:
         if not callable(getattr(found[cls], method, None)):
             raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: {cls}.{method} not found; "
                             f"this version is not supported")
+    params = inspect.signature(found["Indexer"].sparse_attn_indexer).parameters
+    expected = ("metadata", "hidden_states", "q_fp8", "k_fp8", "k_scale", "weights")
+    if tuple(params)[1:7] != expected:
+        raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: Indexer.sparse_attn_indexer"
+                        f"{tuple(params)[1:]} differs from the expected {expected}; this version "
+                        f"is not supported")
     found["DeepSeekV4SparseAttentionConfig"] = _find(["tensorrt_llm.llmapi.llm_args"],
                                                      "DeepSeekV4SparseAttentionConfig")
     found["LlmArgs"] = _find(["tensorrt_llm.llmapi.llm_args"], "LlmArgs")
@@ -141,9 +147,11 @@ class _Runtime:
                 device=md.indexer_k_cache_block_offsets.device,
                 initial_capacity=slots + next_n)     # no growth: captured graphs stay valid
             self.next_n = next_n
+            ix = self.adapter.indexer
+            buffers = sum(t.numel() * t.element_size() for t in (ix.logits, ix.topk, ix.block_ids))
             log.info("spin_trtllm: SPIN on %d indexer layers, next_n %d, compress ratio %d, "
-                     "%.1f MB of state", len(self.layer_index), next_n, self.ratio,
-                     self.adapter.pool.nbytes() / 2**20)
+                     "%.1f MB of state + %.1f MB of step buffers", len(self.layer_index), next_n,
+                     self.ratio, self.adapter.pool.nbytes() / 2**20, buffers / 2**20)
         if next_n != self.next_n:
             raise SpinError(f"SPIN's TensorRT-LLM integration needs a fixed draft length: built "
                             f"for next_n {self.next_n}, got {next_n}")
@@ -241,6 +249,12 @@ def _patch_indexer(Indexer: type) -> None:
         rows = len(rt.gen_ids) * rt.next_n
         start = 0 if is_generation else int(metadata.num_ctx_tokens)
         gen = slice(start, start + rows)
+        if q_fp8.shape[0] != start + rows:
+            # e.g. an MTP draft layer's own forward inside the step: not the prepared batch
+            _warn_once("rows", f"indexer layer {self.layer_idx} got {q_fp8.shape[0]} query rows, "
+                               f"SPIN prepared {start + rows}; this call runs the dense indexer")
+            return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
+                                q_scale, is_generation)
         try:
             kv = metadata.kv_cache_manager.get_indexer_k_cache_buffers(self.layer_idx)
         except (AttributeError, KeyError, IndexError, RuntimeError) as err:
