@@ -5,12 +5,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-dsa-lite}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1 SPIN_REQUIRE_NATIVE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
+export SPIN_REQUIRE_NATIVE=1
+source tests/gpu/device_env.sh
 python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error" "$out/build.log"; exit 1; }
 python3 -m pytest -q -p no:cacheprovider tests/test_harness_gpu.py 2>&1 | tee "$out/pytest_harness_gpu.log" | tail -5
 python3 benchmarks/bench_dsa_lite.py --json "$out/dsa_lite.jsonl" --markdown "$out/dsa_lite.md" "$@" \

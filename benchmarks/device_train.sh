@@ -4,12 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-train}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
+source tests/gpu/device_env.sh
 python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error" "$out/build.log"; exit 1; }
 python3 -m spin_trtllm.cli train-tiny --out "$out/dsa_lite_stdlib.safetensors" \
   --json "$out/train.json" "$@" 2>&1 | tee "$out/train.log" | tail -n 30

@@ -210,14 +210,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _device(name: str):
-    import torch
+    from .harness.engine import resolve_device
 
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpinError(f"--device {name}: this torch has no CUDA device")
-    return dev
+    return resolve_device(name)
 
 
 def cmd_train_tiny(args: argparse.Namespace) -> int:

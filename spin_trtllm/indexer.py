@@ -25,6 +25,13 @@ from .errors import SpinError
 from .state import StatePool
 
 
+def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None:
+    """The batch's block table into the static buffer; pages past max_context are never used."""
+    cols = min(block_table.shape[1], buffer.shape[1])
+    buffer[:B, :cols].copy_(block_table[:, :cols])
+    buffer[:B, cols:] = -1
+
+
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int):
@@ -84,9 +91,7 @@ class SpinIndexer:
         self.step[:B].copy_(torch.as_tensor(steps, dtype=torch.int64))
         self.context_lens[:B].copy_(context_lens)
         self.query_pos[:B].copy_(query_pos)
-        cols = min(block_table.shape[1], self.m_cap)     # pages past max_context are never used
-        self.block_table[:B, :cols].copy_(block_table[:, :cols])
-        self.block_table[:B, cols:] = -1
+        _copy_table(self.block_table, block_table, B)
 
     def select(self) -> None:
         B = self.batch
@@ -163,9 +168,7 @@ class DenseIndexer:
         self.context_lens[:B].copy_(context_lens)
         blocks = (context_lens.max(1).values.to(torch.int64) + ops.BLOCK - 1) // ops.BLOCK
         self.counts[:B].copy_(blocks.clamp(max=self.m_cap).to(torch.int32))
-        cols = min(block_table.shape[1], self.m_cap)
-        self.block_table[:B, :cols].copy_(block_table[:, :cols])
-        self.block_table[:B, cols:] = -1
+        _copy_table(self.block_table, block_table, B)
 
     def select(self) -> None:
         pass

@@ -15,7 +15,7 @@ import torch
 from ..config import SpinConfig
 from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
-from .engine import Engine, Request, RequestOutput
+from .engine import Engine, Request, RequestOutput, resolve_device
 from .model import init_weights, load_checkpoint
 from .pretrained import default_checkpoint
 
@@ -62,12 +62,7 @@ def workload(opts: DemoOptions, cfg: DsaLiteConfig) -> list[tuple[int, Request]]
 
 
 def _resolve(opts: DemoOptions) -> tuple[torch.device, DsaLiteConfig, Optional[dict]]:
-    if opts.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(opts.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise SpinError("--device cuda: this torch has no CUDA device")
+    device = resolve_device(opts.device)
     checkpoint = opts.checkpoint
     if checkpoint and opts.random_weights:
         raise SpinError("--checkpoint and --random-weights exclude each other")

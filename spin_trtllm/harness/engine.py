@@ -115,6 +115,16 @@ def _tokens(prompt: Prompt, vocab: int, what: str) -> list[int]:
     return toks
 
 
+def resolve_device(name: str) -> torch.device:
+    """--device: "auto" (CUDA when present), "cpu", "cuda[:i]"; a clear error without CUDA."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpinError(f"--device {name}: this torch has no CUDA device")
+    return dev
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: int, seed: int,
            position: int) -> int:
     """Greedy at temperature 0; else Gumbel-max with counter-hash noise keyed by (seed,
@@ -171,7 +181,7 @@ class _Observed:
             if live.rid in e.trace_requests:
                 self.trace_rows[(live.rid, layer)] = \
                     e.shadow.logits[i * R:(i + 1) * R].float().cpu()
-        top = self._timed(layer, q, weights, kv_cache)
+        top = e._timed_layer(layer, q, weights, kv_cache, self.stats)
         if isinstance(e.indexer, SpinIndexer):
             B = len(self.batch)
             ids = e.indexer.block_ids[:B, layer].long()
@@ -187,9 +197,6 @@ class _Observed:
             miss = ((valid & ~sel).sum(-1).double() / n.clamp(min=1))[eligible]
             self.stats.miss.extend(miss.cpu().tolist())
         return top
-
-    def _timed(self, layer, q, weights, kv_cache):
-        return self.e._timed_layer(layer, q, weights, kv_cache, self.stats)
 
 
 class Engine:
@@ -414,14 +421,11 @@ class Engine:
             if self.pool is not None:
                 self.pool.admit(live.rid)
             live.out.append([])
-            t0 = time.perf_counter()
             try:
                 self._prefill(live, live.prompts[0])
             except Exception:
                 self._finish(live, "error", [])    # give back its slot, pages and state
                 raise
-            self._sync()
-            self.prefill_seconds += time.perf_counter() - t0
             if not self._emit(live, [live.pending], finished):
                 joined.append(live)
         batch = list(self.running)
@@ -438,6 +442,7 @@ class Engine:
         """Run `tokens` (continuing live.context) through the model in chunks; sample the next
         token, reset SPIN (a new prompt or turn starts from zero state) and draft."""
         cfg, dev = self.cfg, self.device
+        t0 = time.perf_counter()
         slot = torch.tensor([live.slot], dtype=torch.int64, device=dev)
         start = len(live.context)
         logits = hidden = None
@@ -450,15 +455,15 @@ class Engine:
             logits, hidden = self.model.forward(torch.tensor([chunk], device=dev), pos, slot,
                                                 table, self.caches, self.prefill_indexer)
         live.context += tokens
-        pos = len(live.context)
-        r = live.req
-        live.pending = self._target(live, logits[0, -1].cpu(), 0, pos)
+        live.pending = self._target(live, logits[0, -1].cpu(), 0, len(live.context))
         live.hidden = hidden[0, -1]
         if self.pool is not None and live.turn > 0:
             self.pool.reset([live.rid], live.step)
         if live.rid in self.trace_requests:
             self._traces[live.rid]["turn_start"].append(len(self._traces[live.rid]["row_len"]))
         self._draft([live])
+        self._sync()
+        self.prefill_seconds += time.perf_counter() - t0
 
     def _target(self, live: _Live, logits: torch.Tensor, ahead: int, position: int) -> int:
         """The target row's token: the forced one (teacher forcing, its log-prob recorded) or
@@ -509,10 +514,7 @@ class Engine:
         live.turn += 1
         if live.turn < len(live.prompts):
             live.out.append([])
-            t0 = time.perf_counter()
             self._prefill(live, [live.pending] + live.prompts[live.turn])
-            self._sync()
-            self.prefill_seconds += time.perf_counter() - t0
             return self._emit(live, [live.pending], finished)
         self._finish(live, reason, finished)
         return True

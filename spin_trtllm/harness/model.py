@@ -206,6 +206,21 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).to(torch.float8_e4m3fn), scale.squeeze(-1)
 
 
+def ffn(w: dict, p: str, h: torch.Tensor) -> torch.Tensor:
+    """SwiGLU feed-forward of block `p` (a layer's, or "mtp.")."""
+    x = rms_norm(h, w[p + "ffn_norm"])
+    return (torch.nn.functional.silu(x @ w[p + "w1"]) * (x @ w[p + "w3"])) @ w[p + "w2"]
+
+
+def mtp_step(w: dict, hidden: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP head: hidden state at t and token t + 1 -> (its hidden state, logits for t + 2)."""
+    e = w["embed"][token]
+    x = torch.cat([rms_norm(hidden, w["mtp.norm_h"]), rms_norm(e, w["mtp.norm_e"])], -1)
+    hidden = x @ w["mtp.proj"]
+    hidden = hidden + ffn(w, "mtp.", hidden)
+    return hidden, (rms_norm(hidden, w["final_norm"]) @ w["lm_head"]).float()
+
+
 class DsaLiteModel:
     def __init__(self, cfg: DsaLiteConfig, weights: dict[str, torch.Tensor],
                  device: torch.device | str = "cpu"):
@@ -261,13 +276,9 @@ class DsaLiteModel:
             att = att.masked_fill(~valid.unsqueeze(2), float("-inf")).softmax(-1)
             out = torch.einsum("brhn,brnd->brhd", att, values).reshape(B, R, -1)
             h = h + out @ w[p + "wo"]
-            h = h + self._ffn(h, p)
+            h = h + ffn(w, p, h)
         logits = (rms_norm(h, w["final_norm"]) @ w["lm_head"]).float()
         return logits, h
-
-    def _ffn(self, h: torch.Tensor, p: str) -> torch.Tensor:
-        x = rms_norm(h, self.w[p + "ffn_norm"])
-        return (torch.nn.functional.silu(x @ self.w[p + "w1"]) * (x @ self.w[p + "w3"])) @ self.w[p + "w2"]
 
     def _group(self, ring: torch.Tensor, r: int, pos: torch.Tensor, slot: torch.Tensor,
                gate: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -330,14 +341,9 @@ class DsaLiteModel:
     # MTP draft head ------------------------------------------------------------------------------
     def draft(self, hidden: torch.Tensor, token: torch.Tensor, depth: int) -> torch.Tensor:
         """Greedy drafts [B, depth] from the last accepted hidden state [B, H] and token [B]."""
-        w = self.w
         out = []
         for _ in range(depth):
-            e = w["embed"][token]
-            x = torch.cat([rms_norm(hidden, w["mtp.norm_h"]), rms_norm(e, w["mtp.norm_e"])], -1)
-            hidden = x @ w["mtp.proj"]
-            hidden = hidden + self._ffn(hidden, "mtp.")
-            logits = rms_norm(hidden, w["final_norm"]) @ w["lm_head"]
-            token = logits.float().argmax(-1)
+            hidden, logits = mtp_step(self.w, hidden, token)
+            token = logits.argmax(-1)
             out.append(token)
         return torch.stack(out, -1)

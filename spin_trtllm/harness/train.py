@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import SpinError
 from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
-from .model import FP8_MAX, init_weights, rms_norm, rope
+from .model import ffn, init_weights, mtp_step, quantize_rows_fp8, rms_norm, rope
 
 
 # ---- corpus ---------------------------------------------------------------------------------------
@@ -84,10 +84,9 @@ def batches(data: torch.Tensor, batch: int, seq_len: int, generator: torch.Gener
 def fake_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Round x to what the engine stores: per-row e4m3 with scale amax/448 (straight-through
     gradient). Returns (dequantized values, scales)."""
-    xf = x.float()
-    scale = (xf.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
-    q = (xf / scale).to(torch.float8_e4m3fn).to(xf.dtype) * scale
-    return (x + (q.to(x.dtype) - x).detach()), scale.squeeze(-1)
+    q8, scale = quantize_rows_fp8(x)
+    q = q8.float() * scale.unsqueeze(-1)
+    return (x + (q.to(x.dtype) - x).detach()), scale
 
 
 def _pool(x: torch.Tensor, r: int, gate: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -172,8 +171,7 @@ def sequence_forward(w: dict, cfg: DsaLiteConfig, x: torch.Tensor, sparse: bool 
         att = scores.softmax(-1)
         out = torch.einsum("nhts,nsd->nthd", att, values).reshape(N, T, -1)
         h = h + out @ w[p + "wo"]
-        xf = rms_norm(h, w[p + "ffn_norm"])
-        h = h + (F.silu(xf @ w[p + "w1"]) * (xf @ w[p + "w3"])) @ w[p + "w2"]
+        h = h + ffn(w, p, h)
     logits = (rms_norm(h, w["final_norm"]) @ w["lm_head"]).float()
     return logits, h, kl
 
@@ -198,12 +196,7 @@ def _indexer_kl(w, p, xd, comp_scores, visible, r, cfg, rows, generator) -> torc
 def mtp_logits(w: dict, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
     """The MTP head over all positions: hidden at t and the embedding of token t + 1 -> logits
     for token t + 2 (what DsaLiteModel.draft does one step at a time)."""
-    e = w["embed"][next_tokens]
-    x = torch.cat([rms_norm(hidden, w["mtp.norm_h"]), rms_norm(e, w["mtp.norm_e"])], -1)
-    hm = x @ w["mtp.proj"]
-    xf = rms_norm(hm, w["mtp.ffn_norm"])
-    hm = hm + (F.silu(xf @ w["mtp.w1"]) * (xf @ w["mtp.w3"])) @ w["mtp.w2"]
-    return (rms_norm(hm, w["final_norm"]) @ w["lm_head"]).float()
+    return mtp_step(w, hidden, next_tokens)[1]
 
 
 # ---- training ------------------------------------------------------------------------------------

@@ -6,13 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/spin-gpu}; mkdir -p "$out"
-export SPIN_REQUIRE_NATIVE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-# torch extensions have crashed in std::regex with the image's libstdc++ otherwise
-libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
+export SPIN_REQUIRE_NATIVE=1
+source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m spin_trtllm._build --check 2>&1 | tee "$out/build_check.log"
 python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error|Error" "$out/build.log"; exit 1; }

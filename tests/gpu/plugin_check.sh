@@ -12,14 +12,9 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/spin-plugins}; mkdir -p "$out"
 cases=${SPIN_TRT_CASE_DIR:-/tmp/spin-plugin-cases}; rm -rf "$cases"; mkdir -p "$cases"
 build=build/tensorrt
-export SPIN_REQUIRE_NATIVE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SPIN_REQUIRE_NATIVE=1
+source tests/gpu/device_env.sh
 export SPIN_TRT_PLUGIN_DIR="$PWD/$build" SPIN_TRT_CASE_DIR="$cases"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    > "$out/pip.log" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-# torch extensions have crashed in std::regex with the image's libstdc++ otherwise
-libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
 
 summary=()
 failed=0
