@@ -1,7 +1,8 @@
 """Build the native library (python -m spin_trtllm._build [--check]); build.sh calls this.
 
 - With a CUDA build of torch and nvcc: compiles cpp/src/*.cu and the torch bindings into
-  spin_trtllm/libspin_native.so (SPIN_CUDA_ARCHS adds -gencode targets).
+  spin_trtllm/libspin_native.so (SPIN_CUDA_ARCHS adds -gencode targets; SPIN_PORTABLE_ONLY=1
+  builds without sm_90a, to test the portable kernels on Hopper).
 - Otherwise: says so in one line; the ops run through the reference.
 - --check: compiles every cpp/src/*.cu for sm_90a and sm_90 with nvcc alone (no torch CUDA
   needed), so a kernel that does not compile fails on CPU-only machines too.
@@ -25,7 +26,10 @@ GENCODE = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,co
 
 def gencode_flags() -> list[str]:
     extra = os.environ.get("SPIN_CUDA_ARCHS", "").split()
-    return GENCODE + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in extra]
+    # SPIN_PORTABLE_ONLY=1: leave out sm_90a, so an H100/H200 runs the mma.sync kernels that
+    # other architectures get (to test them; slower)
+    base = GENCODE[1:] if os.environ.get("SPIN_PORTABLE_ONLY") == "1" else GENCODE
+    return base + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in extra]
 
 
 def nvcc() -> str | None:

@@ -304,6 +304,12 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
 
 
+def _aligned16(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            _fail(op, f"{name} must start at a 16-byte aligned address (the kernels load 16 B)")
+
+
 def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
     op = "indexer_logits"
     dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
@@ -319,11 +325,9 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
             kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
         _fail(op, f"kv_cache must be uint8 pages of {BLOCK} x {ref.SLOT_BYTES} bytes "
                   f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
-    for name, t in (("q", q), ("kv_cache", kv_cache)):
-        if t.data_ptr() % 16:
-            _fail(op, f"{name} must start at a 16-byte aligned address (the kernels load 16 B)")
     _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "weights", weights, (B * R, HEADS))
+    _aligned16(op, q=q, kv_cache=kv_cache, weights=weights)
     _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
         _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
@@ -341,6 +345,7 @@ def _validate_topk(logits, block_ids, counts, next_n, out):
     if not 1 <= next_n <= 8:
         _fail(op, f"next_n must be 1..8, got {next_n}")
     _shape(op, "logits", logits, (B * next_n, m_cap * BLOCK))
+    _aligned16(op, logits=logits)
     _tensor(op, "out", out, I32, 2, dev, contiguous=True)
     if out.shape[0] != B * next_n or out.shape[1] < 1:
         _fail(op, f"out must have shape [{B * next_n}, K >= 1], got {list(out.shape)}")
@@ -355,6 +360,7 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
     m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
     _tensor(op, "logits", logits, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "logits", logits, (B * R, m_cap * BLOCK))
+    _aligned16(op, logits=logits)
     _tensor(op, "accepted", accepted, I32, 1, dev, contiguous=True)
     _shape(op, "accepted", accepted, (B,))
     _tensor(op, "step", step, I64, 1, dev, contiguous=True)

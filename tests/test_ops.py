@@ -307,6 +307,9 @@ def test_logits_rejects_bad_cache_and_q():
     with pytest.raises(SpinError, match="out must have shape"):
         torch.ops.spin.indexer_logits(p.qfp8, p.cache[0], p.weights, p.n, p.table, ids, cnt,
                                       torch.empty(1, 64))
+    w_off = torch.zeros(p.weights.numel() + 1)[1:].view_as(p.weights)
+    with pytest.raises(SpinError, match="weights must start at a 16-byte aligned"):
+        torch.ops.spin.indexer_logits(p.qfp8, p.cache[0], w_off, p.n, p.table, ids, cnt, out)
 
 
 def test_ops_refuse_a0_a2_and_other_block_sizes():
@@ -348,15 +351,16 @@ def _compare_step(p_cpu, p_gpu, m_cap=None, exact_select=True):
         assert torch.equal(torch.isinf(zc), torch.isinf(zg))
         fin = torch.isfinite(zc)
         err = (zg[fin].double() - zc[fin].double()).norm() / zc[fin].double().norm().clamp(min=1e-30)
-        assert err < 1e-5, err
+        # FP8 tensor-core accumulation (as DeepGEMM's): about 1.4e-4 of the row norm measured
+        assert err < 5e-4, err
         # top-K of the GPU kernel equals the reference top-K on the same logits
         assert torch.equal(ops.topk(z_g[l].cpu(), ids_c[:, l], cnt_c[:, l], p_cpu.R,
                                     p_cpu.cfg.index_topk), top_g[l].cpu())
     for a, b in zip(p_cpu.state.tensors(), p_gpu.state.tensors()):
         b = b.cpu()
         if a.dtype.is_floating_point:
-            # each path feeds its own logits (equal to ~1e-7): fp16 state may round one ulp apart
-            tol = 2e-3 if a.dtype == torch.float16 else 1e-6
+            # each path feeds its own logits (equal to ~1e-4 of the row norm, FP8 tensor cores)
+            tol = 2e-3
             assert torch.allclose(b.float(), a.float(), rtol=tol, atol=tol)
         else:
             assert torch.equal(a, b)
@@ -513,7 +517,7 @@ def test_gpu_out_of_cache_entries_and_device_mismatch():
     assert torch.equal(torch.isinf(outs[0]), torch.isinf(outs[1]))
     assert (outs[1][0:2, 128:192] == float("-inf")).all() and (outs[1][2:4, 0:64] == float("-inf")).all()
     fin = torch.isfinite(outs[0])
-    assert torch.allclose(outs[1][fin], outs[0][fin], rtol=1e-5, atol=1e-5)
+    assert (outs[1][fin] - outs[0][fin]).norm() / outs[0][fin].norm() < 5e-4
     with pytest.raises(SpinError, match="is on cpu, expected cuda"):
         ops.indexer_logits(p_gpu.qfp8, p_gpu.cache[0], p_gpu.weights, p_gpu.n, p_gpu.table, ids,
                            cnt.cuda())
@@ -556,6 +560,12 @@ def test_topk_and_update_reject_bad_arguments():
     with pytest.raises(SpinError, match="layer 3 is outside"):
         ops.update(p.state, p.slot, torch.zeros(2, 128), ids, cnt, p.n, p.q, p.accepted,
                    p.step, 3, p.cfg, p.max_ctx)
+    misaligned = torch.zeros(2 * 128 + 1)[1:].view(2, 128)      # contiguous, 4 bytes off
+    with pytest.raises(SpinError, match="logits must start at a 16-byte aligned"):
+        ops.topk(misaligned, ids, cnt, 2, 8)
+    with pytest.raises(SpinError, match="logits must start at a 16-byte aligned"):
+        ops.update(p.state, p.slot, misaligned, ids, cnt, p.n, p.q, p.accepted, p.step, 0,
+                   p.cfg, p.max_ctx)
 
 
 @gpu
@@ -603,3 +613,59 @@ def test_gpu_long_context_256k_mtp():
     cfg = SpinConfig(index_topk=2048, target_sparsity=0.4)
     p_cpu, p_gpu = _gpu_problem(B=1, R=2, L=1, lens=(262143,), seed=23, cfg=cfg)
     _compare_step(p_cpu, p_gpu)
+
+
+def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    z = torch.randn(rows, width, generator=gen)
+    if kind == "zeros":            # ReLU-like: most scores exactly 0, the K-th value among them
+        z = torch.where(torch.rand(rows, width, generator=gen) < 0.995, torch.zeros(()), z.abs())
+    elif kind == "narrow":         # distinct values inside one fp16 bin
+        z = 1.0 + torch.rand(rows, width, generator=gen) * 1e-4
+    elif kind == "few_ties":       # a handful of values, heavily repeated
+        z = torch.randint(0, 40, (rows, width), generator=gen).float()
+    elif kind == "wide":           # beyond fp16 range, +-0.0, non-finite entries
+        z = z * 1e6
+        z[:, ::7] = 0.0
+        z[:, 3::11] = -0.0
+        z[:, 5::13] = float("nan")
+        z[:, 6::17] = float("inf")
+        z[:, 9::19] = float("-inf")
+    return z
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
+@pytest.mark.parametrize("blocks,k", [(1, 512), (40, 512), (40, 2048), (700, 512), (1100, 2048)])
+def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
+    # 700 / 1100 blocks (44.8K / 70.4K slots): rows cached in shared memory and read from global
+    gen = torch.Generator().manual_seed(blocks * 7 + k)
+    B, R = 2, 2
+    m_cap = blocks + 3
+    z = _topk_rows(kind, B * R, m_cap * 64, gen)
+    ids = torch.stack([torch.randperm(2 * m_cap, generator=gen)[:m_cap].sort().values
+                       for _ in range(B)]).int()
+    cnt = torch.tensor([blocks, max(1, blocks // 2)], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, R, k)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), R, k)
+    assert torch.equal(got.cpu(), want)
+
+
+@gpu
+def test_gpu_logits_negative_zero_and_infinite_scales():
+    # the kernel factors a finite scale >= 0 out of the head sum; other scales take the exact path
+    p_cpu, p_gpu = _gpu_problem(B=2, R=2, L=1, lens=(500, 300), seed=17)
+    for p in (p_cpu, p_gpu):
+        scales = p.cache[0].view(p.cache[0].shape[0], -1)[:, 64 * 128:].view(torch.float32)
+        scales[0, 0] = -0.02
+        scales[0, 1] = 0.0
+        scales[1, 2] = float("inf")
+        scales[2, 3:9] = -scales[2, 3:9]
+    B, nb = 2, (500 + 63) // 64
+    ids = torch.arange(nb, dtype=torch.int32).repeat(B, 1)
+    cnt = torch.tensor([nb, (300 + 63) // 64], dtype=torch.int32)
+    outs = [ops.indexer_logits(p.qfp8, p.cache[0], p.weights, p.n, p.table, ids.to(p.n.device),
+                               cnt.to(p.n.device)).cpu() for p in (p_cpu, p_gpu)]
+    assert torch.equal(torch.isnan(outs[0]), torch.isnan(outs[1]))
+    assert torch.equal(torch.isinf(outs[0]), torch.isinf(outs[1]))
+    fin = torch.isfinite(outs[0])
+    assert (outs[1][fin] - outs[0][fin]).norm() / outs[0][fin].norm() < 5e-4

@@ -1,6 +1,7 @@
 // Device helpers shared by the SPIN kernels.
 #pragma once
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -115,11 +116,26 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
         atomicAdd(&hist[digit], __popc(peers));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0, d = 255;
-      for (; d > 0 && cum + hist[d] < remaining; --d) cum += hist[d];
-      bcast[0] = d;
-      bcast[1] = remaining - cum;
+    if (threadIdx.x < 32) {
+      // walking the bins from the top, the first d with (entries above d) + hist[d] >= remaining
+      // (d = 0 if none): lane l sums bins 255-8l .. 248-8l, a warp scan finds the lane to walk
+      const int lane = threadIdx.x, top = 255 - 8 * lane;
+      int sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += hist[top - j];
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      int cum = incl - sum;
+      if (cum < remaining && (incl >= remaining || lane == 31)) {
+        int d = top;
+        for (; d > 0 && cum + hist[d] < remaining; --d) cum += hist[d];
+        bcast[0] = d;
+        bcast[1] = remaining - cum;
+      }
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(bcast[0]) << shift;

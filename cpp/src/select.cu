@@ -10,10 +10,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Pool max(V[i], D[q - i]) over the visible slots of block j; one warp per block.
-__device__ float pool_block(const StateView& s, int64_t base, int j, int n, int q, int pooling) {
+// max(V[i], D[q - i]) of this lane's two slots of block j (-inf past the visible slots).
+__device__ __forceinline__ void block_values(const StateView& s, int64_t base, int j, int n,
+                                             int q, float (&v)[2]) {
   const int lane = threadIdx.x & 31;
-  float v[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t i = static_cast<int64_t>(j) * kBlockSize + lane + 32 * h;
@@ -26,6 +26,11 @@ __device__ float pool_block(const StateView& s, int64_t base, int j, int n, int 
       v[h] = -CUDART_INF_F;
     }
   }
+}
+
+// Pool one block's values across the warp.
+__device__ float pool_block(float (&v)[2], int pooling) {
+  const int lane = threadIdx.x & 31;
   if (pooling == kPoolMax) {
     float m = fmaxf(v[0], v[1]);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -108,9 +113,19 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
       for (int j = threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
       continue;
     }
-    for (int j = warp; j < B; j += kThreads / 32) {
-      const float v = pool_block(s, base, j, n, q, p.pooling);
-      if (lane == 0) score[j] = v;
+    // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
+    constexpr int kWarps = kThreads / 32, kPerStep = 4;
+    for (int j0 = warp; j0 < B; j0 += kPerStep * kWarps) {
+      float v[kPerStep][2];
+#pragma unroll
+      for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
+#pragma unroll
+      for (int u = 0; u < kPerStep; ++u) {
+        const int j = j0 + u * kWarps;
+        if (j >= B) break;
+        const float m = pool_block(v[u], p.pooling);
+        if (lane == 0) score[j] = m;
+      }
     }
     const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
     const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);

@@ -1,54 +1,242 @@
 // spin::topk: top-K of the compact logits of each row, written as request-local slot ids in
 // ascending order, -1 padded (TensorRT-LLM's topk_indices_buffer format). Ties at the K-th
-// value go to the lower slot id. One CTA per row: 8-bit radix passes find the K-th value,
-// one ordered pass writes the ids.
+// value go to the lower slot id.
+//
+// One CTA per row, each warp owning a contiguous segment of it (rows up to 48K slots are first
+// copied to shared memory as ordered keys):
+//   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
+//      is monotone in the value) and the bin holding the K-th value;
+//   B. the entries of that bin become candidates (at most kCandCap; otherwise the exact search
+//      runs over the whole row), and radix passes over the candidates find the exact K-th key
+//      and, among entries equal to it, the last position taken;
+//   C. each warp counts its selected entries, a scan over warps gives offsets, and each warp
+//      writes its entries in position order.
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 namespace spin {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2 * kThreads;             // each thread scans two bins
+constexpr int kCandCap = 4096;
 constexpr size_t kMaxCachedBytes = 192 * 1024;  // rows up to 48K slots stay in shared memory
+constexpr int kWarpStep = 4 * 128;              // a warp loads 4 float4 per lane per step
 
-// kCached: the row's keys are first copied to shared memory (rows up to kMaxCached slots),
-// so the radix passes read shared memory instead of global memory. Key 0 marks "not taking
-// part": no finite float maps to it.
+// Bins of the fp16-rounded value: float -> half is monotone, so a higher bin is a larger value.
+__device__ __forceinline__ int coarse_digit(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
+  uint16_t h = __half_as_ushort(__float2half_rn(__uint_as_float(bits)));
+  if ((h & 0x7FFFu) == 0) h = 0;  // -0 ties +0
+  const uint32_t k16 = (h & 0x8000u) ? static_cast<uint16_t>(~h) : (h | 0x8000u);
+  return static_cast<int>(k16 >> 5);
+}
+
+__device__ __forceinline__ uint32_t key_of(float v) { return isfinite(v) ? ordered_key(v) : 0u; }
+
+// Row access: 4 consecutive ordered keys (0 = not taking part) from the shared-memory copy or
+// from global memory.
+template <bool kCached>
+struct Row {
+  const float* z;
+  const uint32_t* cached;
+  __device__ __forceinline__ uint4 load4(int pos) const {
+    if (kCached) return *reinterpret_cast<const uint4*>(cached + pos);
+    const float4 v = __ldg(reinterpret_cast<const float4*>(z + pos));
+    return make_uint4(key_of(v.x), key_of(v.y), key_of(v.z), key_of(v.w));
+  }
+  __device__ __forceinline__ uint32_t key(int pos) const {
+    return kCached ? cached[pos] : key_of(__ldg(z + pos));
+  }
+};
+
+// Calls fn(pos, keys) for the warp's segment [begin, end) in warp-uniform steps of kWarpStep
+// positions (4 loads in flight per lane); lanes past `end` get zero keys at a position >= end.
+template <bool kCached, typename Fn>
+__device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin, int end, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  for (int base = begin; base < end; base += kWarpStep) {
+    uint4 k[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int pos = base + u * 128 + lane * 4;
+      k[u] = pos < end ? row.load4(pos) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) fn(base + u * 128 + lane * 4, k[u]);
+  }
+}
+
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
+// The bin holding the T-th largest entry (bins scanned from the top) and how many entries lie
+// in higher bins. 1 <= T <= sum(hist).
+__device__ void find_bin(const int* hist, int T, int* warp_sums, int* bcast) {
+  const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
+  const int hi = kBins - 1 - 2 * i;
+  const int h0 = hist[hi], h1 = hist[hi - 1];
+  const int incl = warp_inclusive_sum(h0 + h1);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
+  __syncthreads();
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (h0 + h1);
+  if (before < T && before + h0 + h1 >= T) {
+    const bool first = before + h0 >= T;
+    bcast[0] = first ? hi : hi - 1;
+    bcast[1] = first ? before : before + h0;
+  }
+  __syncthreads();
+}
+
 template <bool kCached>
 __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   extern __shared__ uint32_t cached[];
-  __shared__ long long scratch[kThreads / 32];
-  __shared__ int hist[256];
+  __shared__ int hist[kBins];
+  __shared__ int cand[kCandCap];
+  __shared__ long long scratch[kWarps];
+  __shared__ int warp_sums[kWarps];
   __shared__ int bcast[2];
-  __shared__ int warp_counts[2 * kThreads / 32];
-  const int row = blockIdx.x, b = row / p.rows;
-  const int width = p.m_cap * kBlockSize;
-  const float* z = p.logits + static_cast<int64_t>(row) * width;
-  int32_t* out = p.out + static_cast<int64_t>(row) * p.k;
-  const int32_t* ids = p.block_ids + b * p.ids_stride;
-  // only slots of the selected blocks with a finite score take part
-  const int scored = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
-  if (kCached) {
-    for (int pos = threadIdx.x; pos < scored; pos += kThreads) {
-      const float v = z[pos];
-      cached[pos] = isfinite(v) ? ordered_key(v) : 0u;
-    }
-    __syncthreads();
-  }
-  auto valid = [&](int pos) { return kCached ? cached[pos] != 0u : isfinite(z[pos]); };
-  auto key = [&](int pos) { return kCached ? cached[pos] : ordered_key(z[pos]); };
+  __shared__ int warp_counts[2 * kWarps];
+  __shared__ int n_cand;
 
+  const int row_id = blockIdx.x, b = row_id / p.rows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* z = p.logits + static_cast<int64_t>(row_id) * p.m_cap * kBlockSize;
+  int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
+  const int32_t* ids = p.block_ids + b * p.ids_stride;
+  // only slots of the selected blocks with a finite score take part (a multiple of 64)
+  const int scored = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
+  const int seg = (scored / 4 + kWarps - 1) / kWarps * 4;
+  const int seg_begin = min(warp * seg, scored), seg_end = min(seg_begin + seg, scored);
+  const Row<kCached> row{z, cached};
+
+  for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
+  if (threadIdx.x == 0) n_cand = 0;
+  if (kCached) {
+    const Row<false> global_row{z, nullptr};
+    walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
+      if (pos < seg_end) *reinterpret_cast<uint4*>(cached + pos) = k;
+    });
+  }
+  __syncthreads();
+
+  // A. histogram of the coarse digit
   long long finite = 0;
-  for (int pos = threadIdx.x; pos < scored; pos += kThreads) finite += valid(pos);
-  finite = block_sum<kThreads>(finite, scratch);
+  walk_segment(row, seg_begin, seg_end, [&](int, uint4 k) {
+    const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (ks[e]) {
+        ++finite;
+        atomicAdd(&hist[coarse_digit(ks[e])], 1);
+      }
+  });
+  finite = block_sum<kThreads>(finite, scratch);  // its barriers also complete the histogram
   const int T = static_cast<int>(min(static_cast<long long>(p.k), finite));
+
+  uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
+  int last_tie = INT_MAX;
+  if (T > 0 && T < finite) {
+    find_bin(hist, T, warp_sums, bcast);
+    const int bin = bcast[0], in_bin = hist[bin], T_bin = T - bcast[1];
+    __syncthreads();  // hist is reused as radix_threshold's 256 bins
+    int need = 0;
+    if (in_bin <= kCandCap) {
+      // B. candidates: the entries of the threshold bin
+      walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+        const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+        int mine = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine += ks[e] && coarse_digit(ks[e]) == bin;
+        if (mine) {
+          int at = atomicAdd(&n_cand, mine);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (ks[e] && coarse_digit(ks[e]) == bin) cand[at++] = pos + e;
+        }
+      });
+      __syncthreads();
+      auto cand_key = [&](int i) { return row.key(cand[i]); };
+      auto any = [](int) { return true; };
+      radix_threshold<kThreads>(in_bin, T_bin, cand_key, any, hist, bcast, thr_key, need);
+      long long ties = 0;
+      for (int i = threadIdx.x; i < in_bin; i += kThreads) ties += cand_key(i) == thr_key;
+      ties = block_sum<kThreads>(ties, scratch);
+      if (need < ties) {  // the first `need` tied positions: largest of ~pos
+        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(cand[i]); };
+        auto tied = [&](int i) { return cand_key(i) == thr_key; };
+        uint32_t thr_pos;
+        int one;
+        radix_threshold<kThreads>(in_bin, need, neg_pos, tied, hist, bcast, thr_pos, one);
+        last_tie = static_cast<int>(~thr_pos);
+      }
+    } else {
+      // too many in one bin (many equal values): the exact search over the whole row
+      auto key = [&](int pos) { return row.key(pos); };
+      auto in_thr_bin = [&](int pos) {
+        const uint32_t k = row.key(pos);
+        return k != 0u && coarse_digit(k) == bin;
+      };
+      radix_threshold<kThreads>(scored, T_bin, key, in_thr_bin, hist, bcast, thr_key, need);
+      long long ties = 0;
+      for (int pos = threadIdx.x; pos < scored; pos += kThreads) ties += row.key(pos) == thr_key;
+      ties = block_sum<kThreads>(ties, scratch);
+      if (need < ties) {
+        auto neg_pos = [](int pos) { return ~static_cast<uint32_t>(pos); };
+        auto tied = [&](int pos) { return row.key(pos) == thr_key; };
+        uint32_t thr_pos;
+        int one;
+        radix_threshold<kThreads>(scored, need, neg_pos, tied, hist, bcast, thr_pos, one);
+        last_tie = static_cast<int>(~thr_pos);
+      }
+    }
+  }
+  auto selected = [&](int pos, uint32_t k) {
+    return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
+  };
+
+  // C. per-warp counts, offsets, ordered writes
   int written = 0;
   if (T > 0) {
-    uint32_t thr;
-    int need;
-    radix_threshold<kThreads>(scored, T, key, valid, hist, bcast, thr, need);
-    written = ordered_take<kThreads>(scored, thr, need, key, valid, [&](int pos, int rank) {
-      out[rank] = ids[pos / kBlockSize] * kBlockSize + pos % kBlockSize;
-    }, warp_counts);
+    int mine = 0;
+    walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+      mine += selected(pos, k.x) + selected(pos + 1, k.y) + selected(pos + 2, k.z) +
+              selected(pos + 3, k.w);
+    });
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    if (lane == 0) warp_counts[warp] = mine;
+    __syncthreads();
+    if (warp == 0) {
+      const int c = warp_counts[lane];
+      warp_counts[kWarps + lane] = warp_inclusive_sum(c) - c;
+    }
+    __syncthreads();
+    int at = warp_counts[kWarps + warp];
+    walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+      const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+      bool sel[4];
+      int n = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) n += sel[e] = selected(pos + e, ks[e]);
+      const int incl = warp_inclusive_sum(n);
+      int r = at + incl - n;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (sel[e]) out[r++] = ids[(pos + e) / kBlockSize] * kBlockSize + (pos + e) % kBlockSize;
+      at += __shfl_sync(0xffffffffu, incl, 31);
+    });
+    written = T;
   }
   for (int c = written + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
 }

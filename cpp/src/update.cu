@@ -11,7 +11,8 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
-  // grid (slices, B): slice x takes every gridDim.x-th chunk of scored slots and of offsets
+  // grid (slices, B): slice x takes every gridDim.x-th chunk of 4 x kThreads scored slots and
+  // of offsets
   const int b = blockIdx.y;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -29,9 +30,6 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   auto round_state = [&](float v) {
     return s.half ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
   };
-  auto score = [&](int r, int64_t pos) {
-    return p.logits[(static_cast<int64_t>(b) * p.rows + r) * width + pos];
-  };
 
   for (int j = threadIdx.x; j < p.max_blocks; j += kThreads) compact_of_block[j] = -1;
   __syncthreads();
@@ -41,44 +39,97 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   }
   __syncthreads();
 
-  // V: one thread per scored slot, rows in order.
-  for (int64_t pos = first; pos < static_cast<int64_t>(count) * kBlockSize; pos += stride) {
-    const int j = ids[pos / kBlockSize];
-    const int64_t i = static_cast<int64_t>(j) * kBlockSize + pos % kBlockSize;
-    if (j < 0 || i >= s.cap) continue;
-    float v = load_state(s.V, s.half, base + i);
-    bool changed = false;
-    for (int r = 0; r < rows; ++r) {
-      if (i >= n_of(r)) continue;
-      const float z = score(r, pos);
-      if (!isfinite(z)) continue;
-      v = round_state(ema(a, one_minus_a, v, z));
-      changed = true;
+  // A thread takes 4 consecutive entries (one 16-byte load when the state rows allow it) and
+  // issues all its loads before using them: the kernel is bound by load latency otherwise.
+  const uintptr_t vec_bytes = s.half ? 8 : 16;
+  const bool vec = s.cap % 4 == 0 && reinterpret_cast<uintptr_t>(s.V) % vec_bytes == 0 &&
+                   reinterpret_cast<uintptr_t>(s.D) % vec_bytes == 0;
+  auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
+    if (vec && valid == 4) {
+      if (s.half) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(arr) + base + i0);
+        const __half2 lo = *reinterpret_cast<const __half2*>(&raw.x);
+        const __half2 hi = *reinterpret_cast<const __half2*>(&raw.y);
+        v[0] = __low2float(lo); v[1] = __high2float(lo); v[2] = __low2float(hi); v[3] = __high2float(hi);
+      } else {
+        const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(arr) + base + i0);
+        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, s.half, base + i0 + e) : 0.0f;
     }
-    if (changed) store_state(s.V, s.half, base + i, v);
+  };
+  auto store_changed = [&](void* arr, int64_t i0, const float (&v)[4], const bool (&changed)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (changed[e]) store_state(arr, s.half, base + i0 + e, v[e]);
+  };
+
+  // V: one thread per 4 scored slots (same block), rows in order.
+  const int64_t scored = static_cast<int64_t>(count) * kBlockSize;
+  for (int64_t pos = first * 4; pos < scored; pos += stride * 4) {
+    const int j = ids[pos / kBlockSize];
+    const int64_t i0 = static_cast<int64_t>(j) * kBlockSize + pos % kBlockSize;
+    if (j < 0 || i0 >= s.cap) continue;
+    const int valid = static_cast<int>(s.cap - i0 < 4 ? s.cap - i0 : 4);
+    float v[4];
+    bool changed[4] = {false, false, false, false};
+    load4(s.V, i0, valid, v);
+    for (int r = 0; r < rows; ++r) {
+      const int n = n_of(r);
+      const float4 z4 = *reinterpret_cast<const float4*>(
+          p.logits + (static_cast<int64_t>(b) * p.rows + r) * width + pos);
+      const float z[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (e < valid && i0 + e < n && isfinite(z[e])) {
+          v[e] = round_state(ema(a, one_minus_a, v[e], z[e]));
+          changed[e] = true;
+        }
+    }
+    store_changed(s.V, i0, v, changed);
   }
 
-  // D: one thread per offset o; row r observes slot i = q_r - o.
+  // D: one thread per 4 offsets o; row r observes slot i = q_r - o.
   int qmax = -1;
   for (int r = 0; r < rows; ++r) qmax = max(qmax, p.q[b * p.rows + r]);
   const int64_t olimit = min(static_cast<int64_t>(qmax) + 1, s.cap);
-  for (int64_t o = first; o < olimit; o += stride) {
-    float d = 0.0f;
-    bool loaded = false, changed = false;
+  // compact position of the slot row r sees at offset o, -1 if it is not scored
+  auto seen_at = [&](int r, int64_t o) -> int64_t {
+    const int64_t i = static_cast<int64_t>(p.q[b * p.rows + r]) - o;
+    if (o >= olimit || i < 0 || i >= n_of(r)) return -1;
+    const int64_t j = i / kBlockSize;
+    if (j >= p.max_blocks) return -1;
+    const int c = compact_of_block[j];
+    return c < 0 ? -1 : static_cast<int64_t>(c) * kBlockSize + i % kBlockSize;
+  };
+  for (int64_t o0 = first * 4; o0 < olimit; o0 += stride * 4) {
+    const int valid = static_cast<int>(olimit - o0 < 4 ? olimit - o0 : 4);
+    bool any = false;
+    for (int r = 0; r < rows; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) any |= seen_at(r, o0 + e) >= 0;
+    if (!any) continue;
+    float d[4];
+    bool changed[4] = {false, false, false, false};
+    load4(s.D, o0, valid, d);
     for (int r = 0; r < rows; ++r) {
-      const int64_t i = static_cast<int64_t>(p.q[b * p.rows + r]) - o;
-      if (i < 0 || i >= n_of(r)) continue;
-      const int64_t j = i / kBlockSize;
-      if (j >= p.max_blocks) continue;
-      const int c = compact_of_block[j];
-      if (c < 0) continue;
-      const float z = score(r, static_cast<int64_t>(c) * kBlockSize + i % kBlockSize);
-      if (!isfinite(z)) continue;
-      if (!loaded) { d = load_state(s.D, s.half, base + o); loaded = true; }
-      d = round_state(ema(a, one_minus_a, d, z));
-      changed = true;
+      float z[4];
+      const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * width;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t at = seen_at(r, o0 + e);
+        z[e] = at >= 0 ? zr[at] : CUDART_NAN_F;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (isfinite(z[e])) {
+          d[e] = round_state(ema(a, one_minus_a, d[e], z[e]));
+          changed[e] = true;
+        }
     }
-    if (changed) store_state(s.D, s.half, base + o, d);
+    store_changed(s.D, o0, d, changed);
   }
 
   if (blockIdx.x != 0) return;
@@ -99,7 +150,7 @@ cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   // enough slices to cover the longest context with a few passes per thread
-  const int slices = max(1, min(64, (p.max_context + 4 * kThreads - 1) / (4 * kThreads)));
+  const int slices = max(1, min(64, (p.max_context + 8 * kThreads - 1) / (8 * kThreads)));
   update_kernel<<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -19,6 +19,6 @@ timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pyte
   tests/test_ops.py -k "gpu" > "$out/memcheck.log" 2>&1; echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
 tail -4 "$out/memcheck.log"
 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-  tests/test_ops.py -k "gpu and not distribution and not 256k and not cuda_graph" \
+  tests/test_ops.py -k "gpu and not distribution and not 256k and not cuda_graph and not 700- and not 1100-" \
   > "$out/racecheck.log" 2>&1; echo "racecheck rc=$?" | tee -a "$out/racecheck.log"
 tail -4 "$out/racecheck.log"
