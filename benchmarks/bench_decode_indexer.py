@@ -4,9 +4,10 @@
         [--next-n 1] [--topk 512] [--sparsity 0 0.3 0.5] [--layers 21] [--json OUT]
         [--markdown OUT] [--iters 30]
 
-Per case (batch x slots per request x next_n x K x target sparsity), medians of CUDA-event
-timings over --iters iterations, rotating over several input sets so the L2 cache does not
-flatter small cases:
+Per case (batch x slots per request x next_n x K x target sparsity): each op is called 12 times
+in one CUDA graph, rotating over several input sets so the L2 cache does not flatter small
+cases, and the median of --iters timed replays (CUDA events) is divided by 12, so host-side
+work is not timed:
   dense:  indexer_logits over every block + topk (our kernels); the torch reference
           (dequantize + einsum + topk) for small cases only
   spin:   select for --layers layers in one launch, masked logits, topk, update of one layer
@@ -82,28 +83,35 @@ def copy_bandwidth(iters: int) -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
-def make_inputs(batch: int, slots: int, next_n: int, sets: int, gen: torch.Generator):
+def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
+                device: str = "cuda"):
+    """`sets` random (cache, block table, q, weights) sets, drawn on `device`."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     pages = math.ceil(slots / 64)
     inputs = []
     for _ in range(sets):
         num_pages = batch * pages
-        rows = (torch.randn(num_pages, 64 * 128, generator=gen) * 2).to(torch.float8_e4m3fn)
-        scales = torch.rand(num_pages, 64, generator=gen) * 0.02 + 0.005
+        rows = (torch.randn(num_pages, 64 * 128, generator=gen, device=device) * 2).to(
+            torch.float8_e4m3fn)
+        scales = torch.rand(num_pages, 64, generator=gen, device=device) * 0.02 + 0.005
         cache = torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], 1).view(
-            num_pages, 64, 1, 132).cuda()
-        table = torch.randperm(num_pages, generator=gen).view(batch, pages).to(torch.int32).cuda()
-        q = torch.randn(batch * next_n, 64, 128, generator=gen).to(torch.float8_e4m3fn).cuda()
-        w = (torch.randn(batch * next_n, 64, generator=gen) * 0.1).cuda()
+            num_pages, 64, 1, 132)
+        del rows
+        table = torch.randperm(num_pages, generator=gen, device=device).view(batch, pages).to(
+            torch.int32)
+        q = torch.randn(batch * next_n, 64, 128, generator=gen, device=device).to(
+            torch.float8_e4m3fn)
+        w = torch.randn(batch * next_n, 64, generator=gen, device=device) * 0.1
         inputs.append((cache, table, q, w))
     n = torch.tensor([[slots - next_n + 1 + r for r in range(next_n)]] * batch,
-                     dtype=torch.int32, device="cuda")
+                     dtype=torch.int32, device=device)
     return inputs, n
 
 
-def run_case(batch, slots, next_n, k, rho, layers, iters, sets, copy_tbs, gen, reference):
+def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference):
     cfg = SpinConfig(index_topk=k, target_sparsity=rho)
     pages = math.ceil(slots / 64)
-    inputs, n = make_inputs(batch, slots, next_n, sets, gen)
+    sets = len(inputs)
     q_pos = n - 1
     state = ops.OpState.zeros(batch, layers, slots + 64, cfg, device="cuda")
     state.V.normal_()
@@ -213,27 +221,34 @@ def main() -> int:
     if not ops.NATIVE:
         print("bench_decode_indexer: native library not built (./build.sh)", file=sys.stderr)
         return 2
-    gen = torch.Generator().manual_seed(0)
     copy_tbs = copy_bandwidth(args.iters)
     rows = []
+
+    def save() -> None:  # after every case, so a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
+                           "rows": rows}, f, indent=2)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(rows, copy_tbs) + "\n")
+
+    seed = 0
     for batch in args.batch:
         for slots in args.slots:
             for next_n in args.next_n:
+                seed += 1
+                inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
                 for k in args.topk:
                     for rho in args.sparsity:
-                        row = run_case(batch, slots, next_n, k, rho, args.layers, args.iters,
-                                       args.sets, copy_tbs, gen, args.reference)
+                        row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
+                                       args.iters, copy_tbs, args.reference)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
-    table = markdown(rows, copy_tbs)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(), "rows": rows},
-                      f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+                        save()
+                del inputs, n
+                torch.cuda.empty_cache()
+    print(markdown(rows, copy_tbs))
     return 0
 
 

@@ -18,7 +18,10 @@ Contracts (DESIGN.md):
   union size. A union larger than m_cap keeps its m_cap lowest ids (counts still say how many):
   size m_cap for the largest union you allow (every block in warm-up).
 - indexer_logits -> fp32 [B*R, m_cap*64] compact scores, -inf past a row's causal length,
-  past the selected count, and for block-table entries outside the cache (never read).
+  past the selected count, and for block-table entries outside the cache (never read). On
+  sm_90a the q.k sums come from FP8 tensor cores (wgmma) as in DeepGEMM's FP8 MQA logits:
+  about 1.4e-4 of the row norm from exact (random data); elsewhere they are summed in fp32.
+  q, kv_cache and weights start at 16-byte aligned addresses (topk/update logits too).
 - topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. reset zeroes state
