@@ -4,8 +4,8 @@
   spin_trtllm/libspin_native.so (SPIN_CUDA_ARCHS adds -gencode targets; SPIN_PORTABLE_ONLY=1
   builds without sm_90a, to test the portable kernels on Hopper).
 - Otherwise: says so in one line; the ops run through the reference.
-- --check: compiles every cpp/src/*.cu for sm_90a and sm_90 with nvcc alone (no torch CUDA
-  needed), so a kernel that does not compile fails on CPU-only machines too.
+- --check: compiles every cpp/src/*.cu for sm_90a, sm_90 and sm_89 with nvcc alone (no torch
+  CUDA needed), so a kernel that does not compile fails on CPU-only machines too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(__file__).resolve().parent
 SOURCES = sorted((ROOT / "cpp" / "src").glob("*.cu"))
 GENCODE = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=sm_90"]
+# --check also compiles for sm_89, the oldest architecture with FP8 mma.sync: the portable path
+CHECK_GENCODE = GENCODE + ["-gencode=arch=compute_89,code=sm_89"]
 
 
 def gencode_flags() -> list[str]:
@@ -48,11 +50,11 @@ def check() -> int:
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for src in SOURCES:
-            cmd = [compiler, "-std=c++17", "-c", *GENCODE, f"-I{ROOT / 'cpp' / 'include'}",
+            cmd = [compiler, "-std=c++17", "-c", *CHECK_GENCODE, f"-I{ROOT / 'cpp' / 'include'}",
                    str(src), "-o", str(Path(tmp) / (src.stem + ".o"))]
             res = subprocess.run(cmd, capture_output=True, text=True)
             status = "ok" if res.returncode == 0 else "FAILED"
-            print(f"nvcc {src.relative_to(ROOT)} (sm_90a, sm_90): {status}")
+            print(f"nvcc {src.relative_to(ROOT)} (sm_90a, sm_90, sm_89): {status}")
             if res.returncode:
                 print(res.stderr, file=sys.stderr)
                 failed += 1

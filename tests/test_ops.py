@@ -669,3 +669,20 @@ def test_gpu_logits_negative_zero_and_infinite_scales():
     assert torch.equal(torch.isinf(outs[0]), torch.isinf(outs[1]))
     fin = torch.isfinite(outs[0])
     assert (outs[1][fin] - outs[0][fin]).norm() / outs[0][fin].norm() < 5e-4
+
+
+@gpu
+def test_gpu_update_with_accepted_past_the_rows_replays_every_row():
+    # accepted = 2^31 - 1 must mean "all rows", not overflow to none
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5)
+    p_cpu, p_gpu = _gpu_problem(B=2, R=3, L=1, lens=(900, 400), seed=19, cfg=cfg)
+    ids, cnt = ops.select(p_gpu.state, p_gpu.slot, p_gpu.n, p_gpu.q, p_gpu.request, p_gpu.step,
+                          cfg, p_gpu.m_cap, p_gpu.max_ctx)
+    z = ops.indexer_logits(p_gpu.qfp8, p_gpu.cache[0], p_gpu.weights, p_gpu.n, p_gpu.table,
+                           ids[:, 0], cnt[:, 0])
+    for p, zz, ii, cc in ((p_gpu, z, ids, cnt), (p_cpu, z.cpu(), ids.cpu(), cnt.cpu())):
+        p.accepted.fill_(2**31 - 1)
+        ops.update(p.state, p.slot, zz, ii[:, 0], cc[:, 0], p.n, p.q, p.accepted, p.step, 0, cfg,
+                   p.max_ctx)
+    for a, b in zip(p_cpu.state.tensors(), p_gpu.state.tensors()):
+        assert torch.equal(a, b.cpu())

@@ -10,6 +10,18 @@
 
 namespace spin {
 
+// Raise a kernel's dynamic shared-memory limit to `bytes`, never lower it: a CUDA graph captured
+// with a larger launch of the same kernel stays launchable.
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  if (static_cast<size_t>(attr.maxDynamicSharedSizeBytes) >= bytes) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
 // Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that
 // equal values tie, as in torch.
 __device__ __forceinline__ uint32_t ordered_key(float x) {

@@ -208,7 +208,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   for (int c = c_begin; c < c_end; ++c) {
     const int stage = (c - c_begin) % kStages;
     cp_async_wait<kStages - 2>();  // this thread's copies of page c have landed
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+#endif
     __syncthreads();  // ... for every thread; the stage refilled below is no longer read
     issue_page(c + kStages - 1, (c - c_begin + kStages - 1) % kStages);
     cp_async_commit();
@@ -278,8 +280,7 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
              8ll * sms)
     blocks_per_cta /= 2;
   const int smem = Smem{p.rows}.bytes();
-  cudaError_t err = cudaFuncSetAttribute(logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem);
+  cudaError_t err = allow_dynamic_smem(logits_kernel, smem);
   if (err != cudaSuccess) return err;
   dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
   logits_kernel<<<grid, kThreads, smem, stream>>>(p, blocks_per_cta);

@@ -208,8 +208,7 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
-  cudaError_t err = cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err = allow_dynamic_smem(select_kernel, smem);
   if (err != cudaSuccess) return err;
   dim3 grid(p.state.num_layers, p.batch);
   select_kernel<<<grid, kThreads, smem, stream>>>(p);

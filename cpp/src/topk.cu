@@ -247,9 +247,7 @@ cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.rows == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.m_cap) * kBlockSize * sizeof(uint32_t);
   if (smem <= kMaxCachedBytes) {
-    cudaError_t err = cudaFuncSetAttribute(topk_kernel<true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
+    cudaError_t err = allow_dynamic_smem(topk_kernel<true>, smem);
     if (err != cudaSuccess) return err;
     topk_kernel<true><<<p.batch * p.rows, kThreads, smem, stream>>>(p);
   } else {

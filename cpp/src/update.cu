@@ -24,7 +24,8 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
-  const int rows = p.row0_only ? 1 : min(max(p.accepted[b], 0) + 1, p.rows);
+  const int accepted = p.accepted[b];  // rows 0..accepted, all rows from rows - 1 up (no overflow)
+  const int rows = p.row0_only ? 1 : accepted >= p.rows - 1 ? p.rows : max(accepted, 0) + 1;
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
@@ -146,8 +147,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
-  cudaError_t err = cudaFuncSetAttribute(update_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err = allow_dynamic_smem(update_kernel, smem);
   if (err != cudaSuccess) return err;
   // enough slices to cover the longest context with a few passes per thread
   const int slices = max(1, min(64, (p.max_context + 8 * kThreads - 1) / (8 * kThreads)));

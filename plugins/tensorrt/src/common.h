@@ -186,6 +186,9 @@ class SpinPluginBase : public IPluginV3,
 };
 
 // Output extents from input extents, as expressions.
+// The kernels load 16 bytes at a time from q, kv_cache, weights and logits.
+inline bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 inline IDimensionExpr const* prodConst(IExprBuilder& b, IDimensionExpr const& e, int64_t k) {
   return b.operation(nvinfer1::DimensionOperation::kPROD, e, *b.constant(k));
 }

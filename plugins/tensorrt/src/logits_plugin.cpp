@@ -80,11 +80,12 @@ class LogitsPlugin final : public SpinPluginBase {
     spin::LogitsParams p{};
     p.q = static_cast<uint8_t const*>(inputs[kQ]);
     p.kv_cache = static_cast<uint8_t const*>(inputs[kKv]);
-    if (reinterpret_cast<uintptr_t>(p.q) % 16 || reinterpret_cast<uintptr_t>(p.kv_cache) % 16) {
-      err = "q and kv_cache must start at 16-byte aligned addresses (the kernel loads 16 B at a time)";
+    p.weights = static_cast<float const*>(inputs[kWeights]);
+    if (!aligned16(p.q) || !aligned16(p.kv_cache) || !aligned16(p.weights)) {
+      err = "q, kv_cache and weights must start at 16-byte aligned addresses (the kernel loads 16 B "
+            "at a time)";
       return cudaErrorInvalidValue;
     }
-    p.weights = static_cast<float const*>(inputs[kWeights]);
     p.context_lens = static_cast<int32_t const*>(inputs[kContextLens]);
     p.block_table = static_cast<int32_t const*>(inputs[kBlockTable]);
     SelectionView const sel = selectionView(in, inputs, kIds, kCounts, mLayer);

@@ -60,10 +60,14 @@ class TopKPlugin final : public SpinPluginBase {
   }
 
   cudaError_t launch(PluginTensorDesc const* in, int32_t /*nbInputs*/, void const* const* inputs,
-                     void* const* outputs, cudaStream_t stream, std::string& /*err*/) override {
+                     void* const* outputs, cudaStream_t stream, std::string& err) override {
     spin::TopKParams p{};
     SelectionView const sel = selectionView(in, inputs, kIds, kCounts, mLayer);
     p.logits = static_cast<float const*>(inputs[kLogits]);
+    if (!aligned16(p.logits)) {
+      err = "logits must start at a 16-byte aligned address (the kernel loads 16 B at a time)";
+      return cudaErrorInvalidValue;
+    }
     p.block_ids = sel.ids;
     p.counts = sel.counts;
     p.batch = static_cast<int>(in[kIds].dims.d[0]);

@@ -84,12 +84,16 @@ class UpdatePlugin final : public SpinPluginBase {
   }
 
   cudaError_t launch(PluginTensorDesc const* in, int32_t /*nbInputs*/, void const* const* inputs,
-                     void* const* outputs, cudaStream_t stream, std::string& /*err*/) override {
+                     void* const* outputs, cudaStream_t stream, std::string& err) override {
     spin::UpdateParams p{};
     p.state = stateView(in, inputs);
     p.layer = static_cast<int>(mLayer);
     p.state_slot = static_cast<int32_t const*>(inputs[kStateSlot]);
     p.logits = static_cast<float const*>(inputs[kLogits]);
+    if (!aligned16(p.logits)) {
+      err = "logits must start at a 16-byte aligned address (the kernel loads 16 B at a time)";
+      return cudaErrorInvalidValue;
+    }
     SelectionView const sel = selectionView(in, inputs, kIds, kCounts, mLayer);
     p.block_ids = sel.ids;
     p.counts = sel.counts;

@@ -957,8 +957,13 @@ void checkEnqueueErrors() {
   EXPECT(rec.getNbErrors() == 1 && rec.getErrorCode(0) == ErrorCode::kINVALID_ARGUMENT &&
              contains(rec.getErrorDesc(0), "16-byte aligned"),
          "recorder: %d errors", rec.getNbErrors());
-  EXPECT(contains(gLogger.errorsSince(m), "SpinIndexerLogits 'harness': q and kv_cache must start at 16-byte aligned"));
+  EXPECT(contains(gLogger.errorsSince(m),
+                  "SpinIndexerLogits 'harness': q, kv_cache and weights must start at 16-byte aligned"));
   in[0] = fake;
+  in[2] = reinterpret_cast<void const*>(0x100004);  // weights 4 bytes off
+  rec.clear();
+  EXPECT(att.runtime->enqueue(io.in.data(), io.out.data(), in.data(), out.data(), nullptr, nullptr) != 0);
+  EXPECT(rec.getNbErrors() == 1 && contains(rec.getErrorDesc(0), "16-byte aligned"));
   in[2] = nullptr;
   rec.clear();
   EXPECT(att.runtime->enqueue(io.in.data(), io.out.data(), in.data(), out.data(), nullptr, nullptr) != 0);
@@ -979,6 +984,12 @@ void checkEnqueueErrors() {
   rec.clear();
   EXPECT(ua.runtime->enqueue(ui.in.data(), ui.out.data(), uin.data(), uout.data(), nullptr, nullptr) != 0);
   EXPECT(rec.getNbErrors() == 1 && contains(rec.getErrorDesc(0), "last_seen must be [S, L, ceil(cap / 64)]"));
+  ui.in[2] = desc(kI64, {5, 2, 5});
+  uin[5] = reinterpret_cast<void const*>(0x100008);  // logits 8 bytes off
+  rec.clear();
+  EXPECT(ua.runtime->enqueue(ui.in.data(), ui.out.data(), uin.data(), uout.data(), nullptr, nullptr) != 0);
+  EXPECT(rec.getNbErrors() == 1 && contains(rec.getErrorDesc(0), "logits must start at a 16-byte aligned"),
+         "recorder: %d errors", rec.getNbErrors());
 }
 
 int runChecks() {
