@@ -3,6 +3,7 @@
     python benchmarks/bench_decode_indexer.py [--batch 8 32] [--slots 32768 131072]
         [--next-n 1] [--topk 512] [--sparsity 0 0.3 0.5] [--layers 21] [--json OUT]
         [--markdown OUT] [--iters 30]
+    python benchmarks/bench_decode_indexer.py --suite [--json OUT] [--markdown OUT]
 
 Per case (batch x slots per request x next_n x K x target sparsity): each op is called 12 times
 in one CUDA graph, rotating over several input sets so the L2 cache does not flatter small
@@ -201,6 +202,16 @@ def markdown(rows, copy_tbs) -> str:
     return "\n".join(lines)
 
 
+# The sweep, trimmed to what one 10-minute GPU call can run (92 cases).
+SUITE = [
+    dict(batch=[1, 8, 32, 96], slots=[8192, 32768, 131072], next_n=[1], topk=[512],
+         sparsity=[0.0, 0.2, 0.3, 0.4, 0.5]),
+    dict(batch=[8, 32], slots=[262144], next_n=[1], topk=[512], sparsity=[0.0, 0.3, 0.5]),
+    dict(batch=[8, 96], slots=[32768], next_n=[2, 4], topk=[512, 2048], sparsity=[0.0, 0.3, 0.5]),
+    dict(batch=[32], slots=[131072], next_n=[1], topk=[2048], sparsity=[0.0, 0.5]),
+]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
@@ -212,6 +223,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=3, help="rotating input sets")
     ap.add_argument("--reference", action="store_true", help="also time the torch reference")
+    ap.add_argument("--suite", action="store_true",
+                    help="run the fixed sweep SUITE instead of --batch/--slots/...")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -233,21 +246,25 @@ def main() -> int:
             with open(args.markdown, "w") as f:
                 f.write(markdown(rows, copy_tbs) + "\n")
 
+    sweeps = SUITE if args.suite else [dict(batch=args.batch, slots=args.slots,
+                                            next_n=args.next_n, topk=args.topk,
+                                            sparsity=args.sparsity)]
     seed = 0
-    for batch in args.batch:
-        for slots in args.slots:
-            for next_n in args.next_n:
-                seed += 1
-                inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
-                for k in args.topk:
-                    for rho in args.sparsity:
-                        row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
-                                       args.iters, copy_tbs, args.reference)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                        save()
-                del inputs, n
-                torch.cuda.empty_cache()
+    for sweep in sweeps:
+        for batch in sweep["batch"]:
+            for slots in sweep["slots"]:
+                for next_n in sweep["next_n"]:
+                    seed += 1
+                    inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
+                    for k in sweep["topk"]:
+                        for rho in sweep["sparsity"]:
+                            row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
+                                           args.iters, copy_tbs, args.reference)
+                            rows.append(row)
+                            print(json.dumps(row), flush=True)
+                            save()
+                    del inputs, n
+                    torch.cuda.empty_cache()
     print(markdown(rows, copy_tbs))
     return 0
 
