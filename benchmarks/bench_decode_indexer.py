@@ -109,7 +109,8 @@ def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
     return inputs, n
 
 
-def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference):
+def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference,
+             profile=False):
     cfg = SpinConfig(index_topk=k, target_sparsity=rho)
     pages = math.ceil(slots / 64)
     sets = len(inputs)
@@ -136,15 +137,37 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, r
         cache, table, q, w = inputs[i]
         ops.indexer_logits(q, cache, w, n, table, dense_ids, dense_cnt, z)
 
-    t_dense_logits = time_ms(dense_logits, iters, sets)
-    t_dense_topk = time_ms(lambda i: ops.topk(z, dense_ids, dense_cnt, next_n, k, top), iters, sets)
-    t_select = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
-                                            ids, cnt), iters, sets)
-
     def spin_logits(i):
         cache, table, q, w = inputs[i]
         ops.indexer_logits(q, cache, w, n, table, ids[:, 0], cnt[:, 0], z)
 
+    if profile:
+        # each stage once to warm up, then once more inside the NVTX range "profile" that
+        # benchmarks/device_ncu.sh tells ncu to profile: select, dense logits, dense top-K,
+        # masked logits, masked top-K, update
+        stages = [
+            lambda: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots, ids, cnt),
+            lambda: dense_logits(0),
+            lambda: ops.topk(z, dense_ids, dense_cnt, next_n, k, top),
+            lambda: spin_logits(0),
+            lambda: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top),
+            lambda: ops.update(state, slot, z, ids[:, 0], cnt[:, 0], n, q_pos, acc, step, 0,
+                               cfg, slots),
+        ]
+        for stage in stages:
+            stage()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("profile")
+        for stage in stages:
+            stage()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        return None
+
+    t_dense_logits = time_ms(dense_logits, iters, sets)
+    t_dense_topk = time_ms(lambda i: ops.topk(z, dense_ids, dense_cnt, next_n, k, top), iters, sets)
+    t_select = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
+                                            ids, cnt), iters, sets)
     t_spin_logits = time_ms(spin_logits, iters, sets)
     t_spin_topk = time_ms(lambda i: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top), iters, sets)
     t_update = time_ms(lambda i: ops.update(state, slot, z, ids[:, 0], cnt[:, 0], n, q_pos, acc,
@@ -225,6 +248,9 @@ def main() -> int:
     ap.add_argument("--reference", action="store_true", help="also time the torch reference")
     ap.add_argument("--suite", action="store_true",
                     help="run the fixed sweep SUITE instead of --batch/--slots/...")
+    ap.add_argument("--profile", action="store_true",
+                    help="run each stage of the first case once inside the NVTX range 'profile' "
+                         "for ncu (benchmarks/device_ncu.sh), print nothing else")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -234,6 +260,11 @@ def main() -> int:
     if not ops.NATIVE:
         print("bench_decode_indexer: native library not built (./build.sh)", file=sys.stderr)
         return 2
+    if args.profile:
+        inputs, n = make_inputs(args.batch[0], args.slots[0], args.next_n[0], 1, 1)
+        run_case(inputs, n, args.batch[0], args.slots[0], args.next_n[0], args.topk[0],
+                 args.sparsity[0], args.layers, args.iters, 0.0, False, profile=True)
+        return 0
     copy_tbs = copy_bandwidth(args.iters)
     rows = []
 
