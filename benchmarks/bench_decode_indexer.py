@@ -32,6 +32,19 @@ from spin_trtllm import ops
 PAGE_BYTES = 64 * 132
 
 
+def median_event_ms(run, iters: int) -> float:
+    """Median milliseconds of run(i), i = 0..iters-1, each timed with CUDA events."""
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def time_ms(fn, iters: int, sets: int, calls: int = 12) -> float:
     """Median milliseconds per fn(i) call, i cycling over `sets` input sets.
 
@@ -48,16 +61,9 @@ def time_ms(fn, iters: int, sets: int, calls: int = 12) -> float:
             fn(i % sets)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
+    ms = median_event_ms(lambda i: graph.replay(), iters) / calls
     del graph
-    return statistics.median(times)
+    return ms
 
 
 def time_eager_ms(fn, iters: int, sets: int) -> float:
@@ -65,15 +71,7 @@ def time_eager_ms(fn, iters: int, sets: int) -> float:
     for i in range(min(3, iters)):
         fn(i % sets)
     torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i % sets)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_event_ms(lambda i: fn(i % sets), iters)
 
 
 def copy_bandwidth(iters: int) -> float:

@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-bench}; mkdir -p "$out"
 source tests/gpu/device_env.sh
-python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error" "$out/build.log"; exit 1; }
+build_native "$out/build.log"
 python3 benchmarks/bench_decode_indexer.py --json "$out/bench.json" --markdown "$out/bench.md" "$@" \
   > "$out/bench.log" 2>&1
 rc=$?

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-dsa-lite}; mkdir -p "$out"
 export SPIN_REQUIRE_NATIVE=1
 source tests/gpu/device_env.sh
-python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error" "$out/build.log"; exit 1; }
+build_native "$out/build.log"
 python3 -m pytest -q -p no:cacheprovider tests/test_harness_gpu.py 2>&1 | tee "$out/pytest_harness_gpu.log" | tail -5
 python3 benchmarks/bench_dsa_lite.py --json "$out/dsa_lite.jsonl" --markdown "$out/dsa_lite.md" "$@" \
   2>&1 | tee "$out/bench.log" | tail -n 60

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-ncu}; mkdir -p "$out"
 batch=${1:?batch}; slots=${2:?slots}; rho=${3:?sparsity}; next_n=${4:-1}; k=${5:-512}
 source tests/gpu/device_env.sh
-python3 -m spin_trtllm._build > /tmp/spin-ncu-build.log 2>&1 || { grep -m20 -E "error" /tmp/spin-ncu-build.log; exit 1; }
+build_native /tmp/spin-ncu-build.log
 report="$out/ncu_${batch}x${slots}_${rho}.txt"
 ncu --clock-control none --nvtx --nvtx-include "profile/" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \

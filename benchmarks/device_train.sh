@@ -5,6 +5,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-train}; mkdir -p "$out"
 source tests/gpu/device_env.sh
-python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error" "$out/build.log"; exit 1; }
+build_native "$out/build.log"
 python3 -m spin_trtllm.cli train-tiny --out "$out/dsa_lite_stdlib.safetensors" \
   --json "$out/train.json" "$@" 2>&1 | tee "$out/train.log" | tail -n 30

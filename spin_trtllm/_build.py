@@ -21,7 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(__file__).resolve().parent
 SOURCES = sorted((ROOT / "cpp" / "src").glob("*.cu"))
-GENCODE = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=sm_90"]
+SM90A = "-gencode=arch=compute_90a,code=sm_90a"   # wgmma kernels
+PORTABLE = ["-gencode=arch=compute_90,code=sm_90"]  # mma.sync kernels
+GENCODE = [SM90A, *PORTABLE]
 # --check also compiles for sm_89, the oldest architecture with FP8 mma.sync: the portable path
 CHECK_GENCODE = GENCODE + ["-gencode=arch=compute_89,code=sm_89"]
 
@@ -30,7 +32,7 @@ def gencode_flags() -> list[str]:
     extra = os.environ.get("SPIN_CUDA_ARCHS", "").split()
     # SPIN_PORTABLE_ONLY=1: leave out sm_90a, so an H100/H200 runs the mma.sync kernels that
     # other architectures get (to test them; slower)
-    base = GENCODE[1:] if os.environ.get("SPIN_PORTABLE_ONLY") == "1" else GENCODE
+    base = PORTABLE if os.environ.get("SPIN_PORTABLE_ONLY") == "1" else GENCODE
     return base + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in extra]
 
 

@@ -10,7 +10,7 @@ export SPIN_REQUIRE_NATIVE=1
 source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m spin_trtllm._build --check 2>&1 | tee "$out/build_check.log"
-python3 -m spin_trtllm._build > "$out/build.log" 2>&1 || { grep -m20 -E "error|Error" "$out/build.log"; exit 1; }
+build_native "$out/build.log"
 tail -1 "$out/build.log"
 python3 -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_reference_props.py \
   -k "gpu or cuda" 2>&1 | tee "$out/pytest_gpu.log" | tail -15

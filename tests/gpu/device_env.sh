@@ -7,3 +7,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export LD_PRELOAD="$libstdcxx"
+
+# build_native LOG: build the native library, its output in LOG; on failure print the errors
+# and stop the script.
+build_native() {
+  python3 -m spin_trtllm._build > "$1" 2>&1 || { grep -m20 -E "error|Error" "$1"; exit 1; }
+}

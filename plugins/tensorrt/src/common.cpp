@@ -388,16 +388,7 @@ bool SpinPluginBase::checkAll(Dims const* dims, int32_t nbInputs, bool concrete,
 int32_t SpinPluginBase::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
                                         DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept {
   try {
-    if (!checkInputCount(nbInputs)) return -1;
-    if (!checkOutputCount(nbOutputs)) return -1;
-    std::vector<Dims> dims(nbInputs);
-    for (int32_t i = 0; i < nbInputs; ++i) dims[i] = in[i].desc.dims;
-    std::string err;
-    if (!checkAll(dims.data(), nbInputs, false, err)) {
-      fail(ErrorCode::kINVALID_ARGUMENT, err);
-      return -1;
-    }
-    return 0;
+    return checkIo(nbInputs, nbOutputs, false, [&](int32_t i) { return in[i].desc.dims; });
   } catch (...) {
     fail(ErrorCode::kINTERNAL_ERROR, "configurePlugin failed");
     return -1;
@@ -503,16 +494,7 @@ char const* SpinPluginBase::getMetadataString() noexcept {
 int32_t SpinPluginBase::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/,
                                       int32_t nbOutputs) noexcept {
   try {
-    if (!checkInputCount(nbInputs)) return -1;
-    if (!checkOutputCount(nbOutputs)) return -1;
-    std::vector<Dims> dims(nbInputs);
-    for (int32_t i = 0; i < nbInputs; ++i) dims[i] = in[i].dims;
-    std::string err;
-    if (!checkAll(dims.data(), nbInputs, true, err)) {
-      fail(ErrorCode::kINVALID_ARGUMENT, err);
-      return -1;
-    }
-    return 0;
+    return checkIo(nbInputs, nbOutputs, true, [&](int32_t i) { return in[i].dims; });
   } catch (...) {
     fail(ErrorCode::kINTERNAL_ERROR, "onShapeChange failed");
     return -1;

@@ -177,6 +177,19 @@ class SpinPluginBase : public IPluginV3,
   bool checkAll(Dims const* dims, int32_t nbInputs, bool concrete, std::string& err) const;
   bool checkInputCount(int32_t nbInputs) const;
   bool checkOutputCount(int32_t nbOutputs) const;
+  // configurePlugin / onShapeChange: counts, then every input's dims (dimsOf(i)); 0 or -1
+  template <typename DimsOf>
+  int32_t checkIo(int32_t nbInputs, int32_t nbOutputs, bool concrete, DimsOf dimsOf) const {
+    if (!checkInputCount(nbInputs) || !checkOutputCount(nbOutputs)) return -1;
+    std::vector<Dims> dims(nbInputs);
+    for (int32_t i = 0; i < nbInputs; ++i) dims[i] = dimsOf(i);
+    std::string err;
+    if (!checkAll(dims.data(), nbInputs, concrete, err)) {
+      fail(ErrorCode::kINVALID_ARGUMENT, err);
+      return -1;
+    }
+    return 0;
+  }
   std::string ioName(int32_t pos) const;
 
   FieldValues mFields;
