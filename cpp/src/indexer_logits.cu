@@ -21,6 +21,11 @@ constexpr int kStages = 4;                          // pages in flight per CTA
 constexpr int kPageKeyBytes = kBlockSize * kHeadDim;  // 8 KB of fp8 keys, then 64 fp32 scales
 constexpr int kQBytes = kHeads * kHeadDim;          // one MTP row's q: 8 KB
 constexpr int kKSteps = kHeadDim / 32;              // 32 fp8 dims per MMA k-step
+constexpr int kMaxBlocksPerCta = 16;
+// A page's 512 16-byte chunks: thread t copies chunks t + 128 u (u = 0..3), i.e. rows
+// t / 8 + 16 u, all with the same swizzle (16 u is a multiple of 8): offsets + 2048 u.
+constexpr int kChunksPerThread = kPageKeyBytes / 16 / kThreads;
+static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 == 0, "page split");
 
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
 struct Smem {
@@ -169,21 +174,28 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     return;
   }
 
-  auto block_of = [&](int c) { return c < count ? p.block_ids[b * p.ids_stride + c] : -1; };
-  auto page_of = [&](int c) {  // -1: nothing to read (never dereference outside the cache)
-    const int j = block_of(c);
+  // block id and page of each of this CTA's selected blocks, looked up once
+  __shared__ int block_s[kMaxBlocksPerCta], page_s[kMaxBlocksPerCta];
+  if (threadIdx.x < c_end - c_begin) {
+    const int c = c_begin + threadIdx.x;
+    const int j = c < count ? p.block_ids[b * p.ids_stride + c] : -1;
     const int page = (j >= 0 && j < p.max_pages) ? p.block_table[b * p.table_stride + j] : -1;
-    return (page >= 0 && page < p.num_pages) ? page : -1;
-  };
+    block_s[threadIdx.x] = j;
+    page_s[threadIdx.x] = (page >= 0 && page < p.num_pages) ? page : -1;  // -1: never read
+  }
+  __syncthreads();
+  auto page_of = [&](int c) { return page_s[c - c_begin]; };
+  const uint32_t chunk_dst = swizzled(threadIdx.x / 8, threadIdx.x % 8);
   auto issue_page = [&](int c, int stage) {
     const int page = c < c_end ? page_of(c) : -1;
     if (page < 0) return;
-    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
-    for (int idx = threadIdx.x; idx < kPageKeyBytes / 16; idx += kThreads)
-      cp_async16(base + lay.page(stage) + swizzled(idx / 8, idx % 8), src + idx * 16);
-    if (threadIdx.x < kBlockSize / 4)
-      cp_async16(base + lay.scales(stage) + threadIdx.x * 16,
-                 src + kPageKeyBytes + threadIdx.x * 16);
+    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes +
+                         threadIdx.x * 16;
+    const uint32_t dst = base + lay.page(stage) + chunk_dst;
+#pragma unroll
+    for (int u = 0; u < kChunksPerThread; ++u) cp_async16(dst + u * 2048, src + u * 2048);
+    if (threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys
+      cp_async16(base + lay.scales(stage) + threadIdx.x * 16, src + kPageKeyBytes);
   };
 
   // q and weights of every row, with the first page (group 0).
@@ -223,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
       }
       continue;
     }
-    const int64_t slot0 = static_cast<int64_t>(block_of(c)) * kBlockSize;
+    const int64_t slot0 = static_cast<int64_t>(block_s[c - c_begin]) * kBlockSize;
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
@@ -274,7 +286,7 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   // Long runs of pages per CTA amortize its q load; short ones keep every SM busy when the
   // batch is small (about 8 CTAs per SM).
-  int blocks_per_cta = 16;
+  int blocks_per_cta = kMaxBlocksPerCta;
   while (blocks_per_cta > 2 &&
          static_cast<int64_t>(p.batch) * ((p.m_cap + blocks_per_cta - 1) / blocks_per_cta) <
              8ll * sms)
