@@ -52,7 +52,9 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2 * kThreads;             // each thread scans two bins
 constexpr int kCandCap = 4096;
-constexpr size_t kMaxCachedBytes = 192 * 1024;  // rows up to 48K slots stay in shared memory
+// shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
+// shared memory this is 2.4 KB under the 227 KB a CTA may have
+constexpr size_t kMaxCachedBytes = 192 * 1024;
 constexpr int kWarpStep = 4 * 128;              // a warp loads 4 float4 per lane per step
 
 // Bins of the fp16-rounded value: float -> half is monotone, so a higher bin is a larger value.
@@ -344,12 +346,11 @@ cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  int clusters = 0;  // a cluster this size must fit on the device at all
+  // every row's cluster must be resident at once, or a smaller cluster does better
+  int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-  if (err != cudaSuccess || clusters < 1) {
-    cudaGetLastError();  // the query's error is not sticky: clear it
-    return cudaErrorNotSupported;
-  }
+  if (err != cudaSuccess) cudaGetLastError();  // the query's error is not sticky: clear it
+  if (err != cudaSuccess || clusters < p.batch * p.rows) return cudaErrorNotSupported;
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
