@@ -686,3 +686,28 @@ def test_gpu_update_with_accepted_past_the_rows_replays_every_row():
                    p.max_ctx)
     for a, b in zip(p_cpu.state.tensors(), p_gpu.state.tensors()):
         assert torch.equal(a, b.cpu())
+
+
+@gpu
+@pytest.mark.parametrize("rows,blocks", [(3, 4096), (20, 1536), (40, 1536), (40, 300)])
+@pytest.mark.parametrize("kind", ["randn", "zeros", "few_ties"])
+def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
+    # on 132 SMs: clusters of 8, 4, 2 (48K-slot shares: the largest cached) and 2 CTAs per row;
+    # ties and the whole-row fallback cross the CTAs' shares
+    gen = torch.Generator().manual_seed(rows + blocks)
+    z = _topk_rows(kind, rows, blocks * 64, gen)
+    z[0] = float("-inf")                                   # no finite score
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    cnt[1] = 3                                             # K above the finite count
+    for k in (512, 2048):
+        want = ops.topk(z, ids, cnt, 1, k)
+        zg, ig, cg = z.cuda(), ids.cuda(), cnt.cuda()
+        got = ops.topk(zg, ig, cg, 1, k)
+        assert torch.equal(got.cpu(), want)
+        out = torch.empty_like(got)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.topk(zg, ig, cg, 1, k, out)
+        graph.replay()
+        assert torch.equal(out.cpu(), want)

@@ -107,9 +107,13 @@ namespace spin {
 // radix_threshold: the T-th largest key among eligible entries (4 passes of 8-bit digit
 // histograms) and how many entries equal to it are taken (`need`); entries with a larger key
 // are all taken. Requires 1 <= T <= #eligible. `hist` holds 256 ints; `bcast` 2 ints.
-template <int THREADS, typename Key, typename Eligible>
+// With several CTAs sharing one selection (a thread-block cluster), each counts its own entries
+// into `hist` and merge() leaves the sum over the CTAs in `merged` (256 ints) after each pass;
+// T and #eligible are then totals over the CTAs.
+template <int THREADS, typename Key, typename Eligible, typename Merge>
 __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, int* hist,
-                                int* bcast, uint32_t& thr, int& need) {
+                                const int* merged, Merge merge, int* bcast, uint32_t& thr,
+                                int& need) {
   uint32_t prefix = 0, mask = 0;
   int remaining = T;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -128,13 +132,14 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
         atomicAdd(&hist[digit], __popc(peers));
     }
     __syncthreads();
+    merge();
     if (threadIdx.x < 32) {
       // walking the bins from the top, the first d with (entries above d) + hist[d] >= remaining
       // (d = 0 if none): lane l sums bins 255-8l .. 248-8l, a warp scan finds the lane to walk
       const int lane = threadIdx.x, top = 255 - 8 * lane;
       int sum = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum += hist[top - j];
+      for (int j = 0; j < 8; ++j) sum += merged[top - j];
       int incl = sum;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -144,7 +149,7 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
       int cum = incl - sum;
       if (cum < remaining && (incl >= remaining || lane == 31)) {
         int d = top;
-        for (; d > 0 && cum + hist[d] < remaining; --d) cum += hist[d];
+        for (; d > 0 && cum + merged[d] < remaining; --d) cum += merged[d];
         bcast[0] = d;
         bcast[1] = remaining - cum;
       }
@@ -157,6 +162,12 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
   }
   thr = prefix;
   need = remaining;
+}
+
+template <int THREADS, typename Key, typename Eligible>
+__device__ void radix_threshold(int count, int T, Key key, Eligible eligible, int* hist,
+                                int* bcast, uint32_t& thr, int& need) {
+  radix_threshold<THREADS>(count, T, key, eligible, hist, hist, [] {}, bcast, thr, need);
 }
 
 // Walk [0, count) in index order and call take(i, rank) for each selected entry: those with a

@@ -2,15 +2,17 @@
 // ascending order, -1 padded (TensorRT-LLM's topk_indices_buffer format). Ties at the K-th
 // value go to the lower slot id.
 //
-// One CTA per row, each warp owning a contiguous segment of it (rows up to 48K slots are first
-// copied to shared memory as ordered keys):
+// One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
+// contiguous share), each warp owning a contiguous segment; a share up to 48K slots is first
+// copied to shared memory as ordered keys:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value) and the bin holding the K-th value;
 //   B. the entries of that bin become candidates (at most kCandCap; otherwise the exact search
 //      runs over the whole row), and radix passes over the candidates find the exact K-th key
 //      and, among entries equal to it, the last position taken;
-//   C. each warp counts its selected entries, a scan over warps gives offsets, and each warp
-//      writes its entries in position order.
+//   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
+//      each warp writes its entries in position order.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include "common.cuh"
@@ -18,11 +20,41 @@
 namespace spin {
 namespace {
 
+namespace cg = cooperative_groups;
+
+// Thread-block clusters (sm_90+). Launches with more than one CTA per row happen only on such
+// devices; elsewhere these are never reached.
+__device__ __forceinline__ int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return static_cast<int>(cg::this_cluster().block_rank());
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().sync();
+#else
+  __trap();
+#endif
+}
+template <typename T>
+__device__ __forceinline__ T* cluster_peer(T* ptr, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().map_shared_rank(ptr, rank);
+#else
+  __trap();
+  return ptr;
+#endif
+}
+
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2 * kThreads;             // each thread scans two bins
 constexpr int kCandCap = 4096;
-constexpr size_t kMaxCachedBytes = 192 * 1024;  // rows up to 48K slots stay in shared memory
+// shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
+// shared memory this is 2.4 KB under the 227 KB a CTA may have
+constexpr size_t kMaxCachedBytes = 192 * 1024;
 constexpr int kWarpStep = 4 * 128;              // a warp loads 4 float4 per lane per step
 
 // Bins of the fp16-rounded value: float -> half is monotone, so a higher bin is a larger value.
@@ -41,14 +73,15 @@ __device__ __forceinline__ uint32_t key_of(float v) { return isfinite(v) ? order
 template <bool kCached>
 struct Row {
   const float* z;
-  const uint32_t* cached;
+  const uint32_t* cached;  // keys of positions [base, ...) when kCached
+  int base;
   __device__ __forceinline__ uint4 load4(int pos) const {
-    if (kCached) return *reinterpret_cast<const uint4*>(cached + pos);
+    if (kCached) return *reinterpret_cast<const uint4*>(cached + (pos - base));
     const float4 v = __ldg(reinterpret_cast<const float4*>(z + pos));
     return make_uint4(key_of(v.x), key_of(v.y), key_of(v.z), key_of(v.w));
   }
   __device__ __forceinline__ uint32_t key(int pos) const {
-    return kCached ? cached[pos] : key_of(__ldg(z + pos));
+    return kCached ? cached[pos - base] : key_of(__ldg(z + pos));
   }
 };
 
@@ -99,34 +132,69 @@ __device__ void find_bin(const int* hist, int T, int* warp_sums, int* bcast) {
   __syncthreads();
 }
 
-template <bool kCached>
+// One row per CTA, or per thread-block cluster of kCluster CTAs when there are few rows: each
+// CTA then takes a contiguous share of the row, and histograms, counts and offsets are summed
+// over the cluster through distributed shared memory. Every cluster-wide decision is made from
+// those sums, so all CTAs take the same branches (each cluster barrier is reached by all).
+template <bool kCached, int kCluster>
 __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   extern __shared__ uint32_t cached[];
   __shared__ int hist[kBins];
+  __shared__ int hist_all[kCluster > 1 ? kBins : 1];  // cluster sums
   __shared__ int cand[kCandCap];
   __shared__ long long scratch[kWarps];
   __shared__ int warp_sums[kWarps];
   __shared__ int bcast[2];
   __shared__ int warp_counts[2 * kWarps];
   __shared__ int n_cand;
+  __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
-  const int row_id = blockIdx.x, b = row_id / p.rows;
+  const int rank = kCluster > 1 ? cluster_rank() : 0;
+  const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* z = p.logits + static_cast<int64_t>(row_id) * p.m_cap * kBlockSize;
   int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks with a finite score take part (a multiple of 64)
   const int scored = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
-  const int seg = (scored / 4 + kWarps - 1) / kWarps * 4;
-  const int seg_begin = min(warp * seg, scored), seg_end = min(seg_begin + seg, scored);
-  const Row<kCached> row{z, cached};
+  const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
+  const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
+  const int seg = ((cta_end - cta_begin) / 4 + kWarps - 1) / kWarps * 4;
+  const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
+  const Row<kCached> row{z, cached, cta_begin};
+
+  // Sum of one value over the cluster's CTAs (every thread gets it); the value of this CTA is
+  // given by every thread.
+  auto cluster_sum = [&](long long mine) -> long long {
+    if (kCluster == 1) return mine;
+    __syncthreads();
+    if (threadIdx.x == 0) shared_value = mine;
+    cluster_barrier();
+    long long total = 0;
+    for (int r = 0; r < kCluster; ++r) total += *cluster_peer(&shared_value, r);
+    cluster_barrier();  // shared_value may be written again
+    return total;
+  };
+  // Histogram bins summed over the cluster into hist_all (hist itself when kCluster == 1).
+  auto merge_bins = [&](int bins) {
+    if (kCluster == 1) return;
+    cluster_barrier();
+    for (int d = threadIdx.x; d < bins; d += kThreads) {
+      int total = 0;
+      for (int r = 0; r < kCluster; ++r) total += cluster_peer(hist, r)[d];
+      hist_all[d] = total;
+    }
+    cluster_barrier();  // hist may be cleared again
+  };
+  const int* merged = kCluster > 1 ? hist_all : hist;
+  auto merge256 = [&] { merge_bins(256); };
 
   for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
   if (threadIdx.x == 0) n_cand = 0;
   if (kCached) {
-    const Row<false> global_row{z, nullptr};
+    const Row<false> global_row{z, nullptr, 0};
     walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
-      if (pos < seg_end) *reinterpret_cast<uint4*>(cached + pos) = k;
+      if (pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
     });
   }
   __syncthreads();
@@ -143,17 +211,19 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
       }
   });
   finite = block_sum<kThreads>(finite, scratch);  // its barriers also complete the histogram
+  finite = cluster_sum(finite);
   const int T = static_cast<int>(min(static_cast<long long>(p.k), finite));
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
   int last_tie = INT_MAX;
   if (T > 0 && T < finite) {
-    find_bin(hist, T, warp_sums, bcast);
-    const int bin = bcast[0], in_bin = hist[bin], T_bin = T - bcast[1];
-    __syncthreads();  // hist is reused as radix_threshold's 256 bins
+    merge_bins(kBins);
+    find_bin(merged, T, warp_sums, bcast);
+    const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
+    __syncthreads();  // hist (and hist_all) are reused as radix_threshold's 256 bins
     int need = 0;
     if (in_bin <= kCandCap) {
-      // B. candidates: the entries of the threshold bin
+      // B. candidates: the entries of the threshold bin (each CTA keeps those of its share)
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
@@ -167,37 +237,43 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         }
       });
       __syncthreads();
+      const int local = n_cand;
       auto cand_key = [&](int i) { return row.key(cand[i]); };
       auto any = [](int) { return true; };
-      radix_threshold<kThreads>(in_bin, T_bin, cand_key, any, hist, bcast, thr_key, need);
+      radix_threshold<kThreads>(local, T_bin, cand_key, any, hist, merged, merge256, bcast,
+                                thr_key, need);
       long long ties = 0;
-      for (int i = threadIdx.x; i < in_bin; i += kThreads) ties += cand_key(i) == thr_key;
-      ties = block_sum<kThreads>(ties, scratch);
+      for (int i = threadIdx.x; i < local; i += kThreads) ties += cand_key(i) == thr_key;
+      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
       if (need < ties) {  // the first `need` tied positions: largest of ~pos
         auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(cand[i]); };
         auto tied = [&](int i) { return cand_key(i) == thr_key; };
         uint32_t thr_pos;
         int one;
-        radix_threshold<kThreads>(in_bin, need, neg_pos, tied, hist, bcast, thr_pos, one);
+        radix_threshold<kThreads>(local, need, neg_pos, tied, hist, merged, merge256, bcast,
+                                  thr_pos, one);
         last_tie = static_cast<int>(~thr_pos);
       }
     } else {
       // too many in one bin (many equal values): the exact search over the whole row
-      auto key = [&](int pos) { return row.key(pos); };
-      auto in_thr_bin = [&](int pos) {
-        const uint32_t k = row.key(pos);
+      const int n = cta_end - cta_begin;
+      auto key = [&](int i) { return row.key(cta_begin + i); };
+      auto in_thr_bin = [&](int i) {
+        const uint32_t k = row.key(cta_begin + i);
         return k != 0u && coarse_digit(k) == bin;
       };
-      radix_threshold<kThreads>(scored, T_bin, key, in_thr_bin, hist, bcast, thr_key, need);
+      radix_threshold<kThreads>(n, T_bin, key, in_thr_bin, hist, merged, merge256, bcast,
+                                thr_key, need);
       long long ties = 0;
-      for (int pos = threadIdx.x; pos < scored; pos += kThreads) ties += row.key(pos) == thr_key;
-      ties = block_sum<kThreads>(ties, scratch);
+      for (int i = threadIdx.x; i < n; i += kThreads) ties += key(i) == thr_key;
+      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
       if (need < ties) {
-        auto neg_pos = [](int pos) { return ~static_cast<uint32_t>(pos); };
-        auto tied = [&](int pos) { return row.key(pos) == thr_key; };
+        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(cta_begin + i); };
+        auto tied = [&](int i) { return key(i) == thr_key; };
         uint32_t thr_pos;
         int one;
-        radix_threshold<kThreads>(scored, need, neg_pos, tied, hist, bcast, thr_pos, one);
+        radix_threshold<kThreads>(n, need, neg_pos, tied, hist, merged, merge256, bcast,
+                                  thr_pos, one);
         last_tie = static_cast<int>(~thr_pos);
       }
     }
@@ -206,8 +282,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
 
-  // C. per-warp counts, offsets, ordered writes
-  int written = 0;
+  // C. per-warp counts, offsets (CTAs of a cluster in rank order), ordered writes
   if (T > 0) {
     int mine = 0;
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
@@ -219,10 +294,19 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     __syncthreads();
     if (warp == 0) {
       const int c = warp_counts[lane];
-      warp_counts[kWarps + lane] = warp_inclusive_sum(c) - c;
+      const int incl = warp_inclusive_sum(c);
+      warp_counts[kWarps + lane] = incl - c;
+      if (lane == 31) shared_value = incl;  // this CTA's count
     }
-    __syncthreads();
-    int at = warp_counts[kWarps + warp];
+    int cta_offset = 0;
+    if (kCluster > 1) {
+      cluster_barrier();
+      for (int r = 0; r < rank; ++r) cta_offset += static_cast<int>(*cluster_peer(&shared_value, r));
+      cluster_barrier();  // every CTA has read the counts before any CTA leaves
+    } else {
+      __syncthreads();
+    }
+    int at = cta_offset + warp_counts[kWarps + warp];
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
       bool sel[4];
@@ -236,24 +320,70 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         if (sel[e]) out[r++] = ids[(pos + e) / kBlockSize] * kBlockSize + (pos + e) % kBlockSize;
       at += __shfl_sync(0xffffffffu, incl, 31);
     });
-    written = T;
   }
-  for (int c = written + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+  if (rank == 0)
+    for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+}
+
+template <bool kCached, int kCluster>
+cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
+  auto kernel = topk_kernel<kCached, kCluster>;
+  cudaError_t err = allow_dynamic_smem(kernel, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.batch * p.rows * kCluster);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  if (kCluster == 1) {
+    kernel<<<cfg.gridDim, cfg.blockDim, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // every row's cluster must be resident at once, or a smaller cluster does better
+  int clusters = 0;
+  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+  if (err != cudaSuccess) cudaGetLastError();  // the query's error is not sticky: clear it
+  if (err != cudaSuccess || clusters < p.batch * p.rows) return cudaErrorNotSupported;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <int kCluster>
+cudaError_t launch_cluster(const TopKParams& p, cudaStream_t stream) {
+  // each CTA caches its share of the row when it fits
+  const int64_t share = (static_cast<int64_t>(p.m_cap) * kBlockSize / 4 + kCluster - 1) / kCluster * 4;
+  const size_t smem = static_cast<size_t>(share) * sizeof(uint32_t);
+  return smem <= kMaxCachedBytes ? launch_rows<true, kCluster>(p, smem, stream)
+                                 : launch_rows<false, kCluster>(p, 0, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.rows == 0) return cudaSuccess;
-  const size_t smem = static_cast<size_t>(p.m_cap) * kBlockSize * sizeof(uint32_t);
-  if (smem <= kMaxCachedBytes) {
-    cudaError_t err = allow_dynamic_smem(topk_kernel<true>, smem);
-    if (err != cudaSuccess) return err;
-    topk_kernel<true><<<p.batch * p.rows, kThreads, smem, stream>>>(p);
-  } else {
-    topk_kernel<false><<<p.batch * p.rows, kThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  int device = 0, sms = 132, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major < 9) return launch_cluster<1>(p, stream);  // no thread-block clusters
+  // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
+  // one GPC) so that about every SM takes a share.
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
+  const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
+  cudaError_t err = cudaErrorNotSupported;  // a cluster size that cannot be scheduled: smaller
+  if (slots >= 8 * 4096 && rows * 8 <= sms) err = launch_cluster<8>(p, stream);
+  if (err == cudaErrorNotSupported && slots >= 4 * 4096 && rows * 4 <= sms)
+    err = launch_cluster<4>(p, stream);
+  if (err == cudaErrorNotSupported && slots >= 2 * 4096 && rows * 2 <= sms)
+    err = launch_cluster<2>(p, stream);
+  if (err == cudaErrorNotSupported) err = launch_cluster<1>(p, stream);
+  return err;
 }
 
 }  // namespace spin
