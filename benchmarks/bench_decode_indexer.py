@@ -108,8 +108,8 @@ def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
 
 
 def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference,
-             profile=False):
-    cfg = SpinConfig(index_topk=k, target_sparsity=rho)
+             profile=False, state_dtype="float32"):
+    cfg = SpinConfig(index_topk=k, target_sparsity=rho, state_dtype=state_dtype)
     pages = math.ceil(slots / 64)
     sets = len(inputs)
     q_pos = n - 1
@@ -194,6 +194,7 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, r
 
     return {
         "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
+        "state_dtype": state_dtype,
         "layers_in_select": layers,
         "realized_sparsity": 1 - selected / (batch * pages),
         "dense_logits_us": 1e3 * t_dense_logits, "dense_topk_us": 1e3 * t_dense_topk,
@@ -209,15 +210,17 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, r
 
 
 def markdown(rows, copy_tbs) -> str:
-    head = ("| batch | slots | next_n | K | target | realized | dense logits us (TB/s) | dense topk us "
-            "| select us | spin logits us (TB/s, % copy) | spin topk us | update us | spin/dense |")
+    head = ("| batch | slots | next_n | K | state | target | realized | dense logits us (TB/s) "
+            "| dense topk us | select us, all layers (per layer) | spin logits us (TB/s, % copy) "
+            "| spin topk us | update us | spin/dense |")
     lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s", "", head,
-             "|" + "---|" * 13]
+             "|" + "---|" * 14]
     for r in rows:
         lines.append(
-            f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} | {r['target_sparsity']:.1f} "
+            f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
+            f"| {r.get('state_dtype', 'float32').replace('float', 'fp')} | {r['target_sparsity']:.1f} "
             f"| {r['realized_sparsity']:.3f} | {r['dense_logits_us']:.1f} ({r['dense_logits_tbs']:.2f}) "
-            f"| {r['dense_topk_us']:.1f} | {r['select_us']:.1f} "
+            f"| {r['dense_topk_us']:.1f} | {r['select_us']:.1f} ({r['select_per_layer_us']:.1f}) "
             f"| {r['spin_logits_us']:.1f} ({r['spin_logits_tbs']:.2f}, {100 * r['spin_logits_frac_of_copy']:.0f}%) "
             f"| {r['spin_topk_us']:.1f} | {r['update_us']:.1f} | {r['spin_over_dense']:.2f} |")
     return "\n".join(lines)
@@ -244,6 +247,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=3, help="rotating input sets")
     ap.add_argument("--reference", action="store_true", help="also time the torch reference")
+    ap.add_argument("--state-dtype", choices=["float32", "float16"], default="float32",
+                    help="dtype of the V/D state (select and update traffic)")
     ap.add_argument("--suite", action="store_true",
                     help="run the fixed sweep SUITE instead of --batch/--slots/...")
     ap.add_argument("--profile", action="store_true",
@@ -261,7 +266,8 @@ def main() -> int:
     if args.profile:
         inputs, n = make_inputs(args.batch[0], args.slots[0], args.next_n[0], 1, 1)
         run_case(inputs, n, args.batch[0], args.slots[0], args.next_n[0], args.topk[0],
-                 args.sparsity[0], args.layers, args.iters, 0.0, False, profile=True)
+                 args.sparsity[0], args.layers, args.iters, 0.0, False, profile=True,
+                 state_dtype=args.state_dtype)
         return 0
     copy_tbs = copy_bandwidth(args.iters)
     rows = []
@@ -288,7 +294,8 @@ def main() -> int:
                     for k in sweep["topk"]:
                         for rho in sweep["sparsity"]:
                             row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
-                                           args.iters, copy_tbs, args.reference)
+                                           args.iters, copy_tbs, args.reference,
+                                           state_dtype=args.state_dtype)
                             rows.append(row)
                             print(json.dumps(row), flush=True)
                             save()

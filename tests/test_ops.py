@@ -381,6 +381,19 @@ def test_gpu_step_matches_reference(seed, R):
 
 
 @gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("R", [1, 2])
+def test_gpu_step_vector_state_path_matches_reference(state_dtype, R):
+    """cap % 4 == 0: select (max pooling) and update read V/D 4 entries at a time; contexts of
+    1, 63, 65 and 4001 slots put the D window at every alignment and the last block ragged."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.1,
+                     state_dtype=state_dtype)
+    p_cpu, p_gpu = _gpu_problem(B=4, R=R, L=2, lens=(4001, 1, 63, 65), cap=4096, seed=7 + R,
+                                cfg=cfg)
+    _compare_step(p_cpu, p_gpu)
+
+
+@gpu
 @pytest.mark.parametrize("policy", ["random", "age", "staleness"])
 @pytest.mark.parametrize("pooling", ["max", "mean", "top4"])
 def test_gpu_exploration_and_pooling(policy, pooling):
@@ -406,10 +419,14 @@ def test_gpu_row0_mtp_mask_fp16_state_and_k2048():
 @gpu
 @pytest.mark.parametrize("state_dtype,decay", [("float32", 0.5), ("float32", 0.9),
                                                ("float16", 0.95), ("float32", 0.0)])
-def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay):
+# R 1 takes the kernel's one-pass path (V and D per scored slot), R 4 the per-row one (rows with
+# 0 accepted drafts take the one-pass path too); cap 3065 is read entry by entry, 3068/3072 in
+# vectors of 4
+@pytest.mark.parametrize("R,cap", [(4, 3068), (1, 3065), (1, 3072)])
+def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay, R, cap):
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype,
                      ema_decay=decay)
-    p_cpu, p_gpu = _gpu_problem(B=3, R=4, L=1, lens=(3000, 700, 64), seed=11, cfg=cfg)
+    p_cpu, p_gpu = _gpu_problem(B=3, R=R, L=1, lens=(3000, 700, 64), cap=cap, seed=11, cfg=cfg)
     ids, cnt = ops.select(p_gpu.state, p_gpu.slot, p_gpu.n, p_gpu.q, p_gpu.request, p_gpu.step,
                           cfg, p_gpu.m_cap, p_gpu.max_ctx)
     z = ops.indexer_logits(p_gpu.qfp8, p_gpu.cache[0], p_gpu.weights, p_gpu.n, p_gpu.table,

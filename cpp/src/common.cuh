@@ -53,6 +53,28 @@ __device__ __forceinline__ float load_state(const void* base, bool half, int64_t
               : static_cast<const float*>(base)[idx];
 }
 
+// Whole rows of V/D can be read 4 entries at a time: cap % 4 == 0 and both arrays aligned to
+// 4 entries (16 bytes in fp32, 8 in fp16).
+__device__ __forceinline__ bool state_vectorizable(const StateView& s) {
+  const uintptr_t bytes = s.half ? 8 : 16;
+  return s.cap % 4 == 0 && reinterpret_cast<uintptr_t>(s.V) % bytes == 0 &&
+         reinterpret_cast<uintptr_t>(s.D) % bytes == 0;
+}
+
+// Entries idx..idx+3 in one load; idx % 4 == 0 on a state_vectorizable row.
+__device__ __forceinline__ void load_state4(const void* base, bool half, int64_t idx,
+                                            float (&v)[4]) {
+  if (half) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(base) + idx);
+    const __half2 lo = *reinterpret_cast<const __half2*>(&raw.x);
+    const __half2 hi = *reinterpret_cast<const __half2*>(&raw.y);
+    v[0] = __low2float(lo); v[1] = __high2float(lo); v[2] = __low2float(hi); v[3] = __high2float(hi);
+  } else {
+    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+  }
+}
+
 // Saturate at the dtype's largest finite value, as reference._store does.
 __device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, float v) {
   if (half) {

@@ -9,6 +9,7 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMaxPerStep = 2;  // blocks in flight per half-warp on the max-pooling path
 
 // max(V[i], D[q - i]) of this lane's two slots of block j (-inf past the visible slots).
 __device__ __forceinline__ void block_values(const StateView& s, int64_t base, int j, int n,
@@ -26,6 +27,80 @@ __device__ __forceinline__ void block_values(const StateView& s, int64_t base, i
       v[h] = -CUDART_INF_F;
     }
   }
+}
+
+// Max pooling on vector-readable state: a half-warp takes one block. Lane h reads V of the
+// block's slots 4h..4h+3, and 4 aligned D entries of the block's offset window (lane 0 one
+// more vector when the window is not aligned). The block's max of max(V[i], D[q - i]) over
+// visible slots is the max of both sets, so V and D need not be paired slot by slot.
+// Interior blocks (all 64 slots visible, V and the D window inside the state: all but the
+// newest and the last block) take a path without per-entry bounds checks.
+struct MaxBlockLoads {
+  float v[4], d[4], d_tail[4];
+  bool interior;
+};
+
+// The half-warp's view of block j: lane's first slot i0, visible D window [o_lo, o_hi], the
+// lane's D vector at a. Recomputed where needed rather than kept in registers.
+struct MaxBlockWindow {
+  int64_t i0, o_lo, o_hi, a;
+  bool interior;
+  __device__ __forceinline__ MaxBlockWindow(const StateView& s, int j, int n, int q) {
+    const int64_t first = static_cast<int64_t>(j) * kBlockSize;
+    i0 = first + 4 * (threadIdx.x & 15);
+    o_hi = min(static_cast<int64_t>(q) - first, s.cap - 1);
+    o_lo = max(max(static_cast<int64_t>(q) - first - (kBlockSize - 1),
+                   static_cast<int64_t>(q) - n + 1), int64_t{0});
+    interior = first + kBlockSize <= min(static_cast<int64_t>(n), s.cap) &&
+               o_lo == static_cast<int64_t>(q) - first - (kBlockSize - 1) &&
+               o_hi == static_cast<int64_t>(q) - first;
+    a = (o_lo & ~int64_t{3}) + 4 * (threadIdx.x & 15);  // the window spans <= 64 + 3 entries
+  }
+};
+
+__device__ __forceinline__ void load_block_max(const StateView& s, int64_t base, int j, int n,
+                                               int q, MaxBlockLoads& L) {
+  const int h = threadIdx.x & 15;
+  const MaxBlockWindow w(s, j, n, q);
+  L.interior = w.interior;
+  if (w.interior) {
+    load_state4(s.V, s.half, base + w.i0, L.v);
+    load_state4(s.D, s.half, base + w.a, L.d);
+    if (h == 0 && (w.o_lo & 3)) load_state4(s.D, s.half, base + w.a + kBlockSize, L.d_tail);
+    return;
+  }
+  if (w.i0 < n && w.i0 < s.cap) load_state4(s.V, s.half, base + w.i0, L.v);
+  if (w.o_lo <= w.o_hi && w.a <= w.o_hi) load_state4(s.D, s.half, base + w.a, L.d);
+  if (h == 0 && w.a + kBlockSize <= w.o_hi) load_state4(s.D, s.half, base + w.a + kBlockSize, L.d_tail);
+}
+
+// Every lane of the warp must call this (shuffles); `active`: the half-warp's block exists.
+__device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int n, int q,
+                                                  const MaxBlockLoads& L, bool active) {
+  const int h = threadIdx.x & 15;
+  float m = -CUDART_INF_F;
+  if (active && L.interior) {
+    // lane 0's entries below the window start are replaced by the tail past a + 63
+    const int skew = (q - j * kBlockSize - (kBlockSize - 1)) & 3;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      m = fmaxf(m, fmaxf(L.v[e], h == 0 && e < skew ? L.d_tail[e] : L.d[e]));
+  } else if (active) {
+    const MaxBlockWindow w(s, j, n, q);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = w.i0 + e;
+      if (i < n) {
+        m = fmaxf(m, i < s.cap ? L.v[e] : 0.0f);
+        const int64_t o = q - i;
+        if (o < 0 || o >= s.cap) m = fmaxf(m, 0.0f);  // D outside the state counts as 0
+      }
+      if (w.a + e >= w.o_lo && w.a + e <= w.o_hi) m = fmaxf(m, L.d[e]);
+      if (h == 0 && w.a + kBlockSize + e <= w.o_hi) m = fmaxf(m, L.d_tail[e]);
+    }
+  }
+  for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
 }
 
 // Pool one block's values across the warp.
@@ -63,7 +138,7 @@ __device__ float pool_block(float (&v)[2], int pooling) {
   return cnt > 0 ? sum / cnt : -CUDART_INF_F;
 }
 
-__global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
+__global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   extern __shared__ unsigned char smem[];
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
@@ -90,6 +165,7 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
   const int64_t step = p.step[b];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int min_blocks = (p.index_topk + kBlockSize - 1) / kBlockSize;
+  const bool max_vec = p.pooling == kPoolMax && state_vectorizable(s);
 
   int nb_all = 0;
   for (int r = 0; r < p.rows; ++r) {
@@ -113,9 +189,28 @@ __global__ void __launch_bounds__(kThreads) select_kernel(SelectParams p) {
       for (int j = threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
       continue;
     }
-    // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
-    for (int j0 = warp; j0 < B; j0 += kPerStep * kWarps) {
+    if (max_vec) {
+      // 2 blocks per warp (one per half-warp) x kPerStep per step, all loads issued first;
+      // the loop and its shuffles stay warp-uniform
+      const int half = (threadIdx.x >> 4) & 1;
+      for (int jw = 2 * warp; jw < B; jw += 2 * kMaxPerStep * kWarps) {
+        MaxBlockLoads L[kMaxPerStep];
+#pragma unroll
+        for (int u = 0; u < kMaxPerStep; ++u) {
+          const int j = jw + 2 * u * kWarps + half;
+          if (j < B) load_block_max(s, base, j, n, q, L[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kMaxPerStep; ++u) {
+          const int j = jw + 2 * u * kWarps + half;
+          const float m = reduce_block_max(s, j, n, q, L[u], j < B);
+          if ((lane & 15) == 0 && j < B) score[j] = m;
+        }
+      }
+    }
+    // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
+    for (int j0 = warp; !max_vec && j0 < B; j0 += kPerStep * kWarps) {
       float v[kPerStep][2];
 #pragma unroll
       for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);

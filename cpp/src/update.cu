@@ -1,7 +1,8 @@
 // spin::update: deferred EMA update of V (per slot) and D (per relative offset) from the
-// compact logits of one layer; MTP rows 0..a replayed in order (or row 0 only). V is walked
-// per scored slot and D per offset, so every entry has one owner thread and the row order
-// holds without atomics. Non-finite scores are not observed.
+// compact logits of one layer; MTP rows 0..a replayed in order (or row 0 only). With several
+// rows V is walked per scored slot and D per offset, so every entry has one owner thread and
+// the row order holds without atomics; one row walks the scored slots once for both. Non-finite
+// scores are not observed.
 #include "common.cuh"
 
 namespace spin {
@@ -9,7 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
+__global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
   // grid (slices, B): slice x takes every gridDim.x-th chunk of 4 x kThreads scored slots and
   // of offsets
@@ -17,14 +18,36 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const StateView& s = p.state;
+  const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
+  const int32_t* ids = p.block_ids + b * p.ids_stride;
+  // independent loads first: each thread makes about one pass, so the chain of dependent
+  // loads (state slot, count, block id, state) is what it waits on
   const int slot_id = p.state_slot[b];
+  const int count = min(p.counts[b * p.counts_stride], p.m_cap);
+  const int accepted = p.accepted[b];
+  const int q0 = p.q[b * p.rows];
+  // One-row path: a warp takes 128 consecutive compact positions from chunk0 on, lane l the
+  // positions l + 32e (e < 4), so V, D and the logits move in whole lines. Block ids and
+  // logits are loaded one chunk ahead (the first before the count and the row count are
+  // known; unused with several rows): V and D then wait on one load, not on a chain of them.
+  const float* z_row = p.logits + static_cast<int64_t>(b) * p.rows * width;  // row 0
+  const int lane = threadIdx.x & 31;
+  const int64_t chunk0 = (first - lane) * 4;
+  int j_ahead[4];
+  float z_ahead[4];
+  auto prefetch = [&](int64_t chunk) {
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t pos = chunk + lane + 32 * e;
+      j_ahead[e] = pos < width ? ids[pos / kBlockSize] : -1;
+      z_ahead[e] = pos < width ? z_row[pos] : 0.0f;
+    }
+  };
+  prefetch(chunk0);
   if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
   const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + p.layer;
   const int64_t base = stream * s.cap;
-  const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
-  const int32_t* ids = p.block_ids + b * p.ids_stride;
-  const int count = min(p.counts[b * p.counts_stride], p.m_cap);
-  const int accepted = p.accepted[b];  // rows 0..accepted, all rows from rows - 1 up (no overflow)
+  // rows 0..accepted, all rows from rows - 1 up (no overflow)
   const int rows = p.row0_only ? 1 : accepted >= p.rows - 1 ? p.rows : max(accepted, 0) + 1;
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
@@ -32,105 +55,130 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateParams p) {
     return s.half ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
   };
 
-  for (int j = threadIdx.x; j < p.max_blocks; j += kThreads) compact_of_block[j] = -1;
-  __syncthreads();
-  for (int c = threadIdx.x; c < count; c += kThreads) {
-    const int j = ids[c];
-    if (j >= 0 && j < p.max_blocks) compact_of_block[j] = c;
-  }
-  __syncthreads();
-
-  // A thread takes 4 consecutive entries (one 16-byte load when the state rows allow it) and
-  // issues all its loads before using them: the kernel is bound by load latency otherwise.
-  const uintptr_t vec_bytes = s.half ? 8 : 16;
-  const bool vec = s.cap % 4 == 0 && reinterpret_cast<uintptr_t>(s.V) % vec_bytes == 0 &&
-                   reinterpret_cast<uintptr_t>(s.D) % vec_bytes == 0;
-  auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
-    if (vec && valid == 4) {
-      if (s.half) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(arr) + base + i0);
-        const __half2 lo = *reinterpret_cast<const __half2*>(&raw.x);
-        const __half2 hi = *reinterpret_cast<const __half2*>(&raw.y);
-        v[0] = __low2float(lo); v[1] = __high2float(lo); v[2] = __low2float(hi); v[3] = __high2float(hi);
-      } else {
-        const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(arr) + base + i0);
-        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, s.half, base + i0 + e) : 0.0f;
-    }
-  };
-  auto store_changed = [&](void* arr, int64_t i0, const float (&v)[4], const bool (&changed)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (changed[e]) store_state(arr, s.half, base + i0 + e, v[e]);
-  };
-
-  // V: one thread per 4 scored slots (same block), rows in order.
   const int64_t scored = static_cast<int64_t>(count) * kBlockSize;
-  for (int64_t pos = first * 4; pos < scored; pos += stride * 4) {
-    const int j = ids[pos / kBlockSize];
-    const int64_t i0 = static_cast<int64_t>(j) * kBlockSize + pos % kBlockSize;
-    if (j < 0 || i0 >= s.cap) continue;
-    const int valid = static_cast<int>(s.cap - i0 < 4 ? s.cap - i0 : 4);
-    float v[4];
-    bool changed[4] = {false, false, false, false};
-    load4(s.V, i0, valid, v);
-    for (int r = 0; r < rows; ++r) {
-      const int n = n_of(r);
-      const float4 z4 = *reinterpret_cast<const float4*>(
-          p.logits + (static_cast<int64_t>(b) * p.rows + r) * width + pos);
-      const float z[4] = {z4.x, z4.y, z4.z, z4.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (e < valid && i0 + e < n && isfinite(z[e])) {
-          v[e] = round_state(ema(a, one_minus_a, v[e], z[e]));
-          changed[e] = true;
-        }
-    }
-    store_changed(s.V, i0, v, changed);
-  }
 
-  // D: one thread per 4 offsets o; row r observes slot i = q_r - o.
-  int qmax = -1;
-  for (int r = 0; r < rows; ++r) qmax = max(qmax, p.q[b * p.rows + r]);
-  const int64_t olimit = min(static_cast<int64_t>(qmax) + 1, s.cap);
-  // compact position of the slot row r sees at offset o, -1 if it is not scored
-  auto seen_at = [&](int r, int64_t o) -> int64_t {
-    const int64_t i = static_cast<int64_t>(p.q[b * p.rows + r]) - o;
-    if (o >= olimit || i < 0 || i >= n_of(r)) return -1;
-    const int64_t j = i / kBlockSize;
-    if (j >= p.max_blocks) return -1;
-    const int c = compact_of_block[j];
-    return c < 0 ? -1 : static_cast<int64_t>(c) * kBlockSize + i % kBlockSize;
-  };
-  for (int64_t o0 = first * 4; o0 < olimit; o0 += stride * 4) {
-    const int valid = static_cast<int>(olimit - o0 < 4 ? olimit - o0 : 4);
-    bool any = false;
-    for (int r = 0; r < rows; ++r)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) any |= seen_at(r, o0 + e) >= 0;
-    if (!any) continue;
-    float d[4];
-    bool changed[4] = {false, false, false, false};
-    load4(s.D, o0, valid, d);
-    for (int r = 0; r < rows; ++r) {
+  if (rows == 1) {
+    // One row sees offset o only at slot q - o, so each scored slot owns its V and D entries:
+    // one pass over the scored slots reads the logits once and needs no block table.
+    const int n = n_of(0);
+    const int q = q0;
+    const int64_t olimit = min(static_cast<int64_t>(q) + 1, s.cap);
+    for (int64_t chunk = chunk0; chunk < scored; chunk += stride * 4) {
+      int j[4];
       float z[4];
-      const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * width;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t at = seen_at(r, o0 + e);
-        z[e] = at >= 0 ? zr[at] : CUDART_NAN_F;
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) { j[e] = j_ahead[e]; z[e] = z_ahead[e]; }
+      if (chunk + stride * 4 < scored) prefetch(chunk + stride * 4);
+      bool v_seen[4], d_seen[4];
+      float v[4], d[4];
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {  // all loads first; D must not wait for the logits
+        const int64_t pos = chunk + lane + 32 * e;
+        const int64_t i = static_cast<int64_t>(j[e]) * kBlockSize + pos % kBlockSize;
+        const int64_t o = q - i;
+        const bool slot = pos < scored && j[e] >= 0 && i < n;
+        v_seen[e] = slot && i < s.cap;
+        d_seen[e] = slot && j[e] < p.max_blocks && o >= 0 && o < olimit;
+        v[e] = v_seen[e] ? load_state(s.V, s.half, base + i) : 0.0f;
+        d[e] = d_seen[e] ? load_state(s.D, s.half, base + o) : 0.0f;
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (isfinite(z[e])) {
-          d[e] = round_state(ema(a, one_minus_a, d[e], z[e]));
-          changed[e] = true;
-        }
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!isfinite(z[e])) continue;
+        const int64_t i = static_cast<int64_t>(j[e]) * kBlockSize + (chunk + lane + 32 * e) % kBlockSize;
+        if (v_seen[e]) store_state(s.V, s.half, base + i, round_state(ema(a, one_minus_a, v[e], z[e])));
+        if (d_seen[e]) store_state(s.D, s.half, base + q - i, round_state(ema(a, one_minus_a, d[e], z[e])));
+      }
     }
-    store_changed(s.D, o0, d, changed);
+  } else {
+    // Several rows: a thread takes 4 consecutive entries (one vector load when the state rows
+    // allow it) and issues all its loads before using them (bound by load latency otherwise).
+    const bool vec = state_vectorizable(s);
+    auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
+      if (vec && valid == 4) {
+        load_state4(arr, s.half, base + i0, v);
+      } else {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, s.half, base + i0 + e) : 0.0f;
+      }
+    };
+    auto store_changed = [&](void* arr, int64_t i0, const float (&v)[4], const bool (&changed)[4]) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (changed[e]) store_state(arr, s.half, base + i0 + e, v[e]);
+    };
+    for (int j = threadIdx.x; j < p.max_blocks; j += kThreads) compact_of_block[j] = -1;
+    __syncthreads();
+    for (int c = threadIdx.x; c < count; c += kThreads) {
+      const int j = ids[c];
+      if (j >= 0 && j < p.max_blocks) compact_of_block[j] = c;
+    }
+    __syncthreads();
+
+    // V: one thread per 4 scored slots (same block), rows in order.
+    for (int64_t pos = first * 4; pos < scored; pos += stride * 4) {
+      const int j = ids[pos / kBlockSize];
+      const int64_t i0 = static_cast<int64_t>(j) * kBlockSize + pos % kBlockSize;
+      if (j < 0 || i0 >= s.cap) continue;
+      const int valid = static_cast<int>(s.cap - i0 < 4 ? s.cap - i0 : 4);
+      float v[4];
+      bool changed[4] = {false, false, false, false};
+      load4(s.V, i0, valid, v);
+      for (int r = 0; r < rows; ++r) {
+        const int n = n_of(r);
+        const float4 z4 = *reinterpret_cast<const float4*>(
+            p.logits + (static_cast<int64_t>(b) * p.rows + r) * width + pos);
+        const float z[4] = {z4.x, z4.y, z4.z, z4.w};
+        #pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (e < valid && i0 + e < n && isfinite(z[e])) {
+            v[e] = round_state(ema(a, one_minus_a, v[e], z[e]));
+            changed[e] = true;
+          }
+      }
+      store_changed(s.V, i0, v, changed);
+    }
+
+    // D: one thread per 4 offsets o; row r observes slot i = q_r - o.
+    int qmax = -1;
+    for (int r = 0; r < rows; ++r) qmax = max(qmax, p.q[b * p.rows + r]);
+    const int64_t olimit = min(static_cast<int64_t>(qmax) + 1, s.cap);
+    // compact position of the slot row r sees at offset o, -1 if it is not scored
+    auto seen_at = [&](int r, int64_t o) -> int64_t {
+      const int64_t i = static_cast<int64_t>(p.q[b * p.rows + r]) - o;
+      if (o >= olimit || i < 0 || i >= n_of(r)) return -1;
+      const int64_t j = i / kBlockSize;
+      if (j >= p.max_blocks) return -1;
+      const int c = compact_of_block[j];
+      return c < 0 ? -1 : static_cast<int64_t>(c) * kBlockSize + i % kBlockSize;
+    };
+    for (int64_t o0 = first * 4; o0 < olimit; o0 += stride * 4) {
+      const int valid = static_cast<int>(olimit - o0 < 4 ? olimit - o0 : 4);
+      bool any = false;
+      for (int r = 0; r < rows; ++r)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) any |= seen_at(r, o0 + e) >= 0;
+      if (!any) continue;
+      float d[4];
+      bool changed[4] = {false, false, false, false};
+      load4(s.D, o0, valid, d);
+      for (int r = 0; r < rows; ++r) {
+        float z[4];
+        const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * width;
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t at = seen_at(r, o0 + e);
+          z[e] = at >= 0 ? zr[at] : CUDART_NAN_F;
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (isfinite(z[e])) {
+            d[e] = round_state(ema(a, one_minus_a, d[e], z[e]));
+            changed[e] = true;
+          }
+      }
+      store_changed(s.D, o0, d, changed);
+    }
   }
 
   if (blockIdx.x != 0) return;
