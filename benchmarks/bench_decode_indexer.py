@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decode_indexer.py [--batch 8 32] [--slots 32768 131072]
         [--next-n 1] [--topk 512] [--sparsity 0 0.3 0.5] [--layers 21] [--json OUT]
-        [--markdown OUT] [--iters 30]
+        [--markdown OUT] [--iters 30] [--state-dtype float32|float16]
     python benchmarks/bench_decode_indexer.py --suite [--json OUT] [--markdown OUT]
 
 Per case (batch x slots per request x next_n x K x target sparsity): each op is called 12 times
@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -80,6 +81,35 @@ def copy_bandwidth(iters: int) -> float:
     dst = torch.empty_like(src)
     ms = time_eager_ms(lambda i: dst.copy_(src), iters, 1)
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+
+
+GPU_QUERY = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu",
+             "clocks_event_reasons.active")
+
+
+def gpu_clocks() -> dict | None:
+    """SM/memory clocks (MHz), power (W), temperature (C) and the active clock-event
+    (throttle) reasons bitmask of the current GPU from nvidia-smi; None where it cannot be read.
+    Clocks are not locked here, so a case timed while the GPU slows down shows it in these."""
+    index = str(torch.cuda.current_device())
+    for fields in (GPU_QUERY, GPU_QUERY[:-1]):  # older drivers lack the reasons field
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                  "--format=csv,noheader,nounits", "-i", index],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        values = [v.strip() for v in out.stdout.strip().split(",")]
+        if out.returncode == 0 and len(values) == len(fields):
+            return {name: parse_smi(v) for name, v in zip(fields, values)}
+    return None
+
+
+def parse_smi(value: str) -> float | int | None:
+    try:
+        return int(value, 16) if value.startswith("0x") else float(value)
+    except ValueError:  # "[N/A]" and the like
+        return None
 
 
 def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
@@ -206,15 +236,21 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, r
         "spin_logits_frac_of_copy": tbs(spin_bytes, t_spin_logits) / copy_tbs,
         "torch_reference_us": None if t_ref is None else 1e3 * t_ref,
         "spin_over_dense": spin_ms / dense_ms,
+        "gpu_after_case": gpu_clocks(),
     }
+
+
+def sm_mhz(row) -> str:
+    gpu = row.get("gpu_after_case") or {}
+    return "-" if gpu.get("clocks.sm") is None else f"{gpu['clocks.sm']:.0f}"
 
 
 def markdown(rows, copy_tbs) -> str:
     head = ("| batch | slots | next_n | K | state | target | realized | dense logits us (TB/s) "
             "| dense topk us | select us, all layers (per layer) | spin logits us (TB/s, % copy) "
-            "| spin topk us | update us | spin/dense |")
+            "| spin topk us | update us | spin/dense | SM MHz after |")
     lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s", "", head,
-             "|" + "---|" * 14]
+             "|" + "---|" * 15]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
@@ -222,7 +258,8 @@ def markdown(rows, copy_tbs) -> str:
             f"| {r['realized_sparsity']:.3f} | {r['dense_logits_us']:.1f} ({r['dense_logits_tbs']:.2f}) "
             f"| {r['dense_topk_us']:.1f} | {r['select_us']:.1f} ({r['select_per_layer_us']:.1f}) "
             f"| {r['spin_logits_us']:.1f} ({r['spin_logits_tbs']:.2f}, {100 * r['spin_logits_frac_of_copy']:.0f}%) "
-            f"| {r['spin_topk_us']:.1f} | {r['update_us']:.1f} | {r['spin_over_dense']:.2f} |")
+            f"| {r['spin_topk_us']:.1f} | {r['update_us']:.1f} | {r['spin_over_dense']:.2f} "
+            f"| {sm_mhz(r)} |")
     return "\n".join(lines)
 
 
@@ -269,6 +306,7 @@ def main() -> int:
                  args.sparsity[0], args.layers, args.iters, 0.0, False, profile=True,
                  state_dtype=args.state_dtype)
         return 0
+    gpu_at_start = gpu_clocks()
     copy_tbs = copy_bandwidth(args.iters)
     rows = []
 
@@ -276,7 +314,7 @@ def main() -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
-                           "rows": rows}, f, indent=2)
+                           "gpu_at_start": gpu_at_start, "rows": rows}, f, indent=2)
         if args.markdown:
             with open(args.markdown, "w") as f:
                 f.write(markdown(rows, copy_tbs) + "\n")
