@@ -24,7 +24,8 @@ Contracts (DESIGN.md):
   q, kv_cache and weights start at 16-byte aligned addresses (topk/update logits too).
 - topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
-  negative accepted count means 0); a non-finite score is not observed. reset zeroes state
+  negative accepted count means 0); a non-finite score is not observed. A request's block ids
+  must be distinct, as select's are (on CUDA a repeated id races on its V/D entries). reset zeroes state
   slots and restarts their warm-up.
 - Device values are checked on CPU (state slots in range and distinct, context lengths within
   max_context_len). On CUDA the kernels clamp context lengths to max_context_len and skip a

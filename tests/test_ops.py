@@ -384,12 +384,13 @@ def test_gpu_step_matches_reference(seed, R):
 @pytest.mark.parametrize("state_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("R", [1, 2])
 def test_gpu_step_vector_state_path_matches_reference(state_dtype, R):
-    """cap % 4 == 0: select (max pooling) and update read V/D 4 entries at a time; contexts of
-    1, 63, 65 and 4001 slots put the D window at every alignment and the last block ragged."""
+    """cap % 4 == 0: select (max pooling) reads V/D 4 entries at a time. A block's D window
+    starts at q - 64j - 63, so contexts of 4001, 4002, 4003 and 2052 slots (and one more with
+    R = 2) put it at every alignment; 1, 63 and 65 slots leave no or one interior block."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.1,
                      state_dtype=state_dtype)
-    p_cpu, p_gpu = _gpu_problem(B=4, R=R, L=2, lens=(4001, 1, 63, 65), cap=4096, seed=7 + R,
-                                cfg=cfg)
+    p_cpu, p_gpu = _gpu_problem(B=7, R=R, L=2, lens=(4001, 1, 63, 65, 4002, 4003, 2052),
+                                cap=4096, seed=7 + R, cfg=cfg)
     _compare_step(p_cpu, p_gpu)
 
 
@@ -420,8 +421,8 @@ def test_gpu_row0_mtp_mask_fp16_state_and_k2048():
 @pytest.mark.parametrize("state_dtype,decay", [("float32", 0.5), ("float32", 0.9),
                                                ("float16", 0.95), ("float32", 0.0)])
 # R 1 takes the kernel's one-pass path (V and D per scored slot), R 4 the per-row one (rows with
-# 0 accepted drafts take the one-pass path too); cap 3065 is read entry by entry, 3068/3072 in
-# vectors of 4
+# 0 accepted drafts take the one-pass path too); the per-row path reads cap 3068 in vectors of 4;
+# caps 3065 and 3072 vary the alignment of the state rows for the one-pass path
 @pytest.mark.parametrize("R,cap", [(4, 3068), (1, 3065), (1, 3072)])
 def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay, R, cap):
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype,

@@ -33,8 +33,8 @@ __device__ __forceinline__ void block_values(const StateView& s, int64_t base, i
 // block's slots 4h..4h+3, and 4 aligned D entries of the block's offset window (lane 0 one
 // more vector when the window is not aligned). The block's max of max(V[i], D[q - i]) over
 // visible slots is the max of both sets, so V and D need not be paired slot by slot.
-// Interior blocks (all 64 slots visible, V and the D window inside the state: all but the
-// newest and the last block) take a path without per-entry bounds checks.
+// Interior blocks (all 64 slots visible and inside the state, the whole D window
+// [q - first - 63, q - first] inside [0, cap)) take a path without per-entry bounds checks.
 struct MaxBlockLoads {
   float v[4], d[4], d_tail[4];
   bool interior;
