@@ -19,6 +19,7 @@ device-to-device copy measured in the same run (bytes read + written).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -96,7 +97,7 @@ def gpu_clocks() -> dict | None:
         try:
             out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
                                   "--format=csv,noheader,nounits", "-i", index],
-                                 capture_output=True, text=True, timeout=10)
+                                 capture_output=True, text=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
         values = [v.strip() for v in out.stdout.strip().split(",")]
@@ -263,13 +264,16 @@ def markdown(rows, copy_tbs) -> str:
     return "\n".join(lines)
 
 
-# The sweep, trimmed to what one 10-minute GPU call can run (92 cases).
+# The sweep, trimmed to what one 10-minute GPU call can run (100 cases); the last entry
+# times select and update on fp16 state (--state-dtype applies to the others).
 SUITE = [
     dict(batch=[1, 8, 32, 96], slots=[8192, 32768, 131072], next_n=[1], topk=[512],
          sparsity=[0.0, 0.2, 0.3, 0.4, 0.5]),
     dict(batch=[8, 32], slots=[262144], next_n=[1], topk=[512], sparsity=[0.0, 0.3, 0.5]),
     dict(batch=[8, 96], slots=[32768], next_n=[2, 4], topk=[512, 2048], sparsity=[0.0, 0.3, 0.5]),
     dict(batch=[32], slots=[131072], next_n=[1], topk=[2048], sparsity=[0.0, 0.5]),
+    dict(batch=[8, 96], slots=[32768, 131072], next_n=[1], topk=[512], sparsity=[0.3, 0.5],
+         state_dtype=["float16"]),
 ]
 
 
@@ -329,14 +333,14 @@ def main() -> int:
                 for next_n in sweep["next_n"]:
                     seed += 1
                     inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
-                    for k in sweep["topk"]:
-                        for rho in sweep["sparsity"]:
-                            row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
-                                           args.iters, copy_tbs, args.reference,
-                                           state_dtype=args.state_dtype)
-                            rows.append(row)
-                            print(json.dumps(row), flush=True)
-                            save()
+                    for k, rho, dtype in itertools.product(
+                            sweep["topk"], sweep["sparsity"],
+                            sweep.get("state_dtype", [args.state_dtype])):
+                        row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers,
+                                       args.iters, copy_tbs, args.reference, state_dtype=dtype)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        save()
                     del inputs, n
                     torch.cuda.empty_cache()
     print(markdown(rows, copy_tbs))
