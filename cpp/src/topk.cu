@@ -221,7 +221,25 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     find_bin(merged, T, warp_sums, bcast);
     const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
     __syncthreads();  // hist (and hist_all) are reused as radix_threshold's 256 bins
-    int need = 0;
+    // The exact T_bin-th key among `count` entries (entry i at row position pos_of(i)) and,
+    // when not all its ties fit, the last tied position taken.
+    auto exact_threshold = [&](int count, auto pos_of, auto key, auto eligible) {
+      int need = 0;
+      radix_threshold<kThreads>(count, T_bin, key, eligible, hist, merged, merge256, bcast,
+                                thr_key, need);
+      long long ties = 0;
+      for (int i = threadIdx.x; i < count; i += kThreads) ties += key(i) == thr_key;
+      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
+      if (need < ties) {  // the first `need` tied positions: largest of ~pos
+        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(pos_of(i)); };
+        auto tied = [&](int i) { return key(i) == thr_key; };
+        uint32_t thr_pos;
+        int one;
+        radix_threshold<kThreads>(count, need, neg_pos, tied, hist, merged, merge256, bcast,
+                                  thr_pos, one);
+        last_tie = static_cast<int>(~thr_pos);
+      }
+    };
     if (in_bin <= kCandCap) {
       // B. candidates: the entries of the threshold bin (each CTA keeps those of its share)
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
@@ -237,45 +255,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         }
       });
       __syncthreads();
-      const int local = n_cand;
-      auto cand_key = [&](int i) { return row.key(cand[i]); };
-      auto any = [](int) { return true; };
-      radix_threshold<kThreads>(local, T_bin, cand_key, any, hist, merged, merge256, bcast,
-                                thr_key, need);
-      long long ties = 0;
-      for (int i = threadIdx.x; i < local; i += kThreads) ties += cand_key(i) == thr_key;
-      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
-      if (need < ties) {  // the first `need` tied positions: largest of ~pos
-        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(cand[i]); };
-        auto tied = [&](int i) { return cand_key(i) == thr_key; };
-        uint32_t thr_pos;
-        int one;
-        radix_threshold<kThreads>(local, need, neg_pos, tied, hist, merged, merge256, bcast,
-                                  thr_pos, one);
-        last_tie = static_cast<int>(~thr_pos);
-      }
+      auto cand_pos = [&](int i) { return cand[i]; };
+      exact_threshold(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); },
+                      [](int) { return true; });
     } else {
       // too many in one bin (many equal values): the exact search over the whole row
-      const int n = cta_end - cta_begin;
-      auto key = [&](int i) { return row.key(cta_begin + i); };
-      auto in_thr_bin = [&](int i) {
-        const uint32_t k = row.key(cta_begin + i);
-        return k != 0u && coarse_digit(k) == bin;
-      };
-      radix_threshold<kThreads>(n, T_bin, key, in_thr_bin, hist, merged, merge256, bcast,
-                                thr_key, need);
-      long long ties = 0;
-      for (int i = threadIdx.x; i < n; i += kThreads) ties += key(i) == thr_key;
-      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
-      if (need < ties) {
-        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(cta_begin + i); };
-        auto tied = [&](int i) { return key(i) == thr_key; };
-        uint32_t thr_pos;
-        int one;
-        radix_threshold<kThreads>(n, need, neg_pos, tied, hist, merged, merge256, bcast,
-                                  thr_pos, one);
-        last_tie = static_cast<int>(~thr_pos);
-      }
+      auto row_pos = [&](int i) { return cta_begin + i; };
+      exact_threshold(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
+                      [&](int i) {
+                        const uint32_t k = row.key(cta_begin + i);
+                        return k != 0u && coarse_digit(k) == bin;
+                      });
     }
   }
   auto selected = [&](int pos, uint32_t k) {

@@ -13,6 +13,7 @@ FieldSpec floatField(char const* name, double def, char const* rule);  // [0, 1)
 FieldSpec enumField(char const* name, double def, std::vector<char const*> names, char const* rule);
 FieldSpec blockSizeField();
 FieldSpec layerField(bool required);
+FieldSpec maxContextField();
 
 // State inputs at positions 0..3: V, D [S, L, cap] float32/float16 (same dtype), last_seen
 // int64 [S, L, ceil(cap / 64)], decode_steps int64 [S, L].

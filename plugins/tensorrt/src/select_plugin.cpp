@@ -119,8 +119,7 @@ PluginSpec const& selectSpec() {
        boolField("keep_newest", true),
        boolField("mtp_union", true),
        intField("seed", false, 0, 0, 4294967295.0, "must satisfy 0 <= seed < 2^32"),
-       intField("max_context", true, 0, 1, kInt32Max,
-                "the longest context the engine serves: 1 <= max_context < 2^31"),
+       maxContextField(),
        intField("m_cap", true, 0, 1, kMaxCap,
                 "block-list width, 1 <= m_cap <= 33554431; ceil(max_context / 64) keeps every block")}};
   return spec;

@@ -32,6 +32,11 @@ FieldSpec layerField(bool required) {
                   "the indexer layer >= 0 whose slice of [B, L, m_cap] block_ids to use (-1: unset)");
 }
 
+FieldSpec maxContextField() {
+  return intField("max_context", true, 0, 1, kInt32Max,
+                  "the longest context the engine serves: 1 <= max_context < 2^31");
+}
+
 TypeRule stateRule(int32_t pos) {
   switch (pos) {
     case 0: return TypeRule{{DataType::kFLOAT, DataType::kHALF}, -1};

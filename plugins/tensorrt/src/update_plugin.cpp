@@ -130,8 +130,7 @@ PluginSpec const& updateSpec() {
       "SpinUpdate",
       {blockSizeField(), layerField(true), floatField("ema_decay", 0.5, "must satisfy 0 <= ema_decay < 1"),
        boolField("row0_only", false),
-       intField("max_context", true, 0, 1, kInt32Max,
-                "the longest context the engine serves: 1 <= max_context < 2^31")}};
+       maxContextField()}};
   return spec;
 }
 
