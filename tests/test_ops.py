@@ -383,14 +383,16 @@ def test_gpu_step_matches_reference(seed, R):
 @gpu
 @pytest.mark.parametrize("state_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("R", [1, 2])
-def test_gpu_step_vector_state_path_matches_reference(state_dtype, R):
-    """cap % 4 == 0: select (max pooling) reads V/D 4 entries at a time. A block's D window
-    starts at q - 64j - 63, so contexts of 4001, 4002, 4003 and 2052 slots (and one more with
-    R = 2) put it at every alignment; 1, 63 and 65 slots leave no or one interior block."""
+@pytest.mark.parametrize("cap", [4096, 4100])
+def test_gpu_step_vector_state_path_matches_reference(state_dtype, R, cap):
+    """Max pooling reads V/D in vectors: 4 entries (fp32; fp16 when cap % 8 == 4, as with cap
+    4100) or 8 (fp16 when cap % 8 == 0). A block's D window starts at q - 64j - 63, so contexts
+    of 3997-4003 and 2052 slots put it at every alignment mod 8; 1, 63 and 65 slots leave no or
+    one interior block."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.1,
                      state_dtype=state_dtype)
-    p_cpu, p_gpu = _gpu_problem(B=7, R=R, L=2, lens=(4001, 1, 63, 65, 4002, 4003, 2052),
-                                cap=4096, seed=7 + R, cfg=cfg)
+    lens = (4001, 1, 63, 65, 4002, 4003, 2052, 3997, 3998, 3999, 4000)
+    p_cpu, p_gpu = _gpu_problem(B=len(lens), R=R, L=2, lens=lens, cap=cap, seed=7 + R, cfg=cfg)
     _compare_step(p_cpu, p_gpu)
 
 

@@ -53,25 +53,66 @@ __device__ __forceinline__ float load_state(const void* base, bool half, int64_t
               : static_cast<const float*>(base)[idx];
 }
 
-// Whole rows of V/D can be read 4 entries at a time: cap % 4 == 0 and both arrays aligned to
-// 4 entries (16 bytes in fp32, 8 in fp16).
-__device__ __forceinline__ bool state_vectorizable(const StateView& s) {
-  const uintptr_t bytes = s.half ? 8 : 16;
-  return s.cap % 4 == 0 && reinterpret_cast<uintptr_t>(s.V) % bytes == 0 &&
+// The raw bits of one entry, converted later by state_from_bits: a loop that loads several
+// entries then issues every load before the first conversion waits on it.
+__device__ __forceinline__ uint32_t load_state_bits(const void* base, bool half, int64_t idx) {
+  return half ? static_cast<const uint16_t*>(base)[idx] : static_cast<const uint32_t*>(base)[idx];
+}
+
+__device__ __forceinline__ float state_from_bits(uint32_t bits, bool half) {
+  return half ? __half2float(__ushort_as_half(static_cast<unsigned short>(bits)))
+              : __uint_as_float(bits);
+}
+
+// Whole rows of V/D can be read kVec entries at a time: cap % kVec == 0 and both arrays
+// aligned to kVec entries.
+__host__ __device__ __forceinline__ bool state_vectorizable(const StateView& s, int vec = 4) {
+  const uintptr_t bytes = static_cast<uintptr_t>(vec) * (s.half ? 2 : 4);
+  return s.cap % vec == 0 && reinterpret_cast<uintptr_t>(s.V) % bytes == 0 &&
          reinterpret_cast<uintptr_t>(s.D) % bytes == 0;
 }
+
+// kVec state entries of one 8- or 16-byte load, kept raw until read: converting fp16 at the
+// load makes the compiler wait on each load in turn instead of issuing them all first.
+template <bool kHalf, int kVec>
+struct StateVec {
+  static constexpr int kWords = kHalf ? kVec / 2 : kVec;
+  static_assert(kWords == 2 || kWords == 4, "8- or 16-byte loads");
+  uint32_t w[kWords];
+  // entries idx..idx+kVec-1; idx % kVec == 0 on a state_vectorizable(s, kVec) row
+  __device__ __forceinline__ void load(const void* base, int64_t idx) {
+    const char* at = static_cast<const char*>(base) + idx * (kHalf ? 2 : 4);
+    if constexpr (kWords == 4) {
+      const uint4 r = *reinterpret_cast<const uint4*>(at);
+      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+    } else {
+      const uint2 r = *reinterpret_cast<const uint2*>(at);
+      w[0] = r.x; w[1] = r.y;
+    }
+  }
+  __device__ __forceinline__ float operator[](int e) const {
+    if constexpr (kHalf) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&w[e / 2]);
+      return (e & 1) ? __high2float(h) : __low2float(h);
+    } else {
+      return __uint_as_float(w[e]);
+    }
+  }
+};
 
 // Entries idx..idx+3 in one load; idx % 4 == 0 on a state_vectorizable row.
 __device__ __forceinline__ void load_state4(const void* base, bool half, int64_t idx,
                                             float (&v)[4]) {
   if (half) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(base) + idx);
-    const __half2 lo = *reinterpret_cast<const __half2*>(&raw.x);
-    const __half2 hi = *reinterpret_cast<const __half2*>(&raw.y);
-    v[0] = __low2float(lo); v[1] = __high2float(lo); v[2] = __low2float(hi); v[3] = __high2float(hi);
+    StateVec<true, 4> r;
+    r.load(base, idx);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = r[e];
   } else {
-    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + idx);
-    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+    StateVec<false, 4> r;
+    r.load(base, idx);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = r[e];
   }
 }
 

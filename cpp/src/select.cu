@@ -9,7 +9,7 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxPerStep = 2;  // blocks in flight per half-warp on the max-pooling path
+constexpr int kMaxPerStep = 2;  // blocks in flight per lane group on the max-pooling path
 
 // max(V[i], D[q - i]) of this lane's two slots of block j (-inf past the visible slots).
 __device__ __forceinline__ void block_values(const StateView& s, int64_t base, int j, int n,
@@ -29,66 +29,77 @@ __device__ __forceinline__ void block_values(const StateView& s, int64_t base, i
   }
 }
 
-// Max pooling on vector-readable state: a half-warp takes one block. Lane h reads V of the
-// block's slots 4h..4h+3, and 4 aligned D entries of the block's offset window (lane 0 one
-// more vector when the window is not aligned). The block's max of max(V[i], D[q - i]) over
-// visible slots is the max of both sets, so V and D need not be paired slot by slot.
+// Max pooling on vector-readable state: a group of kGroup = 64 / kVec lanes takes one block.
+// Lane h reads V of the block's slots kVec*h.., and kVec aligned D entries of the block's
+// offset window (lane 0 one more vector when the window is not aligned). The block's max of
+// max(V[i], D[q - i]) over visible slots is the max of both sets, so V and D need not be
+// paired slot by slot. Every lane loads 16 bytes (8 in fp16 with kVec 4), so fp16 state takes
+// half the steps of fp32 for the same bytes in flight.
 // Interior blocks (all 64 slots visible and inside the state, the whole D window
 // [q - first - 63, q - first] inside [0, cap)) take a path without per-entry bounds checks.
+template <bool kHalf, int kVec>
 struct MaxBlockLoads {
-  float v[4], d[4], d_tail[4];
+  StateVec<kHalf, kVec> v, d, d_tail;
   bool interior;
 };
 
-// The half-warp's view of block j: lane's first slot i0, visible D window [o_lo, o_hi], the
+// The group's view of block j: lane's first slot i0, visible D window [o_lo, o_hi], the
 // lane's D vector at a. Recomputed where needed rather than kept in registers.
+template <int kVec>
 struct MaxBlockWindow {
+  static constexpr int kGroup = kBlockSize / kVec;
   int64_t i0, o_lo, o_hi, a;
   bool interior;
   __device__ __forceinline__ MaxBlockWindow(const StateView& s, int j, int n, int q) {
     const int64_t first = static_cast<int64_t>(j) * kBlockSize;
-    i0 = first + 4 * (threadIdx.x & 15);
+    const int h = threadIdx.x % kGroup;
+    i0 = first + kVec * h;
     o_hi = min(static_cast<int64_t>(q) - first, s.cap - 1);
     o_lo = max(max(static_cast<int64_t>(q) - first - (kBlockSize - 1),
                    static_cast<int64_t>(q) - n + 1), int64_t{0});
     interior = first + kBlockSize <= min(static_cast<int64_t>(n), s.cap) &&
                o_lo == static_cast<int64_t>(q) - first - (kBlockSize - 1) &&
                o_hi == static_cast<int64_t>(q) - first;
-    a = (o_lo & ~int64_t{3}) + 4 * (threadIdx.x & 15);  // the window spans <= 64 + 3 entries
+    // the window spans <= 64 + kVec - 1 entries from a's aligned start
+    a = (o_lo & ~static_cast<int64_t>(kVec - 1)) + kVec * h;
   }
 };
 
+template <bool kHalf, int kVec>
 __device__ __forceinline__ void load_block_max(const StateView& s, int64_t base, int j, int n,
-                                               int q, MaxBlockLoads& L) {
-  const int h = threadIdx.x & 15;
-  const MaxBlockWindow w(s, j, n, q);
+                                               int q, MaxBlockLoads<kHalf, kVec>& L) {
+  const MaxBlockWindow<kVec> w(s, j, n, q);
+  const bool lead = threadIdx.x % MaxBlockWindow<kVec>::kGroup == 0;
   L.interior = w.interior;
   if (w.interior) {
-    load_state4(s.V, s.half, base + w.i0, L.v);
-    load_state4(s.D, s.half, base + w.a, L.d);
-    if (h == 0 && (w.o_lo & 3)) load_state4(s.D, s.half, base + w.a + kBlockSize, L.d_tail);
+    L.v.load(s.V, base + w.i0);
+    L.d.load(s.D, base + w.a);
+    if (lead && (w.o_lo & (kVec - 1))) L.d_tail.load(s.D, base + w.a + kBlockSize);
     return;
   }
-  if (w.i0 < n && w.i0 < s.cap) load_state4(s.V, s.half, base + w.i0, L.v);
-  if (w.o_lo <= w.o_hi && w.a <= w.o_hi) load_state4(s.D, s.half, base + w.a, L.d);
-  if (h == 0 && w.a + kBlockSize <= w.o_hi) load_state4(s.D, s.half, base + w.a + kBlockSize, L.d_tail);
+  if (w.i0 < n && w.i0 < s.cap) L.v.load(s.V, base + w.i0);
+  if (w.o_lo <= w.o_hi && w.a <= w.o_hi) L.d.load(s.D, base + w.a);
+  if (lead && w.a + kBlockSize <= w.o_hi) L.d_tail.load(s.D, base + w.a + kBlockSize);
 }
 
-// Every lane of the warp must call this (shuffles); `active`: the half-warp's block exists.
+// Every lane of the warp must call this (shuffles); `active`: the group's block exists.
+template <bool kHalf, int kVec>
 __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int n, int q,
-                                                  const MaxBlockLoads& L, bool active) {
-  const int h = threadIdx.x & 15;
+                                                  const MaxBlockLoads<kHalf, kVec>& L,
+                                                  bool active) {
+  constexpr int kGroup = MaxBlockWindow<kVec>::kGroup;
+  const bool lead = threadIdx.x % kGroup == 0;
   float m = -CUDART_INF_F;
   if (active && L.interior) {
-    // lane 0's entries below the window start are replaced by the tail past a + 63
-    const int skew = (q - j * kBlockSize - (kBlockSize - 1)) & 3;
+    // the lead lane's entries below the window start are replaced by the tail past a + 63
+    const int skew = (q - j * kBlockSize - (kBlockSize - 1)) & (kVec - 1);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      m = fmaxf(m, fmaxf(L.v[e], h == 0 && e < skew ? L.d_tail[e] : L.d[e]));
+    for (int e = 0; e < kVec; ++e)
+      m = fmaxf(m, fmaxf(L.v[e], lead && e < skew ? L.d_tail[e] : L.d[e]));
   } else if (active) {
-    const MaxBlockWindow w(s, j, n, q);
+    const MaxBlockWindow<kVec> w(s, j, n, q);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < kVec; ++e) {
       const int64_t i = w.i0 + e;
       if (i < n) {
         m = fmaxf(m, i < s.cap ? L.v[e] : 0.0f);
@@ -96,11 +107,35 @@ __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int
         if (o < 0 || o >= s.cap) m = fmaxf(m, 0.0f);  // D outside the state counts as 0
       }
       if (w.a + e >= w.o_lo && w.a + e <= w.o_hi) m = fmaxf(m, L.d[e]);
-      if (h == 0 && w.a + kBlockSize + e <= w.o_hi) m = fmaxf(m, L.d_tail[e]);
+      if (lead && w.a + kBlockSize + e <= w.o_hi) m = fmaxf(m, L.d_tail[e]);
     }
   }
-  for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
+}
+
+// Max-pooled scores of blocks 0..B-1 into score[]: 32 / kGroup blocks per warp (one per group)
+// x kMaxPerStep per step, all loads issued first; the loop and its shuffles stay warp-uniform.
+template <bool kHalf, int kVec>
+__device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n, int q,
+                                 float* score) {
+  constexpr int kGroup = MaxBlockWindow<kVec>::kGroup, kPerWarp = 32 / kGroup;
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  for (int jw = kPerWarp * warp; jw < B; jw += kPerWarp * kMaxPerStep * kWarps) {
+    MaxBlockLoads<kHalf, kVec> L[kMaxPerStep];
+#pragma unroll
+    for (int u = 0; u < kMaxPerStep; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      if (j < B) load_block_max(s, base, j, n, q, L[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kMaxPerStep; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      const float m = reduce_block_max(s, j, n, q, L[u], j < B);
+      if (lane % kGroup == 0 && j < B) score[j] = m;
+    }
+  }
 }
 
 // Pool one block's values across the warp.
@@ -138,6 +173,9 @@ __device__ float pool_block(float (&v)[2], int pooling) {
   return cnt > 0 ? sum / cnt : -CUDART_INF_F;
 }
 
+// kVec > 0: max pooling on state read kVec entries per load (kHalf: fp16); 0: the paired path
+// (any pooling, any state layout). One kernel per layout keeps each at 64 registers.
+template <bool kHalf, int kVec>
 __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   extern __shared__ unsigned char smem[];
   float* score = reinterpret_cast<float*>(smem);
@@ -165,7 +203,6 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   const int64_t step = p.step[b];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int min_blocks = (p.index_topk + kBlockSize - 1) / kBlockSize;
-  const bool max_vec = p.pooling == kPoolMax && state_vectorizable(s);
 
   int nb_all = 0;
   for (int r = 0; r < p.rows; ++r) {
@@ -190,27 +227,9 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
       continue;
     }
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
-    if (max_vec) {
-      // 2 blocks per warp (one per half-warp) x kPerStep per step, all loads issued first;
-      // the loop and its shuffles stay warp-uniform
-      const int half = (threadIdx.x >> 4) & 1;
-      for (int jw = 2 * warp; jw < B; jw += 2 * kMaxPerStep * kWarps) {
-        MaxBlockLoads L[kMaxPerStep];
-#pragma unroll
-        for (int u = 0; u < kMaxPerStep; ++u) {
-          const int j = jw + 2 * u * kWarps + half;
-          if (j < B) load_block_max(s, base, j, n, q, L[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kMaxPerStep; ++u) {
-          const int j = jw + 2 * u * kWarps + half;
-          const float m = reduce_block_max(s, j, n, q, L[u], j < B);
-          if ((lane & 15) == 0 && j < B) score[j] = m;
-        }
-      }
-    }
+    if constexpr (kVec > 0) score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
-    for (int j0 = warp; !max_vec && j0 < B; j0 += kPerStep * kWarps) {
+    for (int j0 = warp; kVec == 0 && j0 < B; j0 += kPerStep * kWarps) {
       float v[kPerStep][2];
 #pragma unroll
       for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
@@ -300,14 +319,24 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
 
 }  // namespace
 
+template <bool kHalf, int kVec>
+cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
+  cudaError_t err = allow_dynamic_smem(select_kernel<kHalf, kVec>, smem);
+  if (err != cudaSuccess) return err;
+  select_kernel<kHalf, kVec><<<dim3(p.state.num_layers, p.batch), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
-  cudaError_t err = allow_dynamic_smem(select_kernel, smem);
-  if (err != cudaSuccess) return err;
-  dim3 grid(p.state.num_layers, p.batch);
-  select_kernel<<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  const StateView& s = p.state;
+  if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
+    return launch_select_as<true, 8>(p, smem, stream);
+  if (p.pooling == kPoolMax && state_vectorizable(s, 4))
+    return s.half ? launch_select_as<true, 4>(p, smem, stream)
+                  : launch_select_as<false, 4>(p, smem, stream);
+  return launch_select_as<false, 0>(p, smem, stream);
 }
 
 }  // namespace spin

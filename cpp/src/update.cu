@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       for (int e = 0; e < 4; ++e) { j[e] = j_ahead[e]; z[e] = z_ahead[e]; }
       if (chunk + stride * 4 < scored) prefetch(chunk + stride * 4);
       bool v_seen[4], d_seen[4];
-      float v[4], d[4];
+      uint32_t v[4], d[4];
       #pragma unroll
       for (int e = 0; e < 4; ++e) {  // all loads first; D must not wait for the logits
         const int64_t pos = chunk + lane + 32 * e;
@@ -79,15 +79,19 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
         const bool slot = pos < scored && j[e] >= 0 && i < n;
         v_seen[e] = slot && i < s.cap;
         d_seen[e] = slot && j[e] < p.max_blocks && o >= 0 && o < olimit;
-        v[e] = v_seen[e] ? load_state(s.V, s.half, base + i) : 0.0f;
-        d[e] = d_seen[e] ? load_state(s.D, s.half, base + o) : 0.0f;
+        v[e] = v_seen[e] ? load_state_bits(s.V, s.half, base + i) : 0u;
+        d[e] = d_seen[e] ? load_state_bits(s.D, s.half, base + o) : 0u;
       }
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (!isfinite(z[e])) continue;
         const int64_t i = static_cast<int64_t>(j[e]) * kBlockSize + (chunk + lane + 32 * e) % kBlockSize;
-        if (v_seen[e]) store_state(s.V, s.half, base + i, round_state(ema(a, one_minus_a, v[e], z[e])));
-        if (d_seen[e]) store_state(s.D, s.half, base + q - i, round_state(ema(a, one_minus_a, d[e], z[e])));
+        if (v_seen[e])
+          store_state(s.V, s.half, base + i,
+                      round_state(ema(a, one_minus_a, state_from_bits(v[e], s.half), z[e])));
+        if (d_seen[e])
+          store_state(s.D, s.half, base + q - i,
+                      round_state(ema(a, one_minus_a, state_from_bits(d[e], s.half), z[e])));
       }
     }
   } else {
