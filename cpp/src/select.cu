@@ -285,8 +285,18 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
         const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
         return ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm)));
       };
-      radix_threshold<kThreads>(B, static_cast<int>(e), priority, candidate, hist, bcast, thr, need);
-      ordered_take<kThreads>(B, thr, need, priority, candidate,
+      // each priority once (the random one is a 5-round hash), over the scores: they are not
+      // read again for this row
+      uint32_t* prio = reinterpret_cast<uint32_t*>(score);
+      for (int j = threadIdx.x; j < B; j += kThreads)
+        if (candidate(j)) {
+          const uint32_t key = priority(j);
+          prio[j] = key;
+        }
+      __syncthreads();
+      auto prio_key = [&](int j) { return prio[j]; };
+      radix_threshold<kThreads>(B, static_cast<int>(e), prio_key, candidate, hist, bcast, thr, need);
+      ordered_take<kThreads>(B, thr, need, prio_key, candidate,
                              [&](int j, int) { row_flag[j] = 2; }, warp_counts);
     }
     __syncthreads();

@@ -10,6 +10,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// kHalf: V/D are fp16 (a template argument so that no load or store branches on it).
+template <bool kHalf>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
   // grid (slices, B): slice x takes every gridDim.x-th chunk of 4 x kThreads scored slots and
@@ -26,20 +28,26 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
   const int accepted = p.accepted[b];
   const int q0 = p.q[b * p.rows];
-  // One-row path: a warp takes 128 consecutive compact positions from chunk0 on, lane l the
-  // positions l + 32e (e < 4), so V, D and the logits move in whole lines. Block ids and
-  // logits are loaded one chunk ahead (the first before the count and the row count are
-  // known; unused with several rows): V and D then wait on one load, not on a chain of them.
+  // One-row path: a warp takes 128 consecutive compact positions (2 scored blocks) from chunk0
+  // on, lane l the positions l + 32e (e < 4), so V, D and the logits move in whole lines.
+  // Block ids and logits are loaded one chunk ahead (the first before the count and the row
+  // count are known; unused with several rows): V and D then wait on one load, not on a chain
+  // of them. Positions within a request fit in 32 bits (m_cap * 64 <= max_context + 63).
   const float* z_row = p.logits + static_cast<int64_t>(b) * p.rows * width;  // row 0
   const int lane = threadIdx.x & 31;
-  const int64_t chunk0 = (first - lane) * 4;
-  int j_ahead[4];
+  const int chunk0 = (static_cast<int>(first) - lane) * 4;
+  const int chunk_step = static_cast<int>(stride) * 4;
+  int j_ahead[2];
   float z_ahead[4];
-  auto prefetch = [&](int64_t chunk) {
+  auto prefetch = [&](int chunk) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = chunk / kBlockSize + h;
+      j_ahead[h] = c < p.m_cap ? ids[c] : -1;
+    }
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t pos = chunk + lane + 32 * e;
-      j_ahead[e] = pos < width ? ids[pos / kBlockSize] : -1;
+      const int pos = chunk + lane + 32 * e;
       z_ahead[e] = pos < width ? z_row[pos] : 0.0f;
     }
   };
@@ -52,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
-    return s.half ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
+    return kHalf ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
   };
 
   const int64_t scored = static_cast<int64_t>(count) * kBlockSize;
@@ -62,36 +70,42 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     // one pass over the scored slots reads the logits once and needs no block table.
     const int n = n_of(0);
     const int q = q0;
-    const int64_t olimit = min(static_cast<int64_t>(q) + 1, s.cap);
-    for (int64_t chunk = chunk0; chunk < scored; chunk += stride * 4) {
-      int j[4];
+    const int olimit = static_cast<int>(min(min(static_cast<int64_t>(q) + 1, s.cap),
+                                            static_cast<int64_t>(INT_MAX)));
+    const int vlimit = static_cast<int>(min(static_cast<int64_t>(n), s.cap));
+    void* V_row = static_cast<char*>(s.V) + base * (kHalf ? 2 : 4);
+    void* D_row = static_cast<char*>(s.D) + base * (kHalf ? 2 : 4);
+    for (int chunk = chunk0; chunk < scored; chunk += chunk_step) {
+      int j[2];
       float z[4];
       #pragma unroll
-      for (int e = 0; e < 4; ++e) { j[e] = j_ahead[e]; z[e] = z_ahead[e]; }
-      if (chunk + stride * 4 < scored) prefetch(chunk + stride * 4);
+      for (int h = 0; h < 2; ++h) j[h] = j_ahead[h];
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) z[e] = z_ahead[e];
+      if (chunk + chunk_step < scored) prefetch(chunk + chunk_step);
       bool v_seen[4], d_seen[4];
       uint32_t v[4], d[4];
       #pragma unroll
       for (int e = 0; e < 4; ++e) {  // all loads first; D must not wait for the logits
-        const int64_t pos = chunk + lane + 32 * e;
-        const int64_t i = static_cast<int64_t>(j[e]) * kBlockSize + pos % kBlockSize;
-        const int64_t o = q - i;
-        const bool slot = pos < scored && j[e] >= 0 && i < n;
-        v_seen[e] = slot && i < s.cap;
-        d_seen[e] = slot && j[e] < p.max_blocks && o >= 0 && o < olimit;
-        v[e] = v_seen[e] ? load_state_bits(s.V, s.half, base + i) : 0u;
-        d[e] = d_seen[e] ? load_state_bits(s.D, s.half, base + o) : 0u;
+        // j < max_blocks keeps i in 32 bits; a larger j is past n anyway
+        const int jb = j[e >> 1];
+        const bool block = chunk / kBlockSize + (e >> 1) < count && jb >= 0 && jb < p.max_blocks;
+        const int i = (block ? jb : 0) * kBlockSize + lane + 32 * (e & 1);
+        const int o = q - i;
+        v_seen[e] = block && i < vlimit;
+        d_seen[e] = block && i < n && o >= 0 && o < olimit;
+        v[e] = v_seen[e] ? load_state_bits(V_row, kHalf, i) : 0u;
+        d[e] = d_seen[e] ? load_state_bits(D_row, kHalf, o) : 0u;
       }
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (!isfinite(z[e])) continue;
-        const int64_t i = static_cast<int64_t>(j[e]) * kBlockSize + (chunk + lane + 32 * e) % kBlockSize;
+        const int i = (v_seen[e] || d_seen[e] ? j[e >> 1] : 0) * kBlockSize + lane + 32 * (e & 1);
+        // one EMA step: storing it rounds it once, as round_state would
         if (v_seen[e])
-          store_state(s.V, s.half, base + i,
-                      round_state(ema(a, one_minus_a, state_from_bits(v[e], s.half), z[e])));
+          store_state(V_row, kHalf, i, ema(a, one_minus_a, state_from_bits(v[e], kHalf), z[e]));
         if (d_seen[e])
-          store_state(s.D, s.half, base + q - i,
-                      round_state(ema(a, one_minus_a, state_from_bits(d[e], s.half), z[e])));
+          store_state(D_row, kHalf, q - i, ema(a, one_minus_a, state_from_bits(d[e], kHalf), z[e]));
       }
     }
   } else {
@@ -100,16 +114,16 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const bool vec = state_vectorizable(s);
     auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
       if (vec && valid == 4) {
-        load_state4(arr, s.half, base + i0, v);
+        load_state4(arr, kHalf, base + i0, v);
       } else {
         #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, s.half, base + i0 + e) : 0.0f;
+        for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, kHalf, base + i0 + e) : 0.0f;
       }
     };
     auto store_changed = [&](void* arr, int64_t i0, const float (&v)[4], const bool (&changed)[4]) {
       #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (changed[e]) store_state(arr, s.half, base + i0 + e, v[e]);
+        if (changed[e]) store_state(arr, kHalf, base + i0 + e, v[e]);
     };
     for (int j = threadIdx.x; j < p.max_blocks; j += kThreads) compact_of_block[j] = -1;
     __syncthreads();
@@ -199,11 +213,14 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
-  cudaError_t err = allow_dynamic_smem(update_kernel, smem);
+  cudaError_t err = p.state.half ? allow_dynamic_smem(update_kernel<true>, smem)
+                                 : allow_dynamic_smem(update_kernel<false>, smem);
   if (err != cudaSuccess) return err;
   // enough slices to cover the longest context with a few passes per thread
   const int slices = max(1, min(64, (p.max_context + 8 * kThreads - 1) / (8 * kThreads)));
-  update_kernel<<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
+  const dim3 grid(slices, p.batch);
+  if (p.state.half) update_kernel<true><<<grid, kThreads, smem, stream>>>(p);
+  else update_kernel<false><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
