@@ -368,9 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-slots", type=int, help="slots shown in --mask-plot (default all)")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("ablate", help="the paper's ablations: reduction, exploration or mtp")
+    p = sub.add_parser("ablate", help="the paper's ablations (reduction, exploration, mtp) and "
+                                      "fp32 vs fp16 state (state_dtype)")
     p.add_argument("traces", nargs="+", metavar="TRACE")
-    p.add_argument("--study", required=True, choices=["reduction", "exploration", "mtp"])
+    # replay.evaluate.STUDIES (not imported here: it pulls in torch)
+    p.add_argument("--study", required=True,
+                   choices=["reduction", "exploration", "mtp", "state_dtype"])
     _add_common(p)
     _add_config_flags(p)
     p.add_argument("--plot", help="PNG: miss vs realized sparsity per variant")

@@ -118,6 +118,21 @@ def test_studies():
         study_variants("mtp", SpinConfig(), 1)
     with pytest.raises(SpinError, match="unknown study"):
         study_variants("bogus", SpinConfig(), 1)
+    dtypes = study_variants("state_dtype", SpinConfig(target_sparsity=0.3), 1)
+    assert [(label, v.state_dtype, v.target_sparsity) for label, v in dtypes] == [
+        ("float32", "float32", 0.3), ("float16", "float16", 0.3)]
+    res = run_study(trace, "state_dtype", [0.4])
+    assert [r["variant"] for r in res] == ["float32", "float16"]
+    assert res[1] == replay(trace, [0.4], SpinConfig(state_dtype="float16"), label="float16")[0]
+
+
+def test_cli_study_choices_match_studies():
+    from spin_trtllm.cli import build_parser
+    from spin_trtllm.replay.evaluate import STUDIES
+
+    ablate = build_parser()._subparsers._group_actions[0].choices["ablate"]
+    study = next(a for a in ablate._actions if a.dest == "study")
+    assert tuple(study.choices) == STUDIES
 
 
 def test_bad_sparsity():
