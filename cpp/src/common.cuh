@@ -100,22 +100,6 @@ struct StateVec {
   }
 };
 
-// Entries idx..idx+3 in one load; idx % 4 == 0 on a state_vectorizable row.
-__device__ __forceinline__ void load_state4(const void* base, bool half, int64_t idx,
-                                            float (&v)[4]) {
-  if (half) {
-    StateVec<true, 4> r;
-    r.load(base, idx);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = r[e];
-  } else {
-    StateVec<false, 4> r;
-    r.load(base, idx);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = r[e];
-  }
-}
-
 // Saturate at the dtype's largest finite value, as reference._store does.
 __device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, float v) {
   if (half) {
@@ -129,6 +113,17 @@ __device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, 
 // EMA in the reference's order: round(a * old) + round(b * z), no fused multiply-add.
 __device__ __forceinline__ float ema(float a, float b, float old, float z) {
   return __fadd_rn(__fmul_rn(a, old), __fmul_rn(b, z));
+}
+
+// Inclusive prefix sum over the lanes of a warp (all 32 lanes call it).
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
 }
 
 // Block-wide sum of one value per thread; every thread gets the total. `scratch` holds
@@ -203,12 +198,7 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
       int sum = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum += merged[top - j];
-      int incl = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
+      const int incl = warp_inclusive_sum(sum);
       int cum = incl - sum;
       if (cum < remaining && (incl >= remaining || lane == 31)) {
         int d = top;

@@ -102,16 +102,6 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
-__device__ __forceinline__ int warp_inclusive_sum(int v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
-  return v;
-}
-
 // The bin holding the T-th largest entry (bins scanned from the top) and how many entries lie
 // in higher bins. 1 <= T <= sum(hist).
 __device__ void find_bin(const int* hist, int T, int* warp_sums, int* bcast) {

@@ -114,7 +114,10 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const bool vec = state_vectorizable(s);
     auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
       if (vec && valid == 4) {
-        load_state4(arr, kHalf, base + i0, v);
+        StateVec<kHalf, 4> r;
+        r.load(arr, base + i0);
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = r[e];
       } else {
         #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, kHalf, base + i0 + e) : 0.0f;
@@ -210,18 +213,21 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
 
 }  // namespace
 
-cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
-  if (p.batch == 0) return cudaSuccess;
-  const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
-  cudaError_t err = p.state.half ? allow_dynamic_smem(update_kernel<true>, smem)
-                                 : allow_dynamic_smem(update_kernel<false>, smem);
+template <bool kHalf>
+cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t stream) {
+  cudaError_t err = allow_dynamic_smem(update_kernel<kHalf>, smem);
   if (err != cudaSuccess) return err;
   // enough slices to cover the longest context with a few passes per thread
   const int slices = max(1, min(64, (p.max_context + 8 * kThreads - 1) / (8 * kThreads)));
-  const dim3 grid(slices, p.batch);
-  if (p.state.half) update_kernel<true><<<grid, kThreads, smem, stream>>>(p);
-  else update_kernel<false><<<grid, kThreads, smem, stream>>>(p);
+  update_kernel<kHalf><<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
+  return p.state.half ? launch_update_as<true>(p, smem, stream)
+                      : launch_update_as<false>(p, smem, stream);
 }
 
 }  // namespace spin
