@@ -202,7 +202,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        max_batch=args.batch, mtp_depth=args.mtp, checkpoint=args.checkpoint,
                        random_weights=args.random_weights,
                        measure_miss=args.measure_miss, dump_trace=args.dump_trace,
-                       cuda_graphs=args.cuda_graphs, progress=not args.quiet)
+                       cuda_graphs=args.cuda_graphs, progress=not args.quiet,
+                       logits_backend=args.logits_backend)
     res = run_demo(cfg, opts)
     print(format_report(res))
     _write_json(args.json, res)
@@ -420,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-trace", metavar="FILE", help="write SPIN trace v1 of request 0")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="GPU: replay captured decode steps (no indexer time split)")
+    p.add_argument("--logits-backend", default="native", choices=["native", "deepgemm", "reference"],
+                   help="decode indexer logits of both engines: spin's masked kernel (native), "
+                        "DeepGEMM over a compacted block table (deepgemm; CUDA, SM90+), or "
+                        "plain PyTorch (reference)")
     p.add_argument("--json", help="write results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_flags(p)

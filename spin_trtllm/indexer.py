@@ -19,10 +19,15 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import logits as logits_backends
 from . import ops
 from .config import SpinConfig
 from .errors import SpinError
 from .state import StatePool
+
+
+def _backend(backend, device) -> "logits_backends.LogitsBackend":
+    return logits_backends.resolve(backend, device) if isinstance(backend, str) else backend
 
 
 def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None:
@@ -34,7 +39,8 @@ def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None
 
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
-                 max_context: int):
+                 max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native"):
+        """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -62,6 +68,10 @@ class SpinIndexer:
         self.query_pos = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
         self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.accepted_zero = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self.backend = _backend(logits_backend, dev)
+        # each layer's compact logits of this step (a backend may return its own tensor); kept
+        # until finish() with MTP
+        self.step_logits: list[Optional[torch.Tensor]] = [None] * L
         self.batch = 0
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
@@ -104,9 +114,10 @@ class SpinIndexer:
         """int32 [B * next_n, K]: request-local slot ids, -1 padded, for indexer layer `layer`."""
         B, R = self.batch, self.next_n
         ids, cnt = self.block_ids[:B, layer], self.counts[:B, layer]
-        logits = self.logits[layer if R > 1 else 0, :B * R]
-        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
-                           ids, cnt, logits)
+        logits = self.backend.run(q, kv_cache, weights, self.context_lens[:B],
+                                  self.block_table[:B], ids, cnt,
+                                  self.logits[layer if R > 1 else 0, :B * R])
+        self.step_logits[layer] = logits
         top = self.topk[layer, :B * R]
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top)
         if R == 1:
@@ -121,11 +132,12 @@ class SpinIndexer:
         if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
             raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
         for layer in range(self.pool.num_layers):
-            self._update(layer, accepted)
+            if self.step_logits[layer] is not None:     # a layer never run has nothing to learn
+                self._update(layer, accepted)
 
     def _update(self, layer: int, accepted: torch.Tensor) -> None:
-        B, R = self.batch, self.next_n
-        ops.update(self.pool.state, self.slot[:B], self.logits[layer if R > 1 else 0, :B * R],
+        B = self.batch
+        ops.update(self.pool.state, self.slot[:B], self.step_logits[layer],
                    self.block_ids[:B, layer], self.counts[:B, layer], self.context_lens[:B],
                    self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
                    self._max_len())
@@ -140,7 +152,8 @@ class DenseIndexer:
     baseline, and the shadow that measures what SPIN misses). Same interface as SpinIndexer."""
 
     def __init__(self, index_topk: int, num_layers: int, max_batch: int, next_n: int,
-                 max_context: int, device: torch.device | str = "cpu"):
+                 max_context: int, device: torch.device | str = "cpu",
+                 logits_backend: "str | logits_backends.LogitsBackend" = "native"):
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1 or num_layers < 1:
             raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= 8, "
                             f"max_context >= 1; got {num_layers}, {max_batch}, {next_n}, "
@@ -156,6 +169,8 @@ class DenseIndexer:
         self.topk = torch.full((num_layers, rows, index_topk), -1, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
         self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
+        self.backend = _backend(logits_backend, dev)
+        self.step_logits: Optional[torch.Tensor] = None
         self.batch = 0
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
@@ -176,9 +191,10 @@ class DenseIndexer:
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
               kv_cache: torch.Tensor) -> torch.Tensor:
         B, R = self.batch, self.next_n
-        logits = self.logits[:B * R]
-        ops.indexer_logits(q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
-                           self.block_ids[:B], self.counts[:B], logits)
+        logits = self.backend.run(q, kv_cache, weights, self.context_lens[:B],
+                                  self.block_table[:B], self.block_ids[:B], self.counts[:B],
+                                  self.logits[:B * R])
+        self.step_logits = logits
         top = self.topk[layer, :B * R]
         ops.topk(logits, self.block_ids[:B], self.counts[:B], R, self.index_topk, top)
         return top

@@ -41,12 +41,17 @@ def test_build_writes_a_valid_bundle(tmp_path, capsys):
     assert cfg.name == "dsv4" and cfg.backend == "python"
     assert [i.name for i in cfg.input][0] == "text_input"
     assert {o.name for o in cfg.output} == {"text_output", "finish_reason"}
+    assert cfg.max_batch_size == 0           # no Triton batch dimension, as upstream ships it
     tree = ast.parse((repo / "1" / "model.py").read_text())
-    imports = [n.names[0].name for n in ast.walk(tree) if isinstance(n, ast.Import)]
-    assert "spin_trtllm.trtllm" in imports
+    imported = {n.names[0].name for n in ast.walk(tree) if isinstance(n, ast.Import)} | \
+        {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    # tensorrt_llm is imported late, by upstream's model: SPIN hooks that import instead
+    assert not {"tensorrt_llm", "spin_trtllm.trtllm"} & imported
+    assert "spin_trtllm.integrations.trtllm.deferred" in imported
     my = yaml.safe_load((repo / "1" / "model.yaml").read_text())
     assert my["model"] == str(model.resolve()) and my["backend"] == "pytorch"
-    assert my["triton_config"]["max_batch_size"] == 16 and my["tensor_parallel_size"] == 8
+    assert my["triton_config"]["max_batch_size"] == 0 and my["max_batch_size"] == 16
+    assert my["tensor_parallel_size"] == 8
     assert spin_config_of(my["sparse_attention_config"]) == spin
 
 
@@ -116,3 +121,31 @@ def test_the_example_bundle_is_what_build_writes(tmp_path):
     assert files == sorted(p.relative_to(example) for p in example.rglob("*") if p.is_file())
     for rel in files:
         assert (out / rel).read_text() == (example / rel).read_text(), rel
+
+
+HOOK_SCRIPT = """
+import sys
+import spin_trtllm.integrations.trtllm.deferred as d
+d.PATCH = "spin_marker"
+assert d.activate_on_import() is False
+assert "spin_marker" not in sys.modules          # nothing runs before tensorrt_llm is imported
+import tensorrt_llm
+import spin_marker
+assert spin_marker.saw_trtllm and not any(isinstance(f, d._Hook) for f in sys.meta_path)
+assert d.activate_on_import() is True           # already imported: at once
+print("ok")
+"""
+
+
+def test_activation_waits_for_the_tensorrt_llm_import(tmp_path):
+    """The Triton bundle's model.py must not import tensorrt_llm itself (upstream imports it
+    after MPI and CUDA_VISIBLE_DEVICES are settled); the hook patches right after that import."""
+    import subprocess
+    (tmp_path / "tensorrt_llm").mkdir()
+    (tmp_path / "tensorrt_llm" / "__init__.py").write_text("__version__ = '0'\n")
+    (tmp_path / "spin_marker.py").write_text(
+        "import sys\nsaw_trtllm = hasattr(sys.modules.get('tensorrt_llm'), '__version__')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", HOOK_SCRIPT], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..config import SpinConfig
+from .. import logits as logits_backends
 from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, Request, RequestOutput, resolve_device
@@ -34,6 +35,7 @@ class DemoOptions:
     dump_trace: Optional[str] = None
     cuda_graphs: bool = False
     progress: bool = True
+    logits_backend: str = "native"
 
 
 def corpus(n: int, offset: int) -> bytes:
@@ -88,7 +90,8 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=opts.max_batch,
                     measure_miss=opts.measure_miss and spin is not None,
                     trace_request=0 if (opts.dump_trace and spin is not None) else None,
-                    time_indexer=bool(eager), cuda_graphs=False if eager else None)
+                    time_indexer=bool(eager), cuda_graphs=False if eager else None,
+                    logits_backend=opts.logits_backend)
     arrivals = workload(opts, cfg)
     bar = None
     if opts.progress:
@@ -151,6 +154,7 @@ def agreement(a: dict[int, RequestOutput], b: dict[int, RequestOutput]) -> dict[
 
 def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
+    logits_backends.resolve(opts.logits_backend, device)   # unusable: SpinError before any work
     if spin.index_topk != cfg.index_topk:
         if "index_topk" in spin.model_fields_set:
             raise SpinError(f"index_topk {spin.index_topk}: the dsa-lite model uses "
@@ -168,6 +172,7 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
                                                                   default_checkpoint()),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "spin_config": spin.model_dump(mode="json"),
+            "logits_backend": opts.logits_backend,
             "spin": summarize(spin_engine, spin_out, spin.warmup_steps),
             "all_keep": summarize(dense_engine, dense_out, 0),
             **agreement(spin_out, dense_out),
@@ -200,7 +205,8 @@ def format_report(res: dict[str, Any]) -> str:
     ]
     sp = res["spin_config"]["target_sparsity"]
     lines = [f"dsa-lite on {res['device_name']}: {layout}, K={m['index_topk']}, "
-             f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}",
+             f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}; "
+             f"logits: {res['logits_backend']}",
              f"{'':28}{'SPIN @ ' + format(sp, '.2f'):>14}{'all-keep':>14}"]
     lines += [f"{a:28}{b:>14}{c:>14}" for a, b, c in rows]
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "

@@ -180,7 +180,7 @@ class _Observed:
         for i, live in enumerate(self.batch):
             if live.rid in e.trace_requests:
                 self.trace_rows[(live.rid, layer)] = \
-                    e.shadow.logits[i * R:(i + 1) * R].float().cpu()
+                    e.shadow.step_logits[i * R:(i + 1) * R, :e.shadow.m_cap * ref.PAGE_SLOTS].float().cpu()
         top = e._timed_layer(layer, q, weights, kv_cache, self.stats)
         if isinstance(e.indexer, SpinIndexer):
             B = len(self.batch)
@@ -208,12 +208,13 @@ class Engine:
                  trace_request: Optional[int | Sequence[int]] = None,
                  time_indexer: bool = False,
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
-                 state_initial_capacity: int = 1024):
+                 state_initial_capacity: int = 1024, logits_backend: str = "native"):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
         (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
         starts at state_initial_capacity indexer slots per request and grows with the longest
-        context (StatePool.ensure_capacity)."""
+        context (StatePool.ensure_capacity). logits_backend: where the decode indexer's logits
+        come from (spin_trtllm.logits: native, deepgemm, reference)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -237,10 +238,12 @@ class Engine:
                 L, self.max_requests, spin, self.device,
                 initial_capacity=min(state_initial_capacity, cfg.index_slots + R),
                 max_capacity=cfg.index_slots + R)
-            self.indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots)
+            self.indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
+                                       logits_backend=logits_backend)
         else:
             self.pool = None
-            self.indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots, self.device)
+            self.indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,
+                                        self.device, logits_backend=logits_backend)
         self.trace_requests: set[int] = set() if trace_request is None else (
             {trace_request} if isinstance(trace_request, int) else set(trace_request))
         self.measure_miss = measure_miss
