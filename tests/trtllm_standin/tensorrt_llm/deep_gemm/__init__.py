@@ -1,0 +1,178 @@
+"""Stand-in for `tensorrt_llm.deep_gemm`, TensorRT-LLM's vendored DeepGEMM, as the DSA indexer
+imports it (_torch/attention/backends/sparse/dsa/indexer.py @0b228a79:
+`from tensorrt_llm.deep_gemm import fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits,
+fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata`).
+
+Signatures and contracts follow deepseek-ai/DeepGEMM 54e22612 csrc/apis/attention.hpp; CPU
+reference bodies written here. UNVERIFIED that TensorRT-LLM's vendored copy is that commit.
+
+Simplified / stand-in behaviour:
+- the schedule metadata is a stand-in plan (not DeepGEMM's): shape [num_sms + 1, 2] int32 as
+  upstream; its last row records (batch, next_n) so the logits call can notice a schedule
+  built for another batch (error) or another next_n (recorded in SCHEDULE_MISMATCHES);
+- with 2D context lens, logits outside each row's [0, context_lens[b, j]) are unspecified
+  upstream (no clean pass); here they are NaN, so a consumer that reads them is caught;
+- host checks follow the SM100 rules (block_kv 32 or 64, heads 8/16/32/64, head_dim 128 for FP4).
+"""
+from typing import Optional
+
+import torch
+
+from ._layout import dequantize_fp4, dequantize_fp8, dequantize_pages
+
+NUM_SMS = 8                       # stand-in SM count (upstream: the device's)
+SPLIT_KV = 256                    # DeepGEMM's split_kv for paged MQA logits
+SCHEDULE_MISMATCHES: list = []    # (schedule next_n, call next_n) pairs seen by the logits calls
+
+
+def get_num_sms() -> int:
+    return NUM_SMS
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise RuntimeError(f"deep_gemm (stand-in): {msg}")
+
+
+def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int,
+                                  indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """int32 [num_sms + 1, 2] schedule for `*_paged_mqa_logits` (2D context_lens [B, next_n])."""
+    _check(context_lens.dim() == 2, "get_paged_mqa_logits_metadata: context_lens must be 2D")
+    _check(context_lens.dtype == torch.int32 and context_lens.is_contiguous(),
+           "get_paged_mqa_logits_metadata: context_lens must be contiguous int32")
+    _check(block_kv in (32, 64), f"get_paged_mqa_logits_metadata: block_kv {block_kv}")
+    batch, next_n = context_lens.shape
+    segments = (context_lens.max(dim=1).values.long() + SPLIT_KV - 1) // SPLIT_KV * next_n
+    total = int(segments.sum())
+    starts = torch.cumsum(segments, 0) - segments
+    meta = torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+    per_sm = (total + num_sms - 1) // max(num_sms, 1) if total else 0
+    for sm in range(num_sms):
+        work = min(sm * per_sm, total)
+        b = int(torch.searchsorted(starts, torch.tensor(work), right=True)) - 1 if batch else 0
+        meta[sm] = torch.tensor([max(b, 0), work - int(starts[max(b, 0)]) if batch else 0])
+    meta[num_sms] = torch.tensor([batch, next_n])
+    return meta
+
+
+def _check_schedule(schedule_meta: torch.Tensor, batch: int, next_n: int) -> None:
+    _check(schedule_meta.dtype == torch.int32 and schedule_meta.dim() == 2
+           and schedule_meta.shape[1] == 2, "schedule_meta must be int32 [num_sms + 1, 2]")
+    _check(schedule_meta.shape[0] == NUM_SMS + 1, "schedule_meta must have num_sms + 1 rows")
+    meta_batch, meta_next_n = (int(v) for v in schedule_meta[-1])
+    _check(meta_batch == batch, f"schedule_meta was built for batch {meta_batch}, the call has "
+                                f"{batch} (stale schedule)")
+    if meta_next_n != next_n:
+        SCHEDULE_MISMATCHES.append((meta_next_n, next_n))
+
+
+def _paged_logits(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
+                  context_lens: torch.Tensor, block_table: torch.Tensor,
+                  max_context_len: int) -> torch.Tensor:
+    batch, next_n, heads, _ = q.shape
+    blocks, slots, _ = keys.shape
+    _check(weights.shape == (batch * next_n, heads) and weights.stride(1) == 1,
+           f"weights must be [{batch * next_n}, {heads}]")
+    _check(weights.dtype in (torch.float32, torch.bfloat16), "weights must be fp32 (or bf16)")
+    _check(block_table.dtype == torch.int32 and block_table.shape[0] == batch,
+           "block_table must be int32 [batch, max_blocks]")
+    _check(context_lens.shape == (batch, next_n) and context_lens.dtype == torch.int32,
+           f"context_lens must be int32 [{batch}, {next_n}] (2D only)")
+    logits = torch.full((batch * next_n, max_context_len), float("nan"))
+    for b in range(batch):
+        lens = context_lens[b].tolist()
+        longest = max(lens)
+        _check(longest <= max_context_len, f"context len {longest} > max_context_len")
+        if longest <= 0:
+            continue
+        pages = block_table[b, :(longest + slots - 1) // slots].long()
+        _check(bool(((pages >= 0) & (pages < blocks)).all()),
+               f"block_table row {b} holds a page outside [0, {blocks})")
+        k = keys[pages].reshape(-1, keys.shape[-1])[:longest]                  # [n, D]
+        scores = torch.einsum("jhd,nd->jhn", q[b].float(), k).relu()
+        w = weights[b * next_n:(b + 1) * next_n].float()
+        rows = (scores * w[:, :, None]).sum(dim=1)                            # [next_n, n]
+        for j, n in enumerate(lens):
+            logits[b * next_n + j, :n] = rows[j, :n]
+    return logits
+
+
+def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                         context_lens: torch.Tensor, block_table: torch.Tensor,
+                         schedule_meta: torch.Tensor, max_context_len: int,
+                         clean_logits: bool = False,
+                         indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 [B * next_n, max_context_len]: row (b, j) scores positions < context_lens[b, j] as
+    sum_h weights[row, h] * relu(q[b, j, h] . k). q: e4m3 [B, next_n, H, 128]; kv_cache: uint8
+    pages [blocks, 32 or 64, 1, 132]."""
+    _check(q.dim() == 4 and q.dtype == torch.float8_e4m3fn, "q must be e4m3 [B, next_n, H, D]")
+    _check(kv_cache.dtype == torch.uint8 and kv_cache.shape[2] == 1
+           and kv_cache.shape[3] == q.shape[-1] + 4, "kv_cache must be uint8 [blocks, P, 1, D+4]")
+    _check(kv_cache.shape[1] in (32, 64), f"block_kv {kv_cache.shape[1]} (32 or 64)")
+    _check(q.shape[2] in (8, 16, 32, 64), f"num_heads {q.shape[2]}")
+    _check(not clean_logits, "clean_logits needs 1D context lens")
+    _check(indices is None, "varlen indices are not supported by the stand-in")
+    _check_schedule(schedule_meta, q.shape[0], q.shape[1])
+    keys = dequantize_pages(kv_cache, q.shape[-1])
+    return _paged_logits(q.float(), keys, weights, context_lens, block_table, max_context_len)
+
+
+def fp8_fp4_paged_mqa_logits(q: tuple, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_table: torch.Tensor,
+                             schedule_meta: torch.Tensor, max_context_len: int,
+                             clean_logits: bool = False, logits_dtype=torch.float32,
+                             indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """As fp8_paged_mqa_logits; q = (q, None) for FP8 or (packed FP4 [B, next_n, H, 64],
+    int32 scales [B, next_n, H]) for FP4 keys (pages [blocks, P, 1, 68])."""
+    q_fp, q_sf = q
+    if q_sf is None:
+        return fp8_paged_mqa_logits(q_fp, kv_cache, weights, context_lens, block_table,
+                                    schedule_meta, max_context_len, clean_logits, indices)
+    batch, next_n, heads, half = q_fp.shape
+    _check(half * 2 == 128, "FP4 needs head_dim 128")
+    _check(q_sf.shape == (batch, next_n, heads) and q_sf.dtype == torch.int32,
+           "q_sf must be int32 [B, next_n, H]")
+    _check(kv_cache.dtype == torch.uint8 and kv_cache.shape[3] == half + 4,
+           "kv_cache must be uint8 [blocks, P, 1, D/2+4]")
+    _check(kv_cache.shape[1] in (32, 64), f"block_kv {kv_cache.shape[1]} (32 or 64)")
+    _check(not clean_logits and indices is None, "clean_logits / varlen not supported")
+    _check_schedule(schedule_meta, batch, next_n)
+    q_deq = dequantize_fp4(q_fp.reshape(-1, half), q_sf.reshape(-1)).view(batch, next_n, heads,
+                                                                          2 * half)
+    keys = dequantize_pages(kv_cache, 2 * half)
+    return _paged_logits(q_deq, keys, weights, context_lens, block_table, max_context_len)
+
+
+def _ragged_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
+                   ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool) -> torch.Tensor:
+    scores = torch.einsum("thd,nd->thn", q, k).relu()
+    logits = (scores * weights.float()[:, :, None]).sum(dim=1)
+    cols = torch.arange(k.shape[0])
+    inside = (cols[None, :] >= ks[:, None].long()) & (cols[None, :] < ke[:, None].long())
+    return logits.masked_fill(~inside, float("-inf") if clean_logits else float("nan"))
+
+
+def fp8_mqa_logits(q: torch.Tensor, kv: tuple, weights: torch.Tensor,
+                   cu_seq_len_k_start: torch.Tensor, cu_seq_len_k_end: torch.Tensor,
+                   clean_logits: bool = True, max_seqlen_k: int = 0) -> torch.Tensor:
+    """Prefill logits fp32 [T, S]: row t scores keys [ks[t], ke[t]) of the ragged kv."""
+    k_fp8, k_scale = kv
+    keys = dequantize_fp8(k_fp8, k_scale.reshape(-1))
+    return _ragged_logits(q.float(), keys, weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                          clean_logits)
+
+
+def fp8_fp4_mqa_logits(q: tuple, kv: tuple, weights: torch.Tensor,
+                       cu_seq_len_k_start: torch.Tensor, cu_seq_len_k_end: torch.Tensor,
+                       clean_logits: bool = True, max_seqlen_k: int = 0,
+                       logits_dtype=torch.float32) -> torch.Tensor:
+    q_fp, q_sf = q
+    if q_sf is None:
+        return fp8_mqa_logits(q_fp, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                              clean_logits, max_seqlen_k)
+    k_packed, k_sf = kv
+    heads = weights.shape[1]
+    q_deq = dequantize_fp4(q_fp.reshape(-1, q_fp.shape[-1]), q_sf.reshape(-1))
+    keys = dequantize_fp4(k_packed.reshape(k_packed.shape[0], -1), k_sf.reshape(-1))
+    return _ragged_logits(q_deq.view(-1, heads, keys.shape[-1]), keys, weights,
+                          cu_seq_len_k_start, cu_seq_len_k_end, clean_logits)

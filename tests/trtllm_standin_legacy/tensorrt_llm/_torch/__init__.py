@@ -1,0 +1,1 @@
+"""Stand-in for tensorrt_llm/_torch (release 1.2)."""
