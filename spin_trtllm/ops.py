@@ -1,4 +1,4 @@
-"""SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset}.
+"""SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap}.
 
 The schemas live here (one place). Every op validates its arguments in Python (shapes,
 dtypes, devices, contiguity, config ranges: clear errors before any launch), then runs:
@@ -22,11 +22,32 @@ Contracts (DESIGN.md):
   sm_90a the q.k sums come from FP8 tensor cores (wgmma) as in DeepGEMM's FP8 MQA logits:
   about 1.4e-4 of the row norm from exact (random data); elsewhere they are summed in fp32.
   q, kv_cache and weights start at 16-byte aligned addresses (topk/update logits too).
+- topk/update read logits fp32 [B*R, W >= m_cap*64]: the first m_cap*64 columns of each row;
+  last dim contiguous, rows a multiple of 4 floats apart (16-byte rows), base 16-byte aligned
+  (DeepGEMM's logits, of a width aligned up from max_context_len, feed them without a copy).
 - topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. A request's block ids
   must be distinct, as select's are (on CUDA a repeated id races on its V/D entries). reset zeroes state
   slots and restarts their warm-up.
+- compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
+  fp8_paged_mqa_logits as TensorRT-LLM uses it, over the selected blocks only): block_ids
+  [B, m_cap] and counts [B] as select writes them (a strided layer view ids[:, l] is fine; the
+  first min(count, m_cap) ids are used), context_lens [B, R], block_table int32 [B, max_pages]
+  of pages of page_slots = 64 or 32 slots (ppb = 64 / page_slots pages per SPIN block) ->
+  compact_table int32 [B, T >= m_cap*ppb]: entry k*ppb + p = block_table[b, ids[k]*ppb + p]
+  for each used k with ids[k] >= 0 and that column < max_pages, 0 everywhere else (0 keeps a
+  reader inside the cache; page ids are copied as they are); compact_lens int32 [B, R]: row j =
+  sum over used k of clamp(context_lens[b, j] - 64 ids[k], 0, 64). Ids ascending, a row's
+  visible slots are a prefix of the compact order, so a kernel given (compact_table,
+  compact_lens) as (block table, context lengths) computes indexer_logits' compact masked
+  logits (compact position k*64 + s is slot ids[k]*64 + s; -inf from compact_lens on), provided
+  the block table covers the context.
+- remap: positions int32 [B*next_n, K] (compact positions as a top-K over compact logits gives
+  them, e.g. TensorRT-LLM's indexer_topk_decode: request-local, -1 padded; row stride allowed)
+  -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos < min(count, m_cap)*64
+  with that id >= 0, else -1, order kept (row r is request r // next_n). out may be positions
+  itself (in place), otherwise it must not overlap it.
 - Device values are checked on CPU (state slots in range and distinct, context lengths within
   max_context_len). On CUDA the kernels clamp context lengths to max_context_len and skip a
   request whose state slot is out of range (counts 0, ids -1), so no check needs a sync.
@@ -53,7 +74,7 @@ BLOCK = ref.PAGE_SLOTS
 HEADS, HEAD_DIM = 64, 128
 POOLING = {"max": 0, "mean": 1, "top4": 2}
 POLICY = {"random": 0, "staleness": 1, "age": 2}
-OPS = ("select", "indexer_logits", "topk", "update")
+OPS = ("select", "indexer_logits", "topk", "update", "compact", "remap")
 
 _SCHEMAS = {
     "select": "select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
@@ -71,6 +92,10 @@ _SCHEMAS = {
               "float ema_decay, bool row0_only, int max_context_len) -> ()",
     "reset": "reset(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
              "Tensor state_slots, Tensor step) -> ()",
+    "compact": "compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
+               "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()",
+    "remap": "remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
+             "Tensor(a!) out) -> ()",
 }
 
 
@@ -244,7 +269,8 @@ def _logits_ref(q, kv_cache, weights, context_lens, block_table, block_ids, coun
 
 
 def _topk_ref(logits, block_ids, counts, next_n, out) -> None:
-    out.copy_(ref.topk_slots(logits, block_ids, counts, next_n, out.shape[1]))
+    width = block_ids.shape[1] * BLOCK
+    out.copy_(ref.topk_slots(logits[:, :width], block_ids, counts, next_n, out.shape[1]))
 
 
 def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
@@ -272,13 +298,26 @@ def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, co
     # compact [B*R, m_cap*64] -> dense slot coordinates [B, R, nb*64]
     dense = torch.full((B, R, (nb + 1) * BLOCK), float("-inf"), device=V.device)
     cols = (safe_ids.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=V.device)).flatten(1)
-    dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), logits.view(B, R, -1).float())
+    compact = logits[:, :m_cap * BLOCK].reshape(B, R, -1).float()
+    dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), compact)
     ref.update_state(state, dense[:, :, :width], mask, n, query_pos.long(),
                      accepted.long(), cfg, step.long())
     V[idx, layer] = state.V
     D[idx, layer] = state.D
     last_seen[idx, layer] = state.last_seen
     decode_steps[idx, layer] = state.decode_steps
+
+
+def _compact_ref(block_ids, counts, context_lens, block_table, page_slots, compact_table,
+                 compact_lens) -> None:
+    table, lens = ref.compact_block_table(block_ids, counts, context_lens, block_table,
+                                          page_slots, compact_table.shape[1])
+    compact_table.copy_(table)
+    compact_lens.copy_(lens)
+
+
+def _remap_ref(positions, block_ids, counts, next_n, out) -> None:
+    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n))
 
 
 # ---- op registration ------------------------------------------------------------------------------
@@ -314,6 +353,19 @@ def _aligned16(op: str, **tensors) -> None:
             _fail(op, f"{name} must start at a 16-byte aligned address (the kernels load 16 B)")
 
 
+def _check_logits(op: str, logits, dev, rows: int, m_cap: int) -> None:
+    """fp32 [rows, W >= m_cap*64] read in its first m_cap*64 columns; 16-byte aligned rows."""
+    _tensor(op, "logits", logits, (torch.float32,), 2, dev, inner_contiguous=True)
+    width = m_cap * BLOCK
+    if logits.shape[0] != rows or logits.shape[1] < width:
+        _fail(op, f"logits must have shape [{rows}, W >= {width}] (B*R rows, at least m_cap*64 "
+                  f"columns), got {list(logits.shape)}")
+    _aligned16(op, logits=logits)
+    if rows > 1 and logits.stride(0) % 4:
+        _fail(op, f"logits rows must be a multiple of 4 floats apart (16-byte rows: the kernels "
+                  f"load 16 B), got row stride {logits.stride(0)}")
+
+
 def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
     op = "indexer_logits"
     dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
@@ -343,13 +395,12 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
 def _validate_topk(logits, block_ids, counts, next_n, out):
     op = "topk"
     dev = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
-    _tensor(op, "logits", logits, (torch.float32,), 2, dev, contiguous=True)
+    _tensor(op, "logits", logits, (torch.float32,), 2, dev, inner_contiguous=True)
     B = block_ids.shape[0] if isinstance(block_ids, torch.Tensor) else 0
     m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
     if not 1 <= next_n <= 8:
         _fail(op, f"next_n must be 1..8, got {next_n}")
-    _shape(op, "logits", logits, (B * next_n, m_cap * BLOCK))
-    _aligned16(op, logits=logits)
+    _check_logits(op, logits, dev, B * next_n, m_cap)
     _tensor(op, "out", out, I32, 2, dev, contiguous=True)
     if out.shape[0] != B * next_n or out.shape[1] < 1:
         _fail(op, f"out must have shape [{B * next_n}, K >= 1], got {list(out.shape)}")
@@ -362,9 +413,7 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
     m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
-    _tensor(op, "logits", logits, (torch.float32,), 2, dev, contiguous=True)
-    _shape(op, "logits", logits, (B * R, m_cap * BLOCK))
-    _aligned16(op, logits=logits)
+    _check_logits(op, logits, dev, B * R, m_cap)
     _tensor(op, "accepted", accepted, I32, 1, dev, contiguous=True)
     _shape(op, "accepted", accepted, (B,))
     _tensor(op, "step", step, I64, 1, dev, contiguous=True)
@@ -375,6 +424,54 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
         _fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
     _check_max_context(op, max_context_len, V.shape[2])
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
+
+
+def _validate_compact(block_ids, counts, context_lens, block_table, page_slots, compact_table,
+                      compact_lens) -> None:
+    op = "compact"
+    dev = block_ids.device if isinstance(block_ids, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
+    B, R = context_lens.shape
+    if not 1 <= R <= 8:
+        _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
+    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
+    _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    if page_slots not in (32, BLOCK):
+        _fail(op, f"page_slots must be 64 or 32 (slots per KV page; a SPIN block is 64 slots), "
+                  f"got {page_slots}")
+    ppb = BLOCK // page_slots
+    _tensor(op, "compact_table", compact_table, I32, 2, dev, inner_contiguous=True)
+    if compact_table.shape[0] != B or compact_table.shape[1] < m_cap * ppb:
+        _fail(op, f"compact_table must have shape [{B}, T >= m_cap * {ppb} = {m_cap * ppb}], "
+                  f"got {list(compact_table.shape)}")
+    _tensor(op, "compact_lens", compact_lens, I32, 2, dev, contiguous=True)
+    _shape(op, "compact_lens", compact_lens, (B, R))
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+    return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
+def _validate_remap(positions, block_ids, counts, next_n, out) -> None:
+    op = "remap"
+    dev = positions.device if isinstance(positions, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "positions", positions, I32, 2, dev, inner_contiguous=True)
+    B = block_ids.shape[0] if isinstance(block_ids, torch.Tensor) else 0
+    _check_selection(op, dev, block_ids, counts, B, layered=False)
+    if not 1 <= next_n <= 8:
+        _fail(op, f"next_n must be 1..8, got {next_n}")
+    if positions.shape[0] != B * next_n:
+        _fail(op, f"positions must have shape [B*next_n = {B * next_n}, K], got "
+                  f"{list(positions.shape)}")
+    _tensor(op, "out", out, I32, 2, dev, contiguous=True)
+    _shape(op, "out", out, tuple(positions.shape))
+    same = out.data_ptr() == positions.data_ptr() and out.stride() == positions.stride()
+    (a0, a1), (b0, b1) = _byte_range(out), _byte_range(positions)
+    if not same and a0 < b1 and b0 < a1:
+        _fail(op, "out must be positions itself (in place) or not overlap it")
 
 
 def _dispatch(name: str, validate, reference):
@@ -406,7 +503,9 @@ _IMPLS = {"select": _dispatch("select", _validate_select, _select_ref),
           "indexer_logits": _dispatch("indexer_logits", _validate_logits, _logits_ref),
           "topk": _dispatch("topk", _validate_topk, _topk_ref),
           "update": _dispatch("update", _validate_update, _update_ref),
-          "reset": _reset_impl}
+          "reset": _reset_impl,
+          "compact": _dispatch("compact", _validate_compact, _compact_ref),
+          "remap": _dispatch("remap", _validate_remap, _remap_ref)}
 for _name, _schema in _SCHEMAS.items():
     _LIB.define(_schema)
     _LIB.impl(_name, _IMPLS[_name], "CPU")
@@ -494,3 +593,29 @@ def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, 
 
 def reset(state: OpState, state_slots, step) -> None:
     torch.ops.spin.reset(*state.tensors(), state_slots, step)
+
+
+def compact(block_ids, counts, context_lens, block_table, page_slots: int = BLOCK,
+            compact_table: Optional[torch.Tensor] = None,
+            compact_lens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(compact_table int32 [B, m_cap * 64 / page_slots], compact_lens int32 [B, R]) of the
+    selected blocks (see the module docstring); buffers are allocated when not given."""
+    B, m_cap = block_ids.shape[0], block_ids.shape[-1]
+    if compact_table is None:
+        ppb = BLOCK // page_slots if page_slots in (32, BLOCK) else 1   # the op rejects others
+        compact_table = torch.empty(B, m_cap * ppb, dtype=torch.int32, device=block_ids.device)
+    if compact_lens is None:
+        compact_lens = torch.empty(tuple(context_lens.shape), dtype=torch.int32,
+                                   device=block_ids.device)
+    torch.ops.spin.compact(block_ids, counts, context_lens, block_table, page_slots,
+                           compact_table, compact_lens)
+    return compact_table, compact_lens
+
+
+def remap(positions, block_ids, counts, next_n: int,
+          out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Compact positions -> request-local slot ids (out may be positions: in place)."""
+    if out is None:
+        out = torch.empty(tuple(positions.shape), dtype=torch.int32, device=positions.device)
+    torch.ops.spin.remap(positions, block_ids, counts, next_n, out)
+    return out

@@ -491,3 +491,53 @@ def topk_slots(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tens
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     out[:, :slots.shape[1]] = slots.to(torch.int32)
     return out
+
+
+# ---- a compacted block table for an external paged logits kernel (spec of compact/remap) ------
+def compact_block_table(block_ids: torch.Tensor, counts: torch.Tensor, context_lens: torch.Tensor,
+                        block_table: torch.Tensor, page_slots: int,
+                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 [B, width] compact table, int32 [B, R] compact lengths) of the selected blocks.
+
+    With ppb = 64 // page_slots pages per block, entry k*ppb + p is block_table[b, ids[k]*ppb + p]
+    for the used blocks k < min(count, m_cap) with ids[k] >= 0 and that column < max_pages; any
+    other entry is 0. Row j's length is the sum over the used blocks of
+    clamp(context_lens[b, j] - 64 ids[k], 0, 64): with ascending ids the visible slots of a row
+    are a prefix of the compact order, compact position k*64 + s being slot ids[k]*64 + s."""
+    B, m_cap = block_ids.shape
+    ppb = PAGE_SLOTS // page_slots
+    dev = block_ids.device
+    ids = block_ids.to(torch.int64)
+    used = (torch.arange(m_cap, device=dev) < counts.to(torch.int64).clamp(max=m_cap)[:, None]) \
+        & (ids >= 0)                                                   # [B, m_cap]
+    cols = (ids[:, :, None] * ppb + torch.arange(ppb, device=dev)).flatten(1)   # [B, m_cap*ppb]
+    max_pages = block_table.shape[1]
+    live = used.repeat_interleave(ppb, 1) & (cols < max_pages)
+    pages = torch.zeros_like(cols)
+    if max_pages:
+        pages = block_table.to(torch.int64).gather(1, cols.clamp(0, max_pages - 1))
+    table = torch.zeros(B, width, dtype=torch.int32, device=dev)
+    table[:, :m_cap * ppb] = torch.where(live, pages, 0).to(torch.int32)
+    first = ids[:, None, :] * PAGE_SLOTS
+    seen = (context_lens.to(torch.int64)[:, :, None] - first).clamp(0, PAGE_SLOTS)
+    lens = (seen * used[:, None, :]).sum(-1)
+    return table, lens.to(torch.int32)
+
+
+def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor,
+                    next_n: int) -> torch.Tensor:
+    """int32 [B*next_n, K]: compact positions (-1 padded) -> request-local slot ids.
+
+    Position pos of row r (request r // next_n) becomes ids[pos // 64] * 64 + pos % 64 when
+    0 <= pos < min(count, m_cap) * 64 and that id is >= 0, else -1; the order is kept."""
+    rows, _ = positions.shape
+    m_cap = block_ids.shape[1]
+    pos = positions.to(torch.int64)
+    scored = counts.to(torch.int64).clamp(max=m_cap).repeat_interleave(next_n) * PAGE_SLOTS
+    inside = (pos >= 0) & (pos < scored[:, None])
+    if m_cap == 0:
+        return torch.full_like(positions, -1, dtype=torch.int32)
+    ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
+    block = ids.gather(1, torch.where(inside, pos // PAGE_SLOTS, 0))
+    slots = block * PAGE_SLOTS + pos % PAGE_SLOTS
+    return torch.where(inside & (block >= 0), slots, -1).to(torch.int32)

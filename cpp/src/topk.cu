@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int rank = kCluster > 1 ? cluster_rank() : 0;
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float* z = p.logits + static_cast<int64_t>(row_id) * p.m_cap * kBlockSize;
+  const float* z = p.logits + static_cast<int64_t>(row_id) * p.logits_stride;
   int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks with a finite score take part (a multiple of 64)

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   // Block ids and logits are loaded one chunk ahead (the first before the count and the row
   // count are known; unused with several rows): V and D then wait on one load, not on a chain
   // of them. Positions within a request fit in 32 bits (m_cap * 64 <= max_context + 63).
-  const float* z_row = p.logits + static_cast<int64_t>(b) * p.rows * width;  // row 0
+  const float* z_row = p.logits + static_cast<int64_t>(b) * p.rows * p.logits_stride;  // row 0
   const int lane = threadIdx.x & 31;
   const int chunk0 = (static_cast<int>(first) - lane) * 4;
   const int chunk_step = static_cast<int>(stride) * 4;
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       for (int r = 0; r < rows; ++r) {
         const int n = n_of(r);
         const float4 z4 = *reinterpret_cast<const float4*>(
-            p.logits + (static_cast<int64_t>(b) * p.rows + r) * width + pos);
+            p.logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride + pos);
         const float z[4] = {z4.x, z4.y, z4.z, z4.w};
         #pragma unroll
         for (int e = 0; e < 4; ++e)
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       load4(s.D, o0, valid, d);
       for (int r = 0; r < rows; ++r) {
         float z[4];
-        const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * width;
+        const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride;
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t at = seen_at(r, o0 + e);

@@ -29,6 +29,17 @@ spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, 
   return s;
 }
 
+// The fields every launcher takes from a [B, m_cap] block-id view and its [B] counts (both may
+// be strided layer views of select's [B, L, ...] outputs).
+template <typename Params>
+void set_selection(Params& p, at::Tensor& block_ids, at::Tensor& counts) {
+  p.block_ids = block_ids.data_ptr<int32_t>();
+  p.counts = counts.data_ptr<int32_t>();
+  p.m_cap = static_cast<int>(block_ids.size(1));
+  p.ids_stride = block_ids.stride(0);
+  p.counts_stride = counts.stride(0);
+}
+
 void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
             at::Tensor state_slot, at::Tensor context_lens, at::Tensor query_pos,
             at::Tensor request_id, at::Tensor step, at::Tensor block_ids, at::Tensor counts,
@@ -72,16 +83,12 @@ void spin_indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, 
   p.weights = weights.data_ptr<float>();
   p.context_lens = context_lens.data_ptr<int32_t>();
   p.block_table = block_table.data_ptr<int32_t>();
-  p.block_ids = block_ids.data_ptr<int32_t>();
-  p.counts = counts.data_ptr<int32_t>();
+  set_selection(p, block_ids, counts);
   p.batch = static_cast<int>(context_lens.size(0));
   p.rows = static_cast<int>(context_lens.size(1));
-  p.m_cap = static_cast<int>(block_ids.size(1));
   p.max_pages = static_cast<int>(block_table.size(1));
   p.num_pages = kv_cache.size(0);
   p.table_stride = block_table.stride(0);
-  p.ids_stride = block_ids.stride(0);
-  p.counts_stride = counts.stride(0);
   p.out = out.data_ptr<float>();
   check(spin::launch_indexer_logits(p, c10::cuda::getCurrentCUDAStream()), "indexer_logits");
 }
@@ -90,14 +97,11 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
   const c10::cuda::CUDAGuard guard(logits.device());
   spin::TopKParams p;
   p.logits = logits.data_ptr<float>();
-  p.block_ids = block_ids.data_ptr<int32_t>();
-  p.counts = counts.data_ptr<int32_t>();
+  set_selection(p, block_ids, counts);
   p.batch = static_cast<int>(block_ids.size(0));
   p.rows = static_cast<int>(next_n);
-  p.m_cap = static_cast<int>(block_ids.size(1));
   p.k = static_cast<int>(out.size(1));
-  p.ids_stride = block_ids.stride(0);
-  p.counts_stride = counts.stride(0);
+  p.logits_stride = logits.stride(0);
   p.out = out.data_ptr<int32_t>();
   check(spin::launch_topk(p, c10::cuda::getCurrentCUDAStream()), "topk");
 }
@@ -112,23 +116,52 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.layer = static_cast<int>(layer);
   p.state_slot = state_slot.data_ptr<int32_t>();
   p.logits = logits.data_ptr<float>();
-  p.block_ids = block_ids.data_ptr<int32_t>();
-  p.counts = counts.data_ptr<int32_t>();
+  set_selection(p, block_ids, counts);
   p.n = context_lens.data_ptr<int32_t>();
   p.q = query_pos.data_ptr<int32_t>();
   p.accepted = accepted.data_ptr<int32_t>();
   p.step = step.data_ptr<int64_t>();
   p.batch = static_cast<int>(context_lens.size(0));
   p.rows = static_cast<int>(context_lens.size(1));
-  p.m_cap = static_cast<int>(block_ids.size(1));
-  p.ids_stride = block_ids.stride(0);
-  p.counts_stride = counts.stride(0);
+  p.logits_stride = logits.stride(0);
   p.alpha = static_cast<float>(ema_decay);
   p.one_minus_alpha = static_cast<float>(1.0 - ema_decay);
   p.row0_only = row0_only;
   p.max_context = static_cast<int>(max_context_len);
   p.max_blocks = static_cast<int>((max_context_len + spin::kBlockSize - 1) / spin::kBlockSize);
   check(spin::launch_update(p, c10::cuda::getCurrentCUDAStream()), "update");
+}
+
+void spin_compact(at::Tensor block_ids, at::Tensor counts, at::Tensor context_lens, at::Tensor block_table,
+                  int64_t page_slots, at::Tensor compact_table, at::Tensor compact_lens) {
+  const c10::cuda::CUDAGuard guard(block_ids.device());
+  spin::CompactParams p;
+  set_selection(p, block_ids, counts);
+  p.context_lens = context_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.max_pages = static_cast<int>(block_table.size(1));
+  p.page_slots = static_cast<int>(page_slots);
+  p.table_stride = block_table.stride(0);
+  p.compact_table = compact_table.data_ptr<int32_t>();
+  p.compact_stride = compact_table.stride(0);
+  p.width = static_cast<int>(compact_table.size(1));
+  p.compact_lens = compact_lens.data_ptr<int32_t>();
+  check(spin::launch_compact(p, c10::cuda::getCurrentCUDAStream()), "compact");
+}
+
+void spin_remap(at::Tensor positions, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out) {
+  const c10::cuda::CUDAGuard guard(positions.device());
+  spin::RemapParams p;
+  p.positions = positions.data_ptr<int32_t>();
+  set_selection(p, block_ids, counts);
+  p.batch = static_cast<int>(block_ids.size(0));
+  p.rows = static_cast<int>(next_n);
+  p.k = static_cast<int>(out.size(1));
+  p.positions_stride = positions.stride(0);
+  p.out = out.data_ptr<int32_t>();
+  check(spin::launch_remap(p, c10::cuda::getCurrentCUDAStream()), "remap");
 }
 
 }  // namespace
@@ -146,6 +179,9 @@ TORCH_LIBRARY(spin_native, m) {
         "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
         "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "
         "int max_context_len) -> ()");
+  m.def("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
+        "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()");
+  m.def("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
@@ -153,4 +189,6 @@ TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
   m.impl("indexer_logits", &spin_indexer_logits);
   m.impl("topk", &spin_topk);
   m.impl("update", &spin_update);
+  m.impl("compact", &spin_compact);
+  m.impl("remap", &spin_remap);
 }

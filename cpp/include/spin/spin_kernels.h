@@ -65,11 +65,12 @@ struct LogitsParams {
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
 
 struct TopKParams {
-  const float* logits;         // [B*R, width], width = m_cap * 64
+  const float* logits;         // [B*R, >= m_cap * 64], rows logits_stride apart (m_cap*64 read)
   const int32_t* block_ids;    // [B, ids_stride]
   const int32_t* counts;       // [B] with counts_stride
   int batch, rows, m_cap, k;
   int64_t ids_stride, counts_stride;
+  int64_t logits_stride;       // floats between rows: a multiple of 4 (16-byte rows), >= m_cap*64
   int32_t* out;                // [B*R, k] request-local slot ids, ascending, -1 padded
 };
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
@@ -78,7 +79,8 @@ struct UpdateParams {
   StateView state;
   int layer;
   const int32_t* state_slot;   // [B]
-  const float* logits;         // [B*R, m_cap * 64] compact scores of this layer
+  const float* logits;         // [B*R, >= m_cap * 64] compact scores of this layer, rows
+                               // logits_stride apart (m_cap*64 read)
   const int32_t* block_ids;    // [B, ids_stride]
   const int32_t* counts;       // [B] with counts_stride
   const int32_t* n;            // [B, R]
@@ -87,11 +89,44 @@ struct UpdateParams {
   const int64_t* step;         // [B]
   int batch, rows, m_cap;
   int64_t ids_stride, counts_stride;
+  int64_t logits_stride;       // floats between rows: a multiple of 4 (16-byte rows), >= m_cap*64
   float alpha, one_minus_alpha;  // float(a) and float(1 - a) with 1 - a taken in double
   bool row0_only;
   int max_context;             // context lengths are clamped to this
   int max_blocks;              // ceil(max_context / 64)
 };
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
+
+// Compacted block table for an external paged indexer-logits kernel (DeepGEMM's
+// fp8_paged_mqa_logits): entry k*ppb + p = block_table[b, ids[k]*ppb + p] (ppb = 64 /
+// page_slots pages per SPIN block) for the used k < min(count, m_cap) with ids[k] >= 0 and that
+// column < max_pages, else 0 (also columns >= m_cap*ppb); lens[b, j] = sum over used k of
+// clamp(context_lens[b, j] - ids[k]*64, 0, 64). One CTA per request.
+struct CompactParams {
+  const int32_t* block_ids;    // [B, ids_stride] ascending, -1 padded (m_cap used)
+  const int32_t* counts;       // [B] with counts_stride
+  const int32_t* context_lens; // [B, R]
+  const int32_t* block_table;  // [B, table_stride], max_pages valid columns
+  int batch, rows, m_cap, max_pages, page_slots;  // page_slots 64 or 32
+  int64_t ids_stride, counts_stride, table_stride;
+  int32_t* compact_table;      // [B, compact_stride], width columns written
+  int64_t compact_stride;
+  int width;                   // T >= m_cap * ppb
+  int32_t* compact_lens;       // [B, R]
+};
+cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream);
+
+// Compact positions (top-K over compact logits, -1 padded) -> request-local slot ids:
+// ids[pos / 64] * 64 + pos % 64 for 0 <= pos < min(count, m_cap) * 64 with ids[pos / 64] >= 0,
+// else -1. Row r belongs to request r / next_n. out may be positions (in place).
+struct RemapParams {
+  const int32_t* positions;    // [B*R, positions_stride], k used
+  const int32_t* block_ids;    // [B, ids_stride]
+  const int32_t* counts;       // [B] with counts_stride
+  int batch, rows, m_cap, k;
+  int64_t positions_stride, ids_stride, counts_stride;
+  int32_t* out;                // [B*R, k]
+};
+cudaError_t launch_remap(const RemapParams& p, cudaStream_t stream);
 
 }  // namespace spin

@@ -76,6 +76,7 @@ class TopKPlugin final : public SpinPluginBase {
     p.k = mK;
     p.ids_stride = sel.idsStride;
     p.counts_stride = sel.countsStride;
+    p.logits_stride = static_cast<int64_t>(sel.mCap) * spin::kBlockSize;  // [B*R, m_cap*64]
     p.out = static_cast<int32_t*>(outputs[0]);
     return spin::launch_topk(p, stream);
   }

@@ -106,6 +106,7 @@ class UpdatePlugin final : public SpinPluginBase {
     p.m_cap = sel.mCap;
     p.ids_stride = sel.idsStride;
     p.counts_stride = sel.countsStride;
+    p.logits_stride = static_cast<int64_t>(sel.mCap) * spin::kBlockSize;  // [B*R, m_cap*64]
     p.alpha = static_cast<float>(mDecay);
     p.one_minus_alpha = static_cast<float>(1.0 - mDecay);  // 1 - a in double, as the torch binding
     p.row0_only = mRow0;

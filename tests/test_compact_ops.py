@@ -1,0 +1,436 @@
+"""torch.ops.spin.compact / remap and the logits row stride of topk/update: the reference
+against brute-force loops and properties (CPU), the kernels against the reference (GPU)."""
+
+import pytest
+import torch
+
+from spin_trtllm import SpinError
+from spin_trtllm import ops
+from spin_trtllm import reference as ref
+from test_ops import Problem, _native_when_required, make_cache  # noqa: F401 (autouse fixture)
+
+CUDA = torch.cuda.is_available()
+
+
+def gpu(fn):
+    """GPU tests: marked gpu, skipped without CUDA (names hold 'gpu' for device_check's -k)."""
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")(fn))
+
+
+# ---- random selections ----------------------------------------------------------------------------
+def _lens(gen, blocks: int) -> int:
+    """A context length: ragged, tiny, or exactly on a block boundary."""
+    kind = int(torch.randint(0, 4, (1,), generator=gen))
+    if kind == 0:
+        return int(torch.randint(0, 3, (1,), generator=gen))
+    if kind == 1:
+        return 64 * int(torch.randint(0, blocks + 1, (1,), generator=gen))
+    return int(torch.randint(0, blocks * 64 + 1, (1,), generator=gen))
+
+
+def random_case(seed: int, page_slots: int = 64, B=None, R=None, m_cap=None, layers: int = 2):
+    """block_ids [B, L, m_cap] ascending distinct, -1 padded (the op gets the strided layer view),
+    counts [B, L] (0, below, equal to and above m_cap), context_lens [B, R] ragged,
+    block_table [B, max_pages] of page_slots-slot pages, some blocks past max_pages."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    B = B if B is not None else rnd(1, 5)
+    R = R if R is not None else rnd(1, 4)
+    m_cap = m_cap if m_cap is not None else rnd(1, 9)
+    blocks = m_cap + rnd(0, 6)                       # blocks a context may span
+    ppb = 64 // page_slots
+    max_pages = max(0, blocks * ppb - rnd(0, 3))     # the last blocks may fall off the table
+    ids = torch.full((B, layers, m_cap), -1, dtype=torch.int32)
+    counts = torch.zeros(B, layers, dtype=torch.int32)
+    for b in range(B):
+        for l in range(layers):
+            c = rnd(0, min(blocks, m_cap + 2))
+            chosen = torch.randperm(blocks, generator=gen)[:c].sort().values
+            counts[b, l] = c
+            ids[b, l, :min(c, m_cap)] = chosen[:m_cap].int()
+    ctx = torch.tensor([[_lens(gen, blocks) for _ in range(R)] for _ in range(B)],
+                       dtype=torch.int32)
+    table = torch.randint(0, 1000, (B, max_pages), generator=gen, dtype=torch.int32)
+    return ids, counts, ctx, table
+
+
+def brute_compact(ids, counts, ctx, table, page_slots, width):
+    ppb = 64 // page_slots
+    B, m_cap = ids.shape
+    out = [[0] * width for _ in range(B)]
+    lens = [[0] * ctx.shape[1] for _ in range(B)]
+    for b in range(B):
+        for k in range(min(int(counts[b]), m_cap)):
+            j = int(ids[b, k])
+            if j < 0:
+                continue
+            for p in range(ppb):
+                if j * ppb + p < table.shape[1]:
+                    out[b][k * ppb + p] = int(table[b, j * ppb + p])
+            for r in range(ctx.shape[1]):
+                lens[b][r] += min(max(int(ctx[b, r]) - j * 64, 0), 64)
+    return torch.tensor(out, dtype=torch.int32).view(B, width), \
+        torch.tensor(lens, dtype=torch.int32).view(B, ctx.shape[1])
+
+
+def brute_remap(pos, ids, counts, next_n):
+    out = torch.full_like(pos, -1)
+    for row in range(pos.shape[0]):
+        b = row // next_n
+        for c in range(pos.shape[1]):
+            x = int(pos[row, c])
+            if 0 <= x < min(int(counts[b]), ids.shape[1]) * 64 and int(ids[b, x // 64]) >= 0:
+                out[row, c] = int(ids[b, x // 64]) * 64 + x % 64
+    return out
+
+
+# ---- CPU: compact ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_slots", [64, 32])
+@pytest.mark.parametrize("seed", range(12))
+def test_compact_matches_brute_force(seed, page_slots):
+    ids, counts, ctx, table = random_case(seed, page_slots)
+    ppb = 64 // page_slots
+    width = ids.shape[-1] * ppb + (seed % 3) * 5           # T > m_cap * ppb too
+    for l in range(ids.shape[1]):
+        got_t, got_l = ops.compact(ids[:, l], counts[:, l], ctx, table, page_slots,
+                                   torch.full((ids.shape[0], width), 77, dtype=torch.int32))
+        want_t, want_l = brute_compact(ids[:, l], counts[:, l], ctx, table, page_slots, width)
+        assert torch.equal(got_t, want_t) and torch.equal(got_l, want_l)
+
+
+def test_compact_edge_cases():
+    ids = torch.tensor([[0, 1, 5, -1], [2, 3, 4, 7], [-1, -1, -1, -1]], dtype=torch.int32)
+    counts = torch.tensor([3, 9, 0], dtype=torch.int32)           # 9 > m_cap: 4 used
+    ctx = torch.tensor([[128, 321], [192, 0], [50, 50]], dtype=torch.int32)
+    table = torch.arange(3 * 7, dtype=torch.int32).view(3, 7) + 100   # block 7 is past the table
+    t, n = ops.compact(ids, counts, ctx, table, 64)
+    assert t.tolist() == [[100, 101, 105, 0], [109, 110, 111, 0], [0, 0, 0, 0]]
+    # row 0: blocks 0, 1 fully (128), block 5 from 321 - 320 = 1; row of 192: blocks 2 (all)
+    assert n.tolist() == [[128, 129], [64, 0], [0, 0]]
+    table32 = torch.arange(3 * 14, dtype=torch.int32).view(3, 14) + 100   # 32-slot pages
+    t32, n32 = ops.compact(ids, counts, ctx, table32, 32)
+    assert t32[0].tolist() == [100, 101, 102, 103, 110, 111, 0, 0]
+    assert t32[1].tolist() == [118, 119, 120, 121, 122, 123, 0, 0] and torch.equal(n32, n)
+    assert (t32[2] == 0).all()
+    # no requests
+    t0, n0 = ops.compact(ids[:0], counts[:0], ctx[:0], table32[:0], 32)
+    assert t0.shape == (0, 8) and n0.shape == (0, 2)
+
+
+def _paged_logits(q, weights, keys, table, lens, page_slots, width):
+    """A tiny paged-MQA-logits reference (what DeepGEMM's fp8_paged_mqa_logits computes): row
+    (b, j) scores its first lens[b, j] positions, position c reading slot c % page_slots of page
+    table[b, c // page_slots]; -inf elsewhere. keys: float64 [pages, page_slots, 128]."""
+    B, R = lens.shape
+    out = torch.full((B * R, width), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        for j in range(R):
+            c = torch.arange(int(lens[b, j]))
+            k = keys[table[b, c // page_slots].long(), c % page_slots]          # [n, 128]
+            dots = q[b * R + j].float().double() @ k.T                                  # [64, n]
+            out[b * R + j, :len(c)] = (torch.relu(dots) * weights[b * R + j].double()[:, None]).sum(0)
+    return out
+
+
+@pytest.mark.parametrize("page_slots", [64, 32])
+@pytest.mark.parametrize("seed", range(4))
+def test_compact_table_gives_spin_compact_logits(seed, page_slots):
+    """Paged logits through (compact_table, compact_lens) equal SPIN's compact masked logits."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    B, R, m_cap = 3, 1 + seed % 3, 6
+    ids, counts, ctx, _ = random_case(seed, 64, B=B, R=R, m_cap=m_cap, layers=1)
+    ids, counts = ids[:, 0], counts[:, 0]
+    max_pages = int(ctx.max()) // 64 + m_cap + 8                # the table covers the context
+    num_pages = B * max_pages + 2
+    cache = make_cache(num_pages, gen)
+    table = torch.randperm(num_pages, generator=gen)[:B * max_pages].view(B, max_pages).int()
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    weights = torch.randn(B * R, 64, generator=gen) * 0.1
+    want = ref.masked_indexer_logits(q, cache, weights, ctx, table, ids, counts)
+    keys = ref.dequantize_pages(cache).double()                 # [P, 64, 128]
+    if page_slots == 32:                                        # the same slots in 32-slot pages
+        perm = torch.randperm(2 * num_pages, generator=gen)
+        keys32 = torch.empty(2 * num_pages, 32, 128, dtype=torch.float64)
+        keys32[perm] = keys.view(2 * num_pages, 32, 128)        # half h of page P -> perm[2P + h]
+        table = perm[(2 * table.long()[:, :, None] + torch.arange(2)).flatten(1)].int()
+        keys = keys32
+    ctable, clens = ops.compact(ids, counts, ctx, table, page_slots)
+    got = _paged_logits(q, weights, keys, ctable, clens, page_slots, m_cap * 64)
+    inside = torch.arange(m_cap * 64) < clens.view(-1, 1)
+    assert torch.isfinite(want[inside]).all() and (want[~inside] == float("-inf")).all()
+    assert torch.allclose(got[inside], want[inside], rtol=1e-10, atol=1e-12)
+    assert (got[~inside] == float("-inf")).all()
+
+
+# ---- CPU: remap -----------------------------------------------------------------------------------
+def random_positions(seed, ids, counts, next_n, K):
+    gen = torch.Generator().manual_seed(seed)
+    B, m_cap = ids.shape
+    pos = torch.randint(-3, m_cap * 64 + 70, (B * next_n, K), generator=gen).int()
+    if seed % 2:
+        pos[:, K // 2:] = -1                                    # -1 padding
+    return pos
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_remap_matches_brute_force_and_runs_in_place(seed):
+    ids, counts, _, _ = random_case(seed)
+    R = 1 + seed % 4
+    for l in range(ids.shape[1]):
+        pos = random_positions(seed, ids[:, l], counts[:, l], R, 37)
+        want = brute_remap(pos, ids[:, l], counts[:, l], R)
+        assert torch.equal(ops.remap(pos, ids[:, l], counts[:, l], R), want)
+        inplace = pos.clone()
+        assert ops.remap(inplace, ids[:, l], counts[:, l], R, out=inplace) is inplace
+        assert torch.equal(inplace, want)
+
+
+def test_remap_edge_cases():
+    ids = torch.tensor([[1, 4, -1], [0, 2, 3]], dtype=torch.int32)
+    counts = torch.tensor([2, 5], dtype=torch.int32)                # 5 > m_cap: 3 used
+    pos = torch.tensor([[0, 63, 64, 127, 128, -1], [5, 129, 191, 192, -7, 2 ** 31 - 1]],
+                       dtype=torch.int32)
+    out = ops.remap(pos, ids, counts, 1)
+    assert out.tolist() == [[64, 127, 256, 319, -1, -1], [5, 193, 255, -1, -1, -1]]
+    wide = torch.zeros(2, 9, dtype=torch.int32)                    # a row-strided view
+    wide[:, :6] = pos
+    assert torch.equal(ops.remap(wide[:, :6], ids, counts, 1), out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_topk_equals_remap_of_plain_topk_positions(seed):
+    gen = torch.Generator().manual_seed(seed)
+    ids, counts, ctx, _ = random_case(seed, B=3, R=2, m_cap=7, layers=1)
+    ids, counts = ids[:, 0], counts[:, 0]
+    B, R, m_cap, K = 3, 2, 7, 100
+    z = torch.randn(B * R, m_cap * 64, generator=gen)
+    scored = counts.clamp(max=m_cap).repeat_interleave(R) * 64
+    cut = torch.randint(0, m_cap * 64 + 1, (B * R,), generator=gen)   # -inf past a row's lens
+    z[torch.arange(m_cap * 64) >= torch.minimum(scored, cut)[:, None]] = float("-inf")
+    spin = ops.topk(z, ids, counts, R, K)
+    vals, pos = z.topk(K, dim=-1)
+    pos = torch.where(torch.isfinite(vals), pos, -1).int()             # a plain top-K, -1 padded
+    slots = ops.remap(pos, ids, counts, R)
+    for row in range(B * R):
+        got = {int(x) for x in slots[row] if x >= 0}
+        assert got == {int(x) for x in spin[row] if x >= 0}
+        assert len(got) == min(K, int(torch.isfinite(z[row]).sum()))
+
+
+# ---- CPU: logits row stride -----------------------------------------------------------------------
+def _strided(z, extra: int, fill=float("nan")):
+    """z inside a [rows, W + extra] buffer full of `fill`: a view with row stride W + extra."""
+    buf = torch.full((z.shape[0], z.shape[1] + extra), fill, dtype=z.dtype, device=z.device)
+    buf[:, :z.shape[1]] = z
+    return buf
+
+
+def _stride_case(device, R=2):
+    p = Problem(B=3, R=R, L=1, lens=(700, 64, 1500), seed=3, device=device)
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, p.cfg, p.m_cap, p.max_ctx)
+    z = ops.indexer_logits(p.qfp8, p.cache[0], p.weights, p.n, p.table, ids[:, 0], cnt[:, 0])
+    return p, ids[:, 0], cnt[:, 0], z
+
+
+def _check_strided_topk_update(device, R):
+    p, ids, cnt, z = _stride_case(device, R)
+    want = ops.topk(z, ids, cnt, p.R, 128)
+    state = p.clone_state()
+    ops.update(state, p.slot, z, ids, cnt, p.n, p.q, p.accepted, p.step, 0, p.cfg, p.max_ctx)
+    for extra, fill in ((36, float("nan")), (4, 1e30), (64, float("inf"))):
+        for logits in (_strided(z, extra, fill), _strided(z, extra, fill)[:, :z.shape[1]]):
+            assert torch.equal(ops.topk(logits, ids, cnt, p.R, 128), want)
+            s = p.clone_state()
+            ops.update(s, p.slot, logits, ids, cnt, p.n, p.q, p.accepted, p.step, 0, p.cfg,
+                       p.max_ctx)
+            for a, b in zip(s.tensors(), state.tensors()):
+                assert torch.equal(a, b)
+    return p, ids, cnt, z, want, state
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_topk_and_update_read_the_first_m_cap_columns_of_strided_rows(R):
+    _check_strided_topk_update("cpu", R)
+
+
+def test_logits_stride_must_keep_rows_16_byte_aligned():
+    p, ids, cnt, z = _stride_case("cpu")
+    odd = _strided(z, 3)
+    with pytest.raises(SpinError, match="logits rows must be a multiple of 4 floats apart"):
+        ops.topk(odd, ids, cnt, p.R, 128)
+    with pytest.raises(SpinError, match="logits rows must be a multiple of 4 floats apart"):
+        ops.update(p.state, p.slot, odd, ids, cnt, p.n, p.q, p.accepted, p.step, 0, p.cfg,
+                   p.max_ctx)
+    with pytest.raises(SpinError, match="logits must be contiguous in its last dim"):
+        ops.topk(_strided(z, 4).t().contiguous().t(), ids, cnt, p.R, 128)
+    with pytest.raises(SpinError, match=r"logits must have shape \[6, W >= "):
+        ops.topk(z[:, :-4], ids, cnt, p.R, 128)
+
+
+# ---- validation -----------------------------------------------------------------------------------
+def _compact_args():
+    ids, counts, ctx, table = random_case(0, B=2, R=2, m_cap=4, layers=1)
+    return [ids[:, 0], counts[:, 0], ctx, table, 64, torch.empty(2, 4, dtype=torch.int32),
+            torch.empty(2, 2, dtype=torch.int32)]
+
+
+@pytest.mark.parametrize("index,value,needle", [
+    (4, 16, "page_slots must be 64 or 32"),
+    (4, 0, "page_slots must be 64 or 32"),
+    (0, lambda a: a[0].long(), "block_ids must be int32"),
+    (1, lambda a: a[1][:1], "must have 2 requests"),
+    (2, lambda a: a[2][:, :1].repeat(1, 9), r"next_n \(context_lens.shape\[1\]\) must be 1..8"),
+    (2, lambda a: a[2].float(), "context_lens must be int32"),
+    (3, lambda a: a[3][:1], "block_table has 1 rows, expected 2"),
+    (3, lambda a: a[3].t(), "block_table must be contiguous in its last dim"),
+    (5, lambda a: torch.empty(2, 3, dtype=torch.int32), r"compact_table must have shape \[2, T >= "),
+    (5, lambda a: torch.empty(2, 4, dtype=torch.int64), "compact_table must be int32"),
+    (6, lambda a: torch.empty(2, 1, dtype=torch.int32), "compact_lens must have shape"),
+])
+def test_compact_rejects_bad_arguments(index, value, needle):
+    args = _compact_args()
+    args[index] = value(args) if callable(value) else value
+    with pytest.raises(SpinError, match=f"spin::compact: .*{needle}"):
+        torch.ops.spin.compact(*args)
+
+
+def test_compact_table_width_for_32_slot_pages():
+    args = _compact_args()
+    args[4] = 32                                                  # needs T >= 8
+    with pytest.raises(SpinError, match=r"compact_table must have shape \[2, T >= m_cap \* 2 = 8\]"):
+        torch.ops.spin.compact(*args)
+
+
+def test_remap_rejects_bad_arguments():
+    ids = torch.zeros(2, 3, dtype=torch.int32)
+    cnt = torch.ones(2, dtype=torch.int32)
+    pos = torch.zeros(4, 5, dtype=torch.int32)
+    with pytest.raises(SpinError, match="positions must have shape"):
+        ops.remap(pos, ids, cnt, 1)
+    with pytest.raises(SpinError, match="next_n must be 1..8"):
+        ops.remap(torch.zeros(18, 5, dtype=torch.int32), ids, cnt, 9)
+    with pytest.raises(SpinError, match="positions must be int32"):
+        ops.remap(pos.long(), ids, cnt, 2)
+    with pytest.raises(SpinError, match="out must have shape"):
+        ops.remap(pos, ids, cnt, 2, torch.empty(4, 4, dtype=torch.int32))
+    buf = torch.zeros(5, 5, dtype=torch.int32)
+    with pytest.raises(SpinError, match="out must be positions itself"):
+        ops.remap(buf[:4], ids, cnt, 2, buf[1:])
+    with pytest.raises(SpinError, match="counts must be int32"):
+        ops.remap(pos, ids, cnt.long(), 2)
+
+
+@gpu
+def test_gpu_compact_and_remap_reject_mismatched_devices():
+    args = _compact_args()
+    args[3] = args[3].cuda()
+    with pytest.raises(SpinError, match="block_table is on cuda:0, expected cpu"):
+        torch.ops.spin.compact(*args)
+    ids = torch.zeros(2, 3, dtype=torch.int32, device="cuda")
+    with pytest.raises(SpinError, match="counts is on cpu, expected cuda"):
+        ops.remap(torch.zeros(2, 5, dtype=torch.int32, device="cuda"), ids,
+                  torch.ones(2, dtype=torch.int32), 1)
+
+
+def test_fake_impls_trace_compact_and_remap():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        ids = torch.empty(2, 4, dtype=torch.int32)
+        cnt = torch.empty(2, dtype=torch.int32)
+        torch.ops.spin.compact(ids, cnt, torch.empty(2, 3, dtype=torch.int32),
+                               torch.empty(2, 10, dtype=torch.int32), 32,
+                               torch.empty(2, 8, dtype=torch.int32),
+                               torch.empty(2, 3, dtype=torch.int32))
+        pos = torch.empty(6, 16, dtype=torch.int32)
+        torch.ops.spin.remap(pos, ids, cnt, 3, pos)
+
+
+# ---- GPU: kernels against the reference -----------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("page_slots", [64, 32])
+@pytest.mark.parametrize("seed", range(10))
+def test_gpu_compact_and_remap_match_reference(seed, page_slots):
+    sizes = [dict(), dict(B=1, R=8, m_cap=1), dict(B=40, R=3, m_cap=700)]
+    ids, counts, ctx, table = random_case(seed, page_slots, **sizes[seed % 3])
+    ppb = 64 // page_slots
+    width = ids.shape[-1] * ppb + seed % 5
+    R = ctx.shape[1]
+    for l in range(ids.shape[1]):                     # strided layer views
+        want = ops.compact(ids[:, l], counts[:, l], ctx, table, page_slots,
+                           torch.empty(ids.shape[0], width, dtype=torch.int32))
+        ig, cg = ids.cuda()[:, l], counts.cuda()[:, l]
+        got = ops.compact(ig, cg, ctx.cuda(), _strided(table, 3, 5).cuda()[:, :table.shape[1]],
+                          page_slots, torch.full((ids.shape[0], width), 9, dtype=torch.int32,
+                                                 device="cuda"))
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+        pos = random_positions(seed, ids[:, l], counts[:, l], R, 2048 if seed % 3 == 2 else 33)
+        want_r = ops.remap(pos, ids[:, l], counts[:, l], R)
+        assert torch.equal(ops.remap(pos.cuda(), ig, cg, R).cpu(), want_r)
+        inplace = pos.cuda()
+        ops.remap(inplace, ig, cg, R, inplace)
+        assert torch.equal(inplace.cpu(), want_r)
+
+
+@gpu
+def test_gpu_compact_remap_cuda_graph_replay():
+    B, R, m_cap, K = 4, 2, 40, 256
+    first = random_case(1, 32, B=B, R=R, m_cap=m_cap, layers=1)
+    ids, counts, ctx, table = (t.cuda() for t in first)
+    ids, counts = ids[:, 0].contiguous(), counts[:, 0].contiguous()
+    pos = torch.zeros(B * R, K, dtype=torch.int32, device="cuda")
+    ctable = torch.empty(B, m_cap * 2, dtype=torch.int32, device="cuda")
+    clens = torch.empty(B, R, dtype=torch.int32, device="cuda")
+    slots = torch.empty_like(pos)
+
+    def step():
+        torch.ops.spin.compact(ids, counts, ctx, table, 32, ctable, clens)
+        torch.ops.spin.remap(pos, ids, counts, R, slots)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()                                   # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for t in range(3):                           # new inputs in the same buffers
+        i2, c2, x2, t2 = random_case(50 + t, 32, B=B, R=R, m_cap=m_cap, layers=1)
+        p2 = random_positions(t, i2[:, 0], c2[:, 0], R, K)
+        for dst, src in ((ids, i2[:, 0]), (counts, c2[:, 0]), (ctx, x2), (pos, p2)):
+            dst.copy_(src)
+        table[:, :t2.shape[1]].copy_(t2[:, :table.shape[1]])
+        graph.replay()
+        want_t, want_l = ops.compact(i2[:, 0], c2[:, 0], x2, table.cpu(), 32)
+        torch.cuda.synchronize()
+        assert torch.equal(ctable.cpu(), want_t) and torch.equal(clens.cpu(), want_l)
+        assert torch.equal(slots.cpu(), ops.remap(p2, i2[:, 0], c2[:, 0], R))
+
+
+@gpu
+@pytest.mark.parametrize("R", [1, 2])
+def test_gpu_topk_and_update_read_strided_logits(R):
+    # R 1 takes update's one-pass path, R 2 the per-row one (and the one-pass path for requests
+    # with no accepted draft)
+    p, ids, cnt, z, want, state = _check_strided_topk_update("cuda", R)
+    q = _stride_case("cpu", R)[0]                           # the same problem on the CPU
+    assert torch.equal(ops.topk(z.cpu(), ids.cpu(), cnt.cpu(), R, 128), want.cpu())
+    ops.update(q.state, q.slot, _strided(z.cpu(), 8), ids.cpu(), cnt.cpu(), q.n, q.q, q.accepted,
+               q.step, 0, q.cfg, q.max_ctx)
+    for a, b in zip(q.state.tensors(), state.tensors()):
+        assert torch.equal(a, b.cpu())
+
+
+@gpu
+@pytest.mark.parametrize("blocks,rows", [(40, 6), (300, 2), (1100, 2), (1100, 70)])
+def test_gpu_topk_on_strided_long_rows_matches_reference(blocks, rows):
+    # one CTA per row, clusters of 4 and 8 (rows cached in shared memory) and the uncached path
+    gen = torch.Generator().manual_seed(blocks + rows)
+    z = torch.randn(rows, blocks * 64, generator=gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    cnt[0] = blocks // 3
+    want = ops.topk(z, ids, cnt, 1, 2048)
+    zs = _strided(z, 132, float("inf")).cuda()[:, :z.shape[1]]
+    assert torch.equal(ops.topk(zs, ids.cuda(), cnt.cuda(), 1, 2048).cpu(), want)
