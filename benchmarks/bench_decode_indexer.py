@@ -138,12 +138,11 @@ def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
     return inputs, n
 
 
-def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference,
-             profile=False, state_dtype="float32"):
+def spin_case(n, batch, slots, next_n, k, rho, layers, state_dtype):
+    """A SPIN decode step's state and buffers on random V/D, after one select: (cfg, state,
+    slot, request ids, steps, accepted, m_cap, block ids, counts, dense ids, dense counts,
+    logits buffer, top-K buffer)."""
     cfg = SpinConfig(index_topk=k, target_sparsity=rho, state_dtype=state_dtype)
-    pages = math.ceil(slots / 64)
-    sets = len(inputs)
-    q_pos = n - 1
     state = ops.OpState.zeros(batch, layers, slots + 64, cfg, device="cuda")
     state.V.normal_()
     state.D.normal_()
@@ -152,15 +151,23 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, r
     req = torch.arange(batch, device="cuda")
     step = torch.full((batch,), 10, device="cuda")
     acc = torch.zeros(batch, dtype=torch.int32, device="cuda")
-    m_cap = pages
+    m_cap = math.ceil(slots / 64)
     ids = torch.empty(batch, layers, m_cap, dtype=torch.int32, device="cuda")
     cnt = torch.empty(batch, layers, dtype=torch.int32, device="cuda")
-    ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots, ids, cnt)
-    selected = int(cnt[:, 0].sum())
-    dense_ids = torch.arange(pages, dtype=torch.int32, device="cuda").repeat(batch, 1)
-    dense_cnt = torch.full((batch,), pages, dtype=torch.int32, device="cuda")
+    ops.select(state, slot, n, n - 1, req, step, cfg, m_cap, slots, ids, cnt)
+    dense_ids = torch.arange(m_cap, dtype=torch.int32, device="cuda").repeat(batch, 1)
+    dense_cnt = torch.full((batch,), m_cap, dtype=torch.int32, device="cuda")
     z = torch.empty(batch * next_n, m_cap * 64, device="cuda")
     top = torch.empty(batch * next_n, k, dtype=torch.int32, device="cuda")
+    return cfg, state, slot, req, step, acc, m_cap, ids, cnt, dense_ids, dense_cnt, z, top
+
+
+def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, copy_tbs, reference,
+             profile=False, state_dtype="float32"):
+    cfg, state, slot, req, step, acc, m_cap, ids, cnt, dense_ids, dense_cnt, z, top = \
+        spin_case(n, batch, slots, next_n, k, rho, layers, state_dtype)
+    pages, sets, q_pos = m_cap, len(inputs), n - 1
+    selected = int(cnt[:, 0].sum())
 
     def dense_logits(i):
         cache, table, q, w = inputs[i]

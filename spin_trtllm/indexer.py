@@ -26,8 +26,16 @@ from .errors import SpinError
 from .state import StatePool
 
 
-def _backend(backend, device) -> "logits_backends.LogitsBackend":
-    return logits_backends.resolve(backend, device) if isinstance(backend, str) else backend
+PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
+
+
+def _backend(backend, device, page_slots: int = ops.BLOCK) -> "logits_backends.LogitsBackend":
+    if isinstance(backend, str):
+        return logits_backends.resolve(backend, device, page_slots)
+    if backend.page_slots != page_slots:
+        raise SpinError(f"logits backend {backend.name!r} reads {backend.page_slots}-slot pages, "
+                        f"the K cache has {page_slots}")
+    return backend
 
 
 def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None:
@@ -39,12 +47,17 @@ def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None
 
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
-                 max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native"):
-        """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object."""
+                 max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
+                 page_slots: int = ops.BLOCK):
+        """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
+        page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages)."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
                             f"max_context >= 1; got {max_batch}, {next_n}, {max_context}")
+        if page_slots not in PAGE_SIZES:
+            raise SpinError(f"SpinIndexer: page_slots must be one of {PAGE_SIZES}, got "
+                            f"{page_slots}")
         self.cfg, self.pool = cfg, pool
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
@@ -52,26 +65,29 @@ class SpinIndexer:
                             f"below max_context + next_n = {max_context + next_n}")
         dev = pool.device
         L = pool.num_layers
+        self.backend = _backend(logits_backend, dev, page_slots)
         # m_cap covers every block: warm-up steps select them all
         self.m_cap = math.ceil(max_context / ops.BLOCK)
         rows = max_batch * next_n
         self.block_ids = torch.full((max_batch, L, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
-        # with MTP every layer keeps its logits until acceptance is known
+        # with MTP every layer keeps its logits until acceptance is known, in a buffer that
+        # outlives the step (a backend's own output may live in one CUDA graph's pool)
         self.logits = torch.empty(L if next_n > 1 else 1, rows, self.m_cap * ops.BLOCK,
-                                  device=dev)
+                                  device=dev) if self.backend.needs_out or next_n > 1 else None
         self.topk = torch.full((L, rows, cfg.index_topk), -1, dtype=torch.int32, device=dev)
         self.slot = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.request = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         self.step = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
         self.query_pos = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
-        self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
+        self.page_slots = page_slots
+        self.block_table = torch.full((max_batch, self.m_cap * (ops.BLOCK // page_slots)), -1,
+                                      dtype=torch.int32, device=dev)
         self.accepted_zero = torch.zeros(max_batch, dtype=torch.int32, device=dev)
-        self.backend = _backend(logits_backend, dev)
-        # each layer's compact logits of this step (a backend may return its own tensor); kept
-        # until finish() with MTP
-        self.step_logits: list[Optional[torch.Tensor]] = [None] * L
+        # with MTP: the counts each layer scored this step, zeroed in prepare() and written by
+        # the layer (inside a captured graph too), so a layer the engine skipped learns nothing
+        self.ran_counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
         self.batch = 0
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
@@ -102,6 +118,7 @@ class SpinIndexer:
         self.context_lens[:B].copy_(context_lens)
         self.query_pos[:B].copy_(query_pos)
         _copy_table(self.block_table, block_table, B)
+        self.ran_counts[:B] = 0
 
     def select(self) -> None:
         B = self.batch
@@ -112,16 +129,35 @@ class SpinIndexer:
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
               kv_cache: torch.Tensor) -> torch.Tensor:
         """int32 [B * next_n, K]: request-local slot ids, -1 padded, for indexer layer `layer`."""
+        logits, row_lens = self.layer_logits(layer, q, weights, kv_cache)
+        return self.layer_topk(layer, logits, row_lens)
+
+    def layer_logits(self, layer: int, q, weights: torch.Tensor, kv_cache: torch.Tensor,
+                     backend: "Optional[logits_backends.LogitsBackend]" = None):
+        """The compact logits of the selected blocks (and the rows' compact lengths, or None).
+        `backend` overrides the indexer's for this call (TensorRT-LLM: the engine's own
+        kernel call, with its q layout)."""
+        B, R = self.batch, self.next_n
+        out = self.logits[layer if R > 1 else 0, :B * R] if self.logits is not None else None
+        return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
+                                             self.block_table[:B], self.block_ids[:B, layer],
+                                             self.counts[:B, layer], out)
+
+    def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Top-K slot ids of the compact logits into `out` (default: the indexer's buffer);
+        without MTP the EMA update follows at once."""
         B, R = self.batch, self.next_n
         ids, cnt = self.block_ids[:B, layer], self.counts[:B, layer]
-        logits = self.backend.run(q, kv_cache, weights, self.context_lens[:B],
-                                  self.block_table[:B], ids, cnt,
-                                  self.logits[layer if R > 1 else 0, :B * R])
-        self.step_logits[layer] = logits
-        top = self.topk[layer, :B * R]
-        ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top)
+        top = self.topk[layer, :B * R] if out is None else out
+        ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top, row_lens=row_lens)
         if R == 1:
-            self._update(layer, self.accepted_zero[:B])
+            self._update(layer, logits, cnt, self.accepted_zero[:B])
+            return top
+        kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
+        if logits.data_ptr() != kept.data_ptr():
+            kept.copy_(logits[:, :kept.shape[1]])
+        self.ran_counts[:B, layer].copy_(cnt)
         return top
 
     def finish(self, accepted: Optional[torch.Tensor] = None) -> None:
@@ -132,13 +168,14 @@ class SpinIndexer:
         if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
             raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
         for layer in range(self.pool.num_layers):
-            if self.step_logits[layer] is not None:     # a layer never run has nothing to learn
-                self._update(layer, accepted)
+            self._update(layer, self.logits[layer, :B * self.next_n], self.ran_counts[:B, layer],
+                         accepted)
 
-    def _update(self, layer: int, accepted: torch.Tensor) -> None:
+    def _update(self, layer: int, logits: torch.Tensor, counts: torch.Tensor,
+                accepted: torch.Tensor) -> None:
         B = self.batch
-        ops.update(self.pool.state, self.slot[:B], self.step_logits[layer],
-                   self.block_ids[:B, layer], self.counts[:B, layer], self.context_lens[:B],
+        ops.update(self.pool.state, self.slot[:B], logits,
+                   self.block_ids[:B, layer], counts, self.context_lens[:B],
                    self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
                    self._max_len())
 
@@ -165,11 +202,12 @@ class DenseIndexer:
         rows = max_batch * next_n
         self.block_ids = torch.arange(self.m_cap, dtype=torch.int32, device=dev).repeat(max_batch, 1)
         self.counts = torch.zeros(max_batch, dtype=torch.int32, device=dev)
-        self.logits = torch.empty(rows, self.m_cap * ops.BLOCK, device=dev)
+        self.backend = _backend(logits_backend, dev)
+        self.logits = torch.empty(rows, self.m_cap * ops.BLOCK, device=dev) \
+            if self.backend.needs_out else None
         self.topk = torch.full((num_layers, rows, index_topk), -1, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
         self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
-        self.backend = _backend(logits_backend, dev)
         self.step_logits: Optional[torch.Tensor] = None
         self.batch = 0
 
@@ -191,12 +229,14 @@ class DenseIndexer:
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
               kv_cache: torch.Tensor) -> torch.Tensor:
         B, R = self.batch, self.next_n
-        logits = self.backend.run(q, kv_cache, weights, self.context_lens[:B],
-                                  self.block_table[:B], self.block_ids[:B], self.counts[:B],
-                                  self.logits[:B * R])
+        logits, row_lens = self.backend.run(q, kv_cache, weights, self.context_lens[:B],
+                                            self.block_table[:B], self.block_ids[:B],
+                                            self.counts[:B],
+                                            None if self.logits is None else self.logits[:B * R])
         self.step_logits = logits
         top = self.topk[layer, :B * R]
-        ops.topk(logits, self.block_ids[:B], self.counts[:B], R, self.index_topk, top)
+        ops.topk(logits, self.block_ids[:B], self.counts[:B], R, self.index_topk, top,
+                 row_lens=row_lens)
         return top
 
     def finish(self, accepted: Optional[torch.Tensor] = None) -> None:

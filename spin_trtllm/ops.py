@@ -25,7 +25,9 @@ Contracts (DESIGN.md):
 - topk/update read logits fp32 [B*R, W >= m_cap*64]: the first m_cap*64 columns of each row;
   last dim contiguous, rows a multiple of 4 floats apart (16-byte rows), base 16-byte aligned
   (DeepGEMM's logits, of a width aligned up from max_context_len, feed them without a copy).
-- topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded.
+- topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded. Optional row_lens int32
+  [B, R]: compact positions at or past a row's length take no part (logits from a dense
+  kernel on a compacted table, which leaves those columns unspecified).
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. A request's block ids
   must be distinct, as select's are (on CUDA a repeated id races on its V/D entries). reset zeroes state
@@ -85,7 +87,8 @@ _SCHEMAS = {
     "indexer_logits": "indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, "
                       "Tensor context_lens, Tensor block_table, Tensor block_ids, Tensor counts, "
                       "Tensor(a!) out) -> ()",
-    "topk": "topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()",
+    "topk": "topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
+            "Tensor? row_lens=None) -> ()",
     "update": "update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
               "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, "
               "Tensor context_lens, Tensor query_pos, Tensor accepted, Tensor step, int layer, "
@@ -268,9 +271,10 @@ def _logits_ref(q, kv_cache, weights, context_lens, block_table, block_ids, coun
                                         block_ids, counts).float())
 
 
-def _topk_ref(logits, block_ids, counts, next_n, out) -> None:
+def _topk_ref(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
     width = block_ids.shape[1] * BLOCK
-    out.copy_(ref.topk_slots(logits[:, :width], block_ids, counts, next_n, out.shape[1]))
+    out.copy_(ref.topk_slots(logits[:, :width], block_ids, counts, next_n, out.shape[1],
+                             row_lens=row_lens))
 
 
 def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
@@ -392,7 +396,7 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
     _shape(op, "out", out, (B * R, m_cap * BLOCK))
 
 
-def _validate_topk(logits, block_ids, counts, next_n, out):
+def _validate_topk(logits, block_ids, counts, next_n, out, row_lens=None):
     op = "topk"
     dev = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
     _tensor(op, "logits", logits, (torch.float32,), 2, dev, inner_contiguous=True)
@@ -404,6 +408,9 @@ def _validate_topk(logits, block_ids, counts, next_n, out):
     _tensor(op, "out", out, I32, 2, dev, contiguous=True)
     if out.shape[0] != B * next_n or out.shape[1] < 1:
         _fail(op, f"out must have shape [{B * next_n}, K >= 1], got {list(out.shape)}")
+    if row_lens is not None:
+        _tensor(op, "row_lens", row_lens, I32, 2, dev, contiguous=True)
+        _shape(op, "row_lens", row_lens, (B, next_n))
 
 
 def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
@@ -577,10 +584,13 @@ def indexer_logits(q, kv_cache, weights, context_lens, block_table, block_ids, c
 
 
 def topk(logits, block_ids, counts, next_n: int, k: int,
-         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+         out: Optional[torch.Tensor] = None,
+         row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """row_lens int32 [B, next_n]: the rows' compact lengths (positions past them take no
+    part), for logits whose columns past a row's causal length are not -inf."""
     if out is None:
         out = torch.empty(logits.shape[0], k, dtype=torch.int32, device=logits.device)
-    torch.ops.spin.topk(logits, block_ids, counts, next_n, out)
+    torch.ops.spin.topk(logits, block_ids, counts, next_n, out, row_lens)
     return out
 
 

@@ -471,15 +471,18 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
 
 
 def topk_slots(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor, next_n: int,
-               k: int) -> torch.Tensor:
+               k: int, row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B*R, k]: top-k request-local slot ids of the compact logits, ascending, -1
-    padded. Only finite scores of selected blocks compete; ties go to the lower slot id."""
+    padded. Only finite scores of selected blocks (and, with row_lens [B, R], positions below
+    the row's compact length) compete; ties go to the lower slot id."""
     rows, width = logits.shape
     if width == 0 or k == 0:
         return torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     pos = torch.arange(width, device=logits.device)
     scored = (counts.to(torch.int64).clamp(max=block_ids.shape[1]) * PAGE_SLOTS)
     valid = (pos < scored.repeat_interleave(next_n).unsqueeze(-1)) & torch.isfinite(logits)
+    if row_lens is not None:
+        valid &= pos < row_lens.reshape(-1, 1).to(torch.int64)
     key = torch.where(valid, logits.float(), float("-inf"))
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :k]
     take = torch.arange(order.shape[1], device=logits.device) < valid.sum(-1, keepdim=True)

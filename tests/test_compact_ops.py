@@ -434,3 +434,45 @@ def test_gpu_topk_on_strided_long_rows_matches_reference(blocks, rows):
     want = ops.topk(z, ids, cnt, 1, 2048)
     zs = _strided(z, 132, float("inf")).cuda()[:, :z.shape[1]]
     assert torch.equal(ops.topk(zs, ids.cuda(), cnt.cuda(), 1, 2048).cpu(), want)
+
+
+# ---- top-K cut at each row's compact length (row_lens) ---------------------------------------------
+def _row_lens_case(seed, B, R, blocks, K):
+    """Compact logits whose columns past a row's length hold large finite junk (what a dense
+    kernel on a compacted table leaves there), with ragged lengths: 0, not a multiple of 4,
+    past the selection."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(B * R, blocks * 64, generator=gen)
+    ids = torch.stack([torch.randperm(blocks * 2, generator=gen)[:blocks].sort().values
+                       for _ in range(B)]).int()
+    cnt = torch.randint(0, blocks + 2, (B,), generator=gen, dtype=torch.int32)
+    lens = torch.randint(0, blocks * 64 + 70, (B, R), generator=gen, dtype=torch.int32)
+    lens[0, 0], lens[-1, -1] = 0, 4 * int(torch.randint(1, blocks * 16, (1,), generator=gen)) + 1
+    junk = torch.arange(blocks * 64) >= lens.view(-1, 1)
+    return z.masked_fill(junk, 1e6), ids, cnt, lens, z.masked_fill(junk, float("-inf"))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_row_lens_equal_minus_inf_past_the_lengths(seed):
+    z, ids, cnt, lens, masked = _row_lens_case(seed, B=3, R=2, blocks=5, K=70)
+    got = ops.topk(z, ids, cnt, 2, 70, row_lens=lens)
+    assert torch.equal(got, ops.topk(masked, ids, cnt, 2, 70))
+    for row in range(6):                       # brute force: the top of the allowed prefix
+        b = row // 2
+        n = min(int(lens.view(-1)[row]), min(int(cnt[b]), 5) * 64)
+        take = masked[row, :n].topk(min(70, n)).indices
+        want = sorted(int(ids[b, p // 64]) * 64 + int(p) % 64 for p in take)
+        assert [int(x) for x in got[row] if x >= 0] == want
+    with pytest.raises(SpinError, match="row_lens must have shape"):
+        ops.topk(z, ids, cnt, 2, 70, row_lens=lens[:, :1].contiguous())
+
+
+@gpu
+@pytest.mark.parametrize("blocks,B,R", [(5, 3, 2), (300, 2, 1), (1100, 1, 2), (40, 40, 2)])
+def test_gpu_topk_row_lens_match_reference(blocks, B, R):
+    # one CTA per row, clusters (few rows of long rows) and the uncached path
+    z, ids, cnt, lens, _ = _row_lens_case(blocks + B, B, R, blocks, 2048)
+    want = ops.topk(z, ids, cnt, R, 2048, row_lens=lens)
+    got = ops.topk(_strided(z, 4, 7.0).cuda()[:, :z.shape[1]], ids.cuda(), cnt.cuda(), R, 2048,
+                   row_lens=lens.cuda())
+    assert torch.equal(got.cpu(), want)

@@ -1,41 +1,298 @@
-"""spin_trtllm.trtllm against a stand-in tensorrt_llm (tests/fake_trtllm), and without one."""
+"""spin_trtllm.trtllm inside the TensorRT-LLM stand-in (tests/trtllm_standin), which mirrors
+upstream's call graph: LLM args -> ModelConfig.from_pretrained -> model build -> Indexer /
+DeepseekV4Indexer -> metadata prepare -> decode sparse_attn_indexer -> the top-K consumer.
 
-import json
-import os
+SPIN's rows are checked against an independent dense reference (test_trtllm_standin's own
+quantizers and logits), restricted to the blocks SPIN selected: every decode row must be the
+top-K of exactly those slots, computed by upstream's own (stand-in) DeepGEMM call on the
+compacted block table.
+"""
+
+import importlib
+import logging
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-HERE = Path(__file__).parent
+import test_trtllm_standin as sa
+
+HERE = Path(__file__).resolve().parent
+SPIN_MODULES = ("spin_trtllm.trtllm", "spin_trtllm.integrations.trtllm.patch")
 
 
-def run_script(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE / "fake_trtllm"), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, str(HERE / "trtllm_patch_script.py"), *args],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def _purge():
+    for k in [k for k in sys.modules if k == "tensorrt_llm" or k.startswith("tensorrt_llm.")
+              or k in SPIN_MODULES]:
+        del sys.modules[k]
+
+
+@pytest.fixture
+def env():
+    """A fresh stand-in `tensorrt_llm` with SPIN activated in it; (trt, patch module)."""
+    saved = {k: v for k, v in sys.modules.items() if k == "tensorrt_llm"
+             or k.startswith("tensorrt_llm.") or k in SPIN_MODULES}
+    _purge()
+    sys.path.insert(0, str(sa.STANDIN))
+    try:
+        trt = importlib.import_module("tensorrt_llm")
+        patch = importlib.import_module("spin_trtllm.integrations.trtllm.patch")
+        yield trt, patch
+    finally:
+        sys.path.remove(str(sa.STANDIN))
+        _purge()
+        sys.modules.update(saved)
+
+
+def sparse_config(v4, fp4=False, spin=None, **kw):
+    llm_args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
+    block = {} if spin is None else {"spin": {"target_sparsity": 0.5, "exploration": 0.0, **spin}}
+    dtype = "fp4" if fp4 else "fp8"
+    if v4:
+        return llm_args.DeepSeekV4SparseAttentionConfig(
+            indexer_k_dtype=dtype, compress_ratios=sa.V4_CKPT["compress_ratios"], **block, **kw)
+    return llm_args.DeepSeekSparseAttentionConfig(indexer_k_dtype=dtype,
+                                                  skip_indexer_for_short_seqs=False, **block, **kw)
+
+
+def selection_of(patch, manager, md):
+    """allowed(layer_idx, request, row, n): the visible slots of the blocks SPIN selected."""
+    rt = getattr(manager, patch._RUNTIME_ATTR)
+    ix = rt.adapter.indexer
+    gen = [int(r) for r in md.request_ids[md.num_contexts:]]
+
+    def allowed(layer_idx, rid, j, n):
+        b, li = gen.index(rid), rt.layer_index[layer_idx]
+        blocks = ix.block_ids[b, li, :min(int(ix.counts[b, li]), ix.m_cap)]
+        slots = (blocks.long().view(-1, 1) * 64 + torch.arange(64)).view(-1)
+        return [int(s) for s in slots if s < n]
+    return allowed, rt
+
+
+def decode(patch, model, manager, md, fp4, ratio, prompts, steps, next_n, dummy=0, accepted=0):
+    """Prefill, then decode steps checked against the reference on SPIN's blocks. Returns how
+    many rows SPIN scored on fewer blocks than the dense indexer (pruned)."""
+    dummy_id = sa._imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
+    rec = sa.Recorder(model)
+    ids = [7, 11]
+    sa.run_step(model, manager, md, ids, [0, 0], list(prompts), num_contexts=2)
+    sa.reference_check(model, rec, fp4, ratio, dummy_id)
+    cached = list(prompts)
+    pruned = 0
+    for _ in range(steps):
+        sa.run_step(model, manager, md, ids, cached, [next_n] * 2, num_contexts=0, dummy=dummy,
+                    next_n=next_n)
+        allowed, rt = selection_of(patch, manager, md)
+        assert rt.active
+        assert sa.reference_check(model, rec, fp4, ratio, dummy_id, allowed) > 0
+        ix = rt.adapter.indexer
+        visible = [((c + next_n) // ratio + 63) // 64 for c in cached]
+        pruned += sum(int(ix.counts[b, li]) < visible[b]
+                      for b in range(2) for li in range(ix.counts.shape[1]))
+        cached = [c + accepted + 1 for c in cached]
+    return pruned
 
 
 def test_import_without_tensorrt_llm_is_one_clear_error():
-    code = "import spin_trtllm.trtllm"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", "import spin_trtllm.trtllm"], capture_output=True,
+                         text=True, timeout=120)
     assert res.returncode != 0
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: spin_trtllm.trtllm needs TensorRT-LLM")
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        "ImportError: spin_trtllm.trtllm needs TensorRT-LLM")
 
 
-@pytest.mark.parametrize("sparsity", [0.5, 0.0])
-def test_patch_replaces_decode_topk_and_keeps_the_rest(sparsity):
-    out = run_script(str(sparsity))
-    assert out["patched"] == out["again"]                  # idempotent
-    assert "DeepSeekSparseAttentionConfig.spin" in out["patched"]
-    assert "DeepSeekV4SparseAttentionConfig.spin" in out["patched"]
-    assert out["spin_on_params"] == sparsity
-    assert any("sparsity" in line for line in out["bad_key_error"])
-    assert out["matches_adapter"]
-    # target sparsity 0 keeps every block: exactly the dense indexer's top-K
-    assert out["equals_dense"] == (sparsity == 0.0)
+def test_unsupported_layout_is_refused_by_name(tmp_path):
+    pkg = tmp_path / "tensorrt_llm"
+    (pkg / "llmapi").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '1.3.0'\n")
+    (pkg / "llmapi" / "__init__.py").write_text("")
+    (pkg / "llmapi" / "llm_args.py").write_text("")
+    res = subprocess.run([sys.executable, "-c", "import spin_trtllm.trtllm"], capture_output=True,
+                         text=True, timeout=120, env={"PYTHONPATH": f"{tmp_path}:{HERE.parent}",
+                                                      "PATH": "/usr/bin:/bin"})
+    assert res.returncode != 0
+    assert "cannot find ['Indexer', 'DSAtrtllmAttentionMetadata'" in res.stderr
+
+
+@pytest.mark.parametrize("v4,tpb", [(False, 64), (True, 128), (True, 256)])
+@pytest.mark.parametrize("fp4", [False, True])
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_spin_block_reaches_every_indexer_layer(env, v4, tpb, fp4, k):
+    trt, patch = env
+    ckpt = dict(sa.V4_CKPT if v4 else sa.V32_CKPT, index_topk=k)
+    mc, model, _, _ = sa.build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n=2)
+    assert mc.sparse_attention_config.spin is not None     # survived from_pretrained's rebuild
+    assert sorted(patch._LAYERS) == ([1, 3] if v4 else [0, 1])
+    assert {c.index_topk for c in patch._LAYERS.values()} == {k}    # K from the checkpoint
+    assert {c.target_sparsity for c in patch._LAYERS.values()} == {0.5}
+    indexers = [layer.self_attn.indexer for layer in model.model.layers]
+    if not v4:        # V3.2's one-model MTP layer builds a full indexer: it stays dense
+        assert indexers[2].layer_idx == 2 and indexers[2]._spin is None
+    assert all(ix._spin is not None for ix in indexers if ix is not None and ix.layer_idx in
+               patch._LAYERS)
+
+
+SCENARIOS = [  # (v4, tokens_per_block, fp4, next_n, cuda-graph padding)
+    (False, 64, False, 1, False), (False, 64, True, 2, True), (False, 64, False, 2, False),
+    (True, 128, False, 2, False), (True, 128, True, 1, True), (True, 256, True, 2, False),
+    (True, 256, False, 1, True),
+]
+
+
+@pytest.mark.parametrize("v4,tpb,fp4,next_n,graph", SCENARIOS)
+def test_spin_decode_rows_are_the_topk_of_the_selected_blocks(env, v4, tpb, fp4, next_n, graph):
+    trt, patch = env
+    ckpt = dict(sa.V4_CKPT, index_topk=24) if v4 else sa.V32_CKPT
+    _, model, manager, md = sa.build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n,
+                                     cuda_graph=graph, max_seq_len=2048, max_num_tokens=4096)
+    prompts = (1300, 900) if v4 else (700, 450)
+    pruned = decode(patch, model, manager, md, fp4, 4 if v4 else 1, prompts, steps=3,
+                    next_n=next_n, dummy=2 if graph else 0, accepted=next_n - 1)
+    assert pruned > 0, "SPIN never dropped a block: the check would prove nothing"
+
+
+def test_zero_sparsity_keeps_every_block_and_gives_the_dense_top_k(env):
+    # (the stand-in's small model has many exactly tied scores, so rows are compared with the
+    # reference's tie-aware check, not element by element with the dense run)
+    trt, patch = env
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT,
+                                     sparse_config(False, spin={"target_sparsity": 0.0}), 64, 2,
+                                     max_seq_len=2048, max_num_tokens=4096)
+    assert decode(patch, model, manager, md, False, 1, (700, 450), steps=3, next_n=2,
+                  accepted=1) == 0
+
+
+def test_next_n_changes_replay_the_accepted_rows(env, monkeypatch):
+    """Draft cap 3; steps of next_n 1, 3, 2, 2 (runtime_tokens_per_gen_step): each step's
+    deferred update replays what the next step's kv lens say was accepted, on that step's own
+    buffers."""
+    trt, patch = env
+    from spin_trtllm.indexer import SpinIndexer
+    seen = []
+    original = SpinIndexer.finish
+
+    def finish(self, accepted=None):
+        seen.append((self.next_n, None if accepted is None else accepted.tolist()))
+        return original(self, accepted)
+
+    monkeypatch.setattr(SpinIndexer, "finish", finish)
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 4,
+                                     max_seq_len=1024, max_num_tokens=2048)
+    sa.run_step(model, manager, md, [3, 4], [0, 0], [600, 400], num_contexts=2)
+    cached = [600, 400]
+    plan = [(1, [0, 0]), (3, [2, 0]), (2, [1, 1]), (2, [0, 1])]     # (next_n, accepted drafts)
+    for R, acc in plan:
+        md.runtime_tokens_per_gen_step = R
+        sa.run_step(model, manager, md, [3, 4], cached, [R, R], num_contexts=0, next_n=R)
+        allowed, rt = selection_of(patch, manager, md)
+        assert rt.adapter.indexer.next_n == R
+        for layer in model.model.layers[:2]:
+            top = layer.self_attn.last_topk
+            assert top.shape[0] == 2 * R
+            for row in range(2 * R):
+                rid, j = [3, 4][row // R], row % R
+                n = cached[row // R] + j + 1
+                assert {int(x) for x in top[row] if x >= 0} <= set(allowed(layer.layer_idx, rid, j, n))
+        cached = [c + a + 1 for c, a in zip(cached, acc)]
+    md.runtime_tokens_per_gen_step = 1
+    sa.run_step(model, manager, md, [3, 4], cached, [1, 1], num_contexts=0, next_n=1)
+    assert seen == [(3, [2, 0]), (2, [1, 1]), (2, [0, 1])]
+
+
+def test_gvr_prior_holds_spin_rows(env, monkeypatch):
+    trt, patch = env
+    for mod in ("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer",
+                "tensorrt_llm._torch.attention.backends.sparse.dsa.metadata"):
+        monkeypatch.setattr(sa._imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
+        monkeypatch.setattr(sa._imp(mod), "get_sm_version", lambda: 100)
+    cfg = sparse_config(False, spin={}, enable_heuristic_topk=True, use_self_sampling_topk=False)
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1, max_seq_len=1024, max_num_tokens=2048)
+    assert md.needs_gvr_prior
+    sa.run_step(model, manager, md, [5, 6], [0, 0], [700, 500], num_contexts=2)
+    for t in range(3):
+        sa.run_step(model, manager, md, [5, 6], [700 + t, 500 + t], [1, 1], num_contexts=0)
+        allowed, _ = selection_of(patch, manager, md)
+        for layer in model.model.layers[:2]:
+            local = manager.layer_offsets[layer.layer_idx]
+            top = layer.self_attn.last_topk
+            assert torch.equal(md.gvr_prior_indices[local, :2], top)     # SPIN's rows
+            for b, rid in enumerate([5, 6]):
+                inside = set(allowed(layer.layer_idx, rid, 0, 10 ** 6))
+                assert {int(s) for s in top[b] if s >= 0} <= inside
+
+
+def test_short_contexts_leave_the_step_to_upstream(env):
+    trt, patch = env
+    cfg = sparse_config(False, spin={}, )
+    cfg = cfg.model_copy(update={"skip_indexer_for_short_seqs": True})
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1)
+    sa.run_step(model, manager, md, [1], [0], [20], num_contexts=1)
+    sa.run_step(model, manager, md, [1], [20], [1], num_contexts=0)     # kv 21 <= K 24
+    assert md.skip_indexer_for_gen_reqs and not getattr(manager, patch._RUNTIME_ATTR).active
+    top = model.model.layers[0].self_attn.last_topk[0]
+    assert top[:21].tolist() == list(range(21))
+
+
+def test_deepseek_v41_is_left_alone(env, caplog):
+    trt, patch = env
+    ModelConfig = sa._imp("tensorrt_llm._torch.model_config").ModelConfig
+    ckpt = dict(sa.V4_CKPT, architectures=["DeepseekV41ForCausalLM"])
+    with caplog.at_level(logging.WARNING, logger="spin_trtllm"):
+        mc = ModelConfig.from_pretrained(ckpt, sparse_attention_config=sparse_config(True, spin={}))
+    assert getattr(mc.sparse_attention_config, "spin", None) is None
+    assert any("CSA2" in r.getMessage() for r in caplog.records)
+    assert not patch._LAYERS
+
+
+def test_release_1_2_layout():
+    """use_custom_topk as the 7th argument: SPIN runs through the custom top-K op; with the
+    masked torch.topk path the layer stays dense (one warning)."""
+    code = textwrap.dedent("""
+        import logging, math, torch
+        logging.basicConfig(level=logging.WARNING)
+        import spin_trtllm.trtllm
+        from spin_trtllm.integrations.trtllm import patch
+        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+        from tensorrt_llm._torch.attention_backend.sparse.dsa import (
+            DSACacheManager, DSAtrtllmAttentionMetadata, Indexer)
+        cfg = TorchLlmArgs(model="m", sparse_attention_config={
+            "algorithm": "dsa", "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,
+            "skip_indexer_for_short_seqs": False,
+            "spin": {"target_sparsity": 0.5, "exploration": 0.0}}).sparse_attention_config
+        ix = Indexer(None, None, None, False, cfg, None, layer_idx=0)
+        assert patch._LAYERS[0].index_topk == 2048
+        manager = DSACacheManager(num_layers=1, tokens_per_block=64, max_seq_len=8192,
+                                  max_batch_size=2, sparse_attention_config=cfg)
+        pages = manager.get_indexer_k_cache_buffers(0).view(manager.num_blocks, -1)
+        pages[:, :64 * 128] = (torch.randn(manager.num_blocks, 64 * 128) * 2).to(
+            torch.float8_e4m3fn).view(torch.uint8)
+        pages[:, 64 * 128:] = (torch.rand(manager.num_blocks, 64) * 0.02 + 0.005).view(torch.uint8)
+        md = DSAtrtllmAttentionMetadata(kv_cache_manager=manager, max_num_requests=2,
+                                        sparse_attention_config=cfg)
+        per = manager.max_blocks_per_seq
+        md.block_offsets = torch.arange(2 * per, dtype=torch.int32).view(2, per)
+        kv = [6000, 5000]
+        for t in range(3):
+            md.request_ids, md.num_contexts = [5, 6], 0
+            md.seq_lens = torch.tensor([2, 2], dtype=torch.int32)
+            md.num_cached_tokens = [k - 2 + 2 * t for k in kv]
+            md.prepare()
+            q = torch.randn(4, 64, 128).to(torch.float8_e4m3fn)
+            out = ix.sparse_attn_indexer(md, torch.zeros(4, 8), q, None, None, torch.rand(4, 64))
+        rt = getattr(manager, patch._RUNTIME_ATTR)
+        sel = rt.adapter.indexer
+        assert rt.active and int(sel.counts[0, 0]) < math.ceil((kv[0] + 4) / 64)
+        allowed = {int(b) * 64 + s for b in sel.block_ids[0, 0, :int(sel.counts[0, 0])]
+                   for s in range(64)}
+        assert {int(x) for x in out[0] if x >= 0} <= allowed and int((out[0] >= 0).sum()) == 2048
+        ix.sparse_attn_indexer(md, torch.zeros(4, 8), q, None, None, torch.rand(4, 64), False)
+        print("legacy ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={"PYTHONPATH": f"{HERE / 'trtllm_standin_legacy'}:"
+                                                         f"{HERE.parent}", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "legacy ok" in res.stdout and "use_custom_topk=False" in res.stderr

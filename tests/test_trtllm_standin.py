@@ -65,17 +65,23 @@ def ref_quant(x, fp4):
     return ref_fp4(x) if fp4 else ref_fp8(x)
 
 
-def check_row(sel, logits, n, k, what):
-    """sel: one stand-in top-K row; logits: reference scores of the row's n positions."""
+def check_row(sel, logits, cand, k, what):
+    """sel: one top-K row; logits: reference scores of the row's visible positions; cand: the
+    positions allowed to compete (all visible ones for the dense indexer)."""
     sel = sel[sel >= 0].tolist()
-    if n <= k:
-        assert sorted(sel) == list(range(n)), f"{what}: short row must be 0..{n - 1}"
+    cand = [int(c) for c in cand]
+    if len(cand) <= k:
+        assert sorted(sel) == cand, f"{what}: a short row keeps every allowed position"
         return
-    assert len(sel) == k and len(set(sel)) == k and max(sel) < n, f"{what}: bad selection"
-    chosen = torch.zeros(n, dtype=torch.bool)
+    assert len(sel) == k and len(set(sel)) == k and set(sel) <= set(cand), \
+        f"{what}: bad selection"
+    chosen = torch.zeros(logits.shape[0], dtype=torch.bool)
     chosen[sel] = True
+    rest = torch.zeros_like(chosen)
+    rest[cand] = True
+    rest &= ~chosen
     tol = 1e-4 * float(logits.abs().max()) + 1e-5
-    assert float(logits[chosen].min()) >= float(logits[~chosen].max()) - tol, \
+    assert float(logits[chosen].min()) >= float(logits[rest].max()) - tol, \
         f"{what}: a better position was left out"
 
 
@@ -98,8 +104,9 @@ class Recorder:
         return hook
 
 
-def reference_check(model, rec, fp4, ratio, dummy_id):
-    """Check the last call of every indexer layer against the dense reference."""
+def reference_check(model, rec, fp4, ratio, dummy_id, allowed=None):
+    """Check the last call of every indexer layer against the dense reference; `allowed`
+    (layer_idx, request, row, n) -> positions narrows what may compete (SPIN's blocks)."""
     checked = 0
     for layer in model.model.layers[:model.model.num_hidden_layers]:
         ix = layer.self_attn.indexer
@@ -141,7 +148,8 @@ def reference_check(model, rec, fp4, ratio, dummy_id):
                 logits = (scores * w[rows][:, :, None]).sum(1)               # [n_new, kv']
                 for j in range(n_new):
                     n = (c + j + 1) // ratio
-                    check_row(topk[off + j], logits[j, :n], n, ix.index_topk,
+                    cand = range(n) if allowed is None else allowed(ix.layer_idx, rid, j, n)
+                    check_row(topk[off + j], logits[j, :n], cand, ix.index_topk,
                               f"layer {ix.layer_idx} request {rid} row {j}")
                     checked += 1
                 off += n_new
@@ -158,7 +166,7 @@ V4_CKPT = dict(V32_CKPT, architectures=["DeepseekV4ForCausalLM"], num_hidden_lay
 
 
 def build(trt, ckpt, sparse_cfg, tokens_per_block, next_n, max_seq_len=512, batch=4,
-          cuda_graph=False):
+          cuda_graph=False, max_num_tokens=1024):
     llm_args = _imp("tensorrt_llm.llmapi.llm_args")
     ModelConfig = _imp("tensorrt_llm._torch.model_config").ModelConfig
     spec = (llm_args.MTPDecodingConfig(num_nextn_predict_layers=next_n - 1) if next_n > 1
@@ -189,7 +197,8 @@ def build(trt, ckpt, sparse_cfg, tokens_per_block, next_n, max_seq_len=512, batc
     backend = _imp("tensorrt_llm._torch.attention.backends.utils").get_attention_backend(
         "TRTLLM", mc.sparse_attention_config)
     buffers = _imp("tensorrt_llm._torch.memory_buffer_utils").Buffers() if cuda_graph else None
-    md = backend.Metadata(max_num_requests=batch, max_num_tokens=1024, kv_cache_manager=manager,
+    md = backend.Metadata(max_num_requests=batch, max_num_tokens=max_num_tokens,
+                          kv_cache_manager=manager,
                           sparse_attention_config=mc.sparse_attention_config,
                           is_cuda_graph=cuda_graph, cuda_graph_buffers=buffers)
     if next_n > 1:

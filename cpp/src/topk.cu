@@ -69,19 +69,24 @@ __device__ __forceinline__ int coarse_digit(uint32_t key) {
 __device__ __forceinline__ uint32_t key_of(float v) { return isfinite(v) ? ordered_key(v) : 0u; }
 
 // Row access: 4 consecutive ordered keys (0 = not taking part) from the shared-memory copy or
-// from global memory.
+// from global memory; positions from `end` on take no part.
 template <bool kCached>
 struct Row {
   const float* z;
-  const uint32_t* cached;  // keys of positions [base, ...) when kCached
+  const uint32_t* cached;  // keys of positions [base, ...) when kCached (already cut at end)
   int base;
+  int end;
+  __device__ __forceinline__ uint32_t key_at(int pos, float v) const {
+    return pos < end ? key_of(v) : 0u;
+  }
   __device__ __forceinline__ uint4 load4(int pos) const {
     if (kCached) return *reinterpret_cast<const uint4*>(cached + (pos - base));
     const float4 v = __ldg(reinterpret_cast<const float4*>(z + pos));
-    return make_uint4(key_of(v.x), key_of(v.y), key_of(v.z), key_of(v.w));
+    return make_uint4(key_at(pos, v.x), key_at(pos + 1, v.y), key_at(pos + 2, v.z),
+                      key_at(pos + 3, v.w));
   }
   __device__ __forceinline__ uint32_t key(int pos) const {
-    return kCached ? cached[pos - base] : key_of(__ldg(z + pos));
+    return kCached ? cached[pos - base] : key_at(pos, __ldg(z + pos));
   }
 };
 
@@ -145,13 +150,16 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const float* z = p.logits + static_cast<int64_t>(row_id) * p.logits_stride;
   int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
-  // only slots of the selected blocks with a finite score take part (a multiple of 64)
-  const int scored = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
+  // only slots of the selected blocks (and within the row's compact length, when given) with a
+  // finite score take part; segments stay whole 16-byte loads
+  int limit = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
+  if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
+  const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
   const int seg = ((cta_end - cta_begin) / 4 + kWarps - 1) / kWarps * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
-  const Row<kCached> row{z, cached, cta_begin};
+  const Row<kCached> row{z, cached, cta_begin, limit};
 
   // Sum of one value over the cluster's CTAs (every thread gets it); the value of this CTA is
   // given by every thread.
@@ -182,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
   if (threadIdx.x == 0) n_cand = 0;
   if (kCached) {
-    const Row<false> global_row{z, nullptr, 0};
+    const Row<false> global_row{z, nullptr, 0, limit};
     walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
       if (pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
     });

@@ -93,7 +93,8 @@ void spin_indexer_logits(at::Tensor q, at::Tensor kv_cache, at::Tensor weights, 
   check(spin::launch_indexer_logits(p, c10::cuda::getCurrentCUDAStream()), "indexer_logits");
 }
 
-void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out) {
+void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out,
+               const c10::optional<at::Tensor>& row_lens) {
   const c10::cuda::CUDAGuard guard(logits.device());
   spin::TopKParams p;
   p.logits = logits.data_ptr<float>();
@@ -103,6 +104,7 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
   p.k = static_cast<int>(out.size(1));
   p.logits_stride = logits.stride(0);
   p.out = out.data_ptr<int32_t>();
+  p.row_lens = row_lens.has_value() ? row_lens->data_ptr<int32_t>() : nullptr;
   check(spin::launch_topk(p, c10::cuda::getCurrentCUDAStream()), "topk");
 }
 
@@ -174,7 +176,8 @@ TORCH_LIBRARY(spin_native, m) {
         "int max_context_len) -> ()");
   m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
-  m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()");
+  m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
+        "Tensor? row_lens=None) -> ()");
   m.def("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
         "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
         "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "

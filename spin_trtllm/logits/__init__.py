@@ -2,9 +2,10 @@
 
 Every backend computes the same function, the compact masked indexer logits of
 `torch.ops.spin.indexer_logits` (contract in spin_trtllm/ops.py): row b*R + j, column k*64 + s
-is the score of slot block_ids[b, k]*64 + s for row j, -inf past the row's causal length or
-the selection. A backend may return a tensor wider than m_cap*64 (a row stride); top-K and
-update read the first m_cap*64 columns.
+is the score of slot block_ids[b, k]*64 + s for row j. Columns past the selection, or past
+the row's causal length, are -inf, or the backend returns the rows' compact lengths (which
+top-K then respects). A backend may return a tensor wider than m_cap*64 (a row stride); top-K
+and update read the first m_cap*64 columns.
 
 - `native`:    spin's own masked FP8 kernel (torch.ops.spin.indexer_logits; on the CPU its
                reference). Default; the TensorRT plugins and dsa-lite use it.
@@ -19,7 +20,7 @@ the backend they were captured with; an unavailable backend raises SpinError wit
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -31,15 +32,19 @@ from .reference import ReferenceLogits
 
 class LogitsBackend(Protocol):
     name: str
+    needs_out: bool      # run() writes into the `out` buffer it is given
+    page_slots: int      # slots per K-cache page it reads
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
             context_lens: torch.Tensor, block_table: torch.Tensor, block_ids: torch.Tensor,
-            counts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Compact logits [B*R, >= m_cap*64] (`out`, or a new tensor)."""
+            counts: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(compact logits [B*R, >= m_cap*64]: `out` or a new tensor; int32 [B, R] compact
+        lengths when columns past a row's causal length are not -inf, else None)."""
 
 
-# name -> (availability check on a device: (ok, reason), factory)
-BACKENDS: dict[str, tuple[Callable[[torch.device], tuple[bool, str]], Callable[[], LogitsBackend]]] = {
+# name -> (availability check on a device: (ok, reason), factory taking page_slots)
+BACKENDS: dict[str, tuple[Callable[[torch.device], tuple[bool, str]],
+                          Callable[..., LogitsBackend]]] = {
     "native": (NativeLogits.available, NativeLogits),
     "deepgemm": (DeepGemmLogits.available, DeepGemmLogits),
     "reference": (ReferenceLogits.available, ReferenceLogits),
@@ -52,11 +57,11 @@ def available(name: str, device: torch.device | str) -> tuple[bool, str]:
     return BACKENDS[name][0](torch.device(device))
 
 
-def resolve(name: str, device: torch.device | str) -> LogitsBackend:
+def resolve(name: str, device: torch.device | str, page_slots: int = 64) -> LogitsBackend:
     ok, reason = available(name, device)
     if not ok:
         raise SpinError(f"logits backend {name!r} is not usable on {device}: {reason}")
-    return BACKENDS[name][1]()
+    return BACKENDS[name][1](page_slots=page_slots)
 
 
 __all__ = ["BACKENDS", "LogitsBackend", "available", "resolve", "NativeLogits",

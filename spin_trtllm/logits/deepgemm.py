@@ -2,17 +2,21 @@
 
 torch.ops.spin.compact turns SPIN's selection into a block table holding only the selected
 blocks' pages, in ascending block order, and per-MTP-row compact lengths. A dense paged kernel
-given that table computes exactly SPIN's compact masked logits (compact position k*64 + s is
-slot block_ids[k]*64 + s), so SPIN reads only the selected pages at the dense kernel's speed.
-The schedule metadata depends on the compact lengths, so it is computed here, inside the step
+given that table computes SPIN's compact masked logits (compact position k*64 + s is slot
+block_ids[k]*64 + s), so SPIN reads only the selected pages at the dense kernel's speed. The
+schedule metadata depends on the compact lengths, so it is computed here, inside the step
 (after select), not on the host. Everything stays on the device: graph-capturable.
+
+DeepGEMM (SM90, HEAD 54e22612) leaves the columns past a row's length unspecified and scores
+every MTP row of a request up to its longest row, so run() returns the compact lengths and
+top-K is cut at them; update masks by slot itself.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -21,6 +25,7 @@ from .. import ops
 LOGITS_FN = "fp8_paged_mqa_logits"
 SCHEDULE_FN = "get_paged_mqa_logits_metadata"
 MODULES = ("deep_gemm", "tensorrt_llm.deep_gemm")
+MAX_NEXT_N = 2          # DeepGEMM's SM90 paged MQA logits take next_n 1 or 2
 
 
 def find_module() -> tuple[Optional[ModuleType], str]:
@@ -40,11 +45,38 @@ def find_module() -> tuple[Optional[ModuleType], str]:
     return None, "; ".join(errors)
 
 
+def compact_paged_logits(logits_fn: Callable, schedule_fn: Callable, num_sms: int,
+                         schedule_block_kv: int, q: Any, kv_cache: torch.Tensor,
+                         weights: torch.Tensor, context_lens: torch.Tensor,
+                         block_table: torch.Tensor, block_ids: torch.Tensor,
+                         counts: torch.Tensor, page_slots: int, expanded: bool,
+                         *extra: Any, one_dim_lens: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense paged-logits call (DeepGEMM's signature) over SPIN's selection. q is passed
+    through as the caller shaped it: [B, R, H, D], or [B*R, 1, H, D] when `expanded` (every
+    MTP row its own request), or an (FP4 q, scales) pair. one_dim_lens: an older DeepGEMM
+    that takes one length per request (its rows end at len - R + j + 1; top-K is cut at each
+    row's own compact length anyway). Returns (logits [B*R, >= m_cap*64], compact lengths
+    int32 [B, R])."""
+    B, R = context_lens.shape
+    if expanded:
+        block_ids = block_ids.repeat_interleave(R, 0)
+        counts = counts.repeat_interleave(R, 0)
+        block_table = block_table.repeat_interleave(R, 0)
+        context_lens = context_lens.reshape(B * R, 1)
+    table, lens = ops.compact(block_ids, counts, context_lens, block_table, page_slots)
+    kernel_lens = lens[:, -1].contiguous() if one_dim_lens else lens
+    schedule = schedule_fn(kernel_lens, schedule_block_kv, num_sms)
+    logits = logits_fn(q, kv_cache, weights, kernel_lens, table, schedule,
+                       block_ids.shape[-1] * ops.BLOCK, *extra)
+    return logits, lens.view(B, R)
+
+
 class DeepGemmLogits:
     """`module` overrides the import (tests pass a CPU stand-in with DeepGEMM's signatures);
     `page_slots` is the K cache's page size (64, or 32: one SPIN block = two pages)."""
 
     name = "deepgemm"
+    needs_out = False
 
     def __init__(self, module: Optional[ModuleType] = None, page_slots: int = ops.BLOCK):
         if module is None:
@@ -52,7 +84,7 @@ class DeepGemmLogits:
             if module is None:
                 raise ImportError(f"DeepGEMM not importable ({why})")
         self.dg, self.page_slots = module, page_slots
-        self._num_sms: dict[torch.device, int] = {}
+        self._num_sms: Optional[int] = None
 
     @staticmethod
     def available(device: torch.device) -> tuple[bool, str]:
@@ -64,20 +96,21 @@ class DeepGemmLogits:
         if major < 9:
             return False, f"DeepGEMM needs SM90 or newer, this GPU is SM{major}x"
         module, why = find_module()
-        return (module is not None), (f"{module.__name__}" if module is not None else why)
+        return (module is not None), (module.__name__ if module is not None else why)
 
     def num_sms(self, device: torch.device) -> int:
-        if device not in self._num_sms:
-            self._num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count \
-                if device.type == "cuda" else 1
-        return self._num_sms[device]
+        if self._num_sms is None:
+            get = getattr(self.dg, "get_num_sms", None)
+            self._num_sms = int(get()) if callable(get) else \
+                torch.cuda.get_device_properties(device).multi_processor_count
+        return self._num_sms
 
     def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out=None):
         B, R = context_lens.shape
-        m_cap = block_ids.shape[-1]
-        table, lens = ops.compact(block_ids, counts, context_lens, block_table, self.page_slots)
-        schedule = getattr(self.dg, SCHEDULE_FN)(lens, self.page_slots, self.num_sms(q.device))
+        expanded = R > MAX_NEXT_N       # SM90 takes next_n <= 2: one request per MTP row
+        rows, per_row = (B * R, 1) if expanded else (B, R)
         pages = kv_cache.view(kv_cache.shape[0], self.page_slots, 1, -1)
-        return getattr(self.dg, LOGITS_FN)(
-            q.view(B, R, q.shape[-2], q.shape[-1]), pages, weights, lens, table, schedule,
-            m_cap * ops.BLOCK, True)
+        return compact_paged_logits(
+            getattr(self.dg, LOGITS_FN), getattr(self.dg, SCHEDULE_FN), self.num_sms(q.device),
+            self.page_slots, q.view(rows, per_row, q.shape[-2], q.shape[-1]), pages, weights,
+            context_lens, block_table, block_ids, counts, self.page_slots, expanded)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ._paged64 import Paged64
 
 
-class NativeLogits:
+class NativeLogits(Paged64):
     name = "native"
 
     @staticmethod
@@ -16,4 +17,4 @@ class NativeLogits:
 
     def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
         ops.indexer_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out)
-        return out
+        return out, None

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from .. import reference as ref
+from ._paged64 import Paged64
 
 
-class ReferenceLogits:
+class ReferenceLogits(Paged64):
     name = "reference"
 
     @staticmethod
@@ -17,4 +18,4 @@ class ReferenceLogits:
     def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
         out.copy_(ref.masked_indexer_logits(q, kv_cache, weights, context_lens, block_table,
                                             block_ids, counts))
-        return out
+        return out, None

@@ -72,6 +72,9 @@ struct TopKParams {
   int64_t ids_stride, counts_stride;
   int64_t logits_stride;       // floats between rows: a multiple of 4 (16-byte rows), >= m_cap*64
   int32_t* out;                // [B*R, k] request-local slot ids, ascending, -1 padded
+  // [B*R] compact length of each row, or null: positions past it take no part (a dense kernel
+  // on a compacted table leaves them unspecified)
+  const int32_t* row_lens = nullptr;
 };
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
 

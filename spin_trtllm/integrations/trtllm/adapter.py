@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -26,6 +26,8 @@ from ...errors import SpinError
 from ...indexer import SpinIndexer
 from ...ops import BLOCK
 from ...state import StatePool
+
+MAX_NEXT_N = 8      # draft length + 1, as the ops allow
 
 
 @dataclass
@@ -53,32 +55,52 @@ class SpinDecodeAdapter:
     def __init__(self, cfg: SpinConfig, num_layers: int, max_batch: int, next_n: int,
                  max_tokens: int, compress_ratio: int = 1,
                  device: torch.device | str = "cuda", max_requests: Optional[int] = None,
-                 initial_capacity: int = 4096):
+                 initial_capacity: int = 4096, logits_backend: Any = "native",
+                 page_slots: int = BLOCK):
         """num_layers: indexer layers (V3.2: every layer; V4: the ratio-4 layers).
         max_tokens: the longest sequence (max_seq_len); compress_ratio: tokens per indexer slot
-        (1 for DeepSeek-V3.2, 4 for DeepSeek-V4's C4A layers)."""
+        (1 for DeepSeek-V3.2, 4 for DeepSeek-V4's C4A layers). next_n: the first step's draft
+        length + 1; a step may use another (begin_step's next_n): each length gets its own
+        step buffers over the one per-request state. page_slots: slots per K-cache page."""
         if compress_ratio < 1 or max_tokens < 1:
             raise SpinError(f"SpinDecodeAdapter: compress_ratio ({compress_ratio}) and max_tokens "
                             f"({max_tokens}) must be >= 1")
         self.cfg, self.next_n, self.ratio = cfg, next_n, compress_ratio
+        self.max_batch, self.logits_backend, self.page_slots = max_batch, logits_backend, page_slots
         self.max_slots = max_tokens // compress_ratio + 1
+        capacity = self.max_slots + MAX_NEXT_N               # room for any draft length
         self.pool = StatePool(num_layers, max_requests or max_batch, cfg, device,
-                              initial_capacity=min(initial_capacity, self.max_slots + next_n),
-                              max_capacity=self.max_slots + next_n)
-        self.indexer = SpinIndexer(cfg, self.pool, max_batch, next_n, self.max_slots)
+                              initial_capacity=min(initial_capacity, capacity),
+                              max_capacity=capacity)
+        self._indexers: dict[int, SpinIndexer] = {}
+        self.indexer = self.indexer_for(next_n)
         self._steps: dict[int, int] = {}
-        self._last_ids: Optional[list[int]] = None     # the step whose MTP updates are pending
-        self._last_pad: list[bool] = []
-        self._last_kv: dict[int, int] = {}
+        self._pending: Optional[tuple[SpinIndexer, list[int], list[bool]]] = None  # MTP updates
+        self._last_cached: dict[int, int] = {}
+
+    def indexer_for(self, next_n: int) -> SpinIndexer:
+        """The step buffers of one draft length (made on first use)."""
+        if next_n not in self._indexers:
+            self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
+                                                 self.max_slots, self.logits_backend,
+                                                 self.page_slots)
+        return self._indexers[next_n]
 
     @property
     def generation(self) -> int:
         """Changes when the state is reallocated: CUDA graphs must be captured again."""
         return self.pool.generation
 
-    def begin_step(self, batch: DecodeBatch) -> None:
+    def begin_step(self, batch: DecodeBatch, next_n: Optional[int] = None,
+                   select: bool = True) -> None:
+        """next_n: this step's draft length + 1 (default: the adapter's current one).
+        select=False: the engine runs its own indexer this step (SPIN only replays the last
+        step's deferred updates and follows the batch)."""
+        R = self.next_n if next_n is None else int(next_n)
+        if not 1 <= R <= MAX_NEXT_N:
+            raise SpinError(f"SpinDecodeAdapter: next_n must be 1..{MAX_NEXT_N}, got {R}")
         ids = [int(r) for r in batch.request_ids]
-        B, R = len(ids), self.next_n
+        B = len(ids)
         kv = torch.as_tensor(batch.kv_lens).to("cpu", torch.int64).view(-1)
         if kv.numel() != B:
             raise SpinError(f"SpinDecodeAdapter: {B} request ids but {kv.numel()} kv lens")
@@ -94,13 +116,14 @@ class SpinDecodeAdapter:
         if real and int(real_kv.min()) < R:
             raise SpinError(f"SpinDecodeAdapter: kv lens must be >= next_n ({R}), got "
                             f"{int(real_kv.min())}")
+        cached = dict(zip(real, (real_kv - R).tolist()))   # tokens before this step's rows
         accepted = batch.accepted
-        if accepted is None and self._last_ids is not None:
-            now = dict(zip(real, real_kv.tolist()))
-            accepted = {rid: now[rid] - self._last_kv[rid] - 1 for rid in self._last_ids
-                        if rid in now and rid in self._last_kv}
+        if accepted is None and self._pending is not None:
+            # the cache grows by the accepted drafts + 1 from one step to the next
+            accepted = {rid: cached[rid] - self._last_cached[rid] - 1 for rid in self._pending[1]
+                        if rid in cached and rid in self._last_cached}
         self._replay_deferred(accepted)
-        self._last_kv = dict(zip(real, real_kv.tolist()))
+        self._last_cached = cached
         # realign with the batch: requests that left give their state back, new ones start at 0
         for rid in self.pool.request_ids():
             if rid not in seen:
@@ -109,6 +132,9 @@ class SpinDecodeAdapter:
             if self.pool.slot_of(rid) is None:
                 self.pool.admit(rid)
                 self._steps[rid] = 0
+        if not select:
+            return
+        self.next_n, self.indexer = R, self.indexer_for(R)
         spare = iter(self.pool.free_slots(sum(pad)))
         slots = torch.tensor([next(spare) if p else self.pool.slot_of(rid)
                               for rid, p in zip(ids, pad)], dtype=torch.int32)
@@ -122,8 +148,7 @@ class SpinDecodeAdapter:
         self.indexer.select()
         for rid in real:
             self._steps[rid] += 1
-        self._last_ids = ids if R > 1 else None
-        self._last_pad = pad
+        self._pending = (self.indexer, ids, pad) if R > 1 else None
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -145,13 +170,13 @@ class SpinDecodeAdapter:
         self._steps.pop(request_id, None)
 
     def _replay_deferred(self, accepted: Optional[Mapping[int, int]]) -> None:
-        if self._last_ids is None:
+        if self._pending is None:
             return
-        pad = getattr(self, "_last_pad", [False] * len(self._last_ids))
-        acc = [0 if p else max(0, min(int((accepted or {}).get(rid, 0)), self.next_n - 1))
-               for rid, p in zip(self._last_ids, pad)]
-        self.indexer.finish(torch.tensor(acc, dtype=torch.int32, device=self.pool.device))
-        self._last_ids = None
+        indexer, ids, pad = self._pending
+        acc = [0 if p else max(0, min(int((accepted or {}).get(rid, 0)), indexer.next_n - 1))
+               for rid, p in zip(ids, pad)]
+        indexer.finish(torch.tensor(acc, dtype=torch.int32, device=self.pool.device))
+        self._pending = None
 
     @staticmethod
     def pages_for(tokens: int, compress_ratio: int) -> int:

@@ -1,30 +1,42 @@
 """Activate SPIN inside TensorRT-LLM's PyTorch backend (needs tensorrt_llm).
 
-What activation patches (each only once; a second activate() is a no-op):
-- DeepSeekSparseAttentionConfig / DeepSeekV4SparseAttentionConfig get a `spin:` field (YAML,
-  LLM(...) and trtllm-serve accept it), their parents are rebuilt, and to_sparse_params()
-  hands the SpinConfig to the indexer layers.
-- Indexer.__init__ registers the layers built with a SpinConfig (V3.2 DSA layers, V4's ratio-4
-  layers; DeepseekV4Indexer inherits from Indexer).
-- The DSA attention metadata's prepare() runs SpinDecodeAdapter.begin_step for the generation
-  requests (host side: deferred MTP updates, state realigned by request id, metadata copied,
-  blocks selected for every indexer layer) before the step, or its CUDA-graph replay, runs.
-- Indexer.sparse_attn_indexer() lets upstream handle the context tokens with the decode part
-  switched off, then fills the generation rows of topk_indices_buffer with SPIN's top-K, so
-  everything after the indexer is unchanged.
+SPIN drives the engine's own indexer kernel: in a SPIN layer's decode step, the paged-logits
+call that upstream makes (DeepGEMM fp8_paged_mqa_logits, or its FP4 variant) gets a compacted
+block table (the pages of the blocks SPIN selected, in order) and compact lengths, so it scores
+only those blocks with upstream's kernel, key dtype and page size; the decode top-K that
+follows runs SPIN's top-K, which writes request-local slot ids into upstream's own output rows.
+Everything upstream does around the two calls (GVR prior, MTP index sharing, the local-to-global
+conversion, sparse MLA) is unchanged and sees SPIN's rows.
 
-Targets the module layout of TensorRT-LLM 1.2/1.3 (tensorrt_llm/_torch/attention/backends/
-sparse/dsa/ and its predecessor tensorrt_llm/_torch/attention_backend/sparse/dsa/); anything
-missing is reported by name and nothing is patched.
+What activation patches (each once; a second activate() is a no-op):
+- DeepSeekSparseAttentionConfig / DeepSeekV4SparseAttentionConfig get a `spin:` field (YAML,
+  LLM(...), trtllm-serve and Triton's model.yaml accept it);
+- ModelConfig.from_pretrained, which rebuilds those configs from a fixed field list, carries
+  the `spin` block over to the rebuilt config;
+- to_sparse_params() hands the SpinConfig (K = the layer's resolved index_topk) to every indexer
+  layer except MTP draft layers (layer_idx >= num_hidden_layers), which stay dense;
+- Indexer.__init__ registers SPIN layers; the DSA and DeepSeek-V4 metadata's prepare() runs
+  SpinDecodeAdapter.begin_step for the generation requests (deferred MTP updates, state
+  realigned by request id, blocks selected for every SPIN layer) before the step or its
+  CUDA-graph replay;
+- Indexer.sparse_attn_indexer (any argument order: release 1.2's use_custom_topk or main's
+  q_scale/is_generation) marks the call as a SPIN decode call; the indexer module's paged
+  logits functions and the decode top-K (TopK.forward; release 1.2:
+  torch.ops.trtllm.indexer_topk_decode) act only on such calls and fall through otherwise.
+
+DeepSeek-V4.1 runs on the CSA2 backend, not the DSA Indexer: nothing of it is patched (one log
+line says so). Anything this module cannot find is reported by name and nothing is patched.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import importlib
 import inspect
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -38,13 +50,16 @@ except ImportError as err:  # one clear error instead of an AttributeError later
 
 from ...config import SpinConfig
 from ...errors import SpinError
+from ...logits.deepgemm import SCHEDULE_FN, compact_paged_logits
 from .adapter import DecodeBatch, SpinDecodeAdapter
-from .config_ext import add_spin_field, spin_config_of
+from .config_ext import FIELD, add_spin_field, spin_config_of
 
 log = logging.getLogger("spin_trtllm")
 MIN_VERSION = (1, 2)
-PACKAGES = ("tensorrt_llm._torch.attention.backends.sparse",
-            "tensorrt_llm._torch.attention_backend.sparse")
+PACKAGES = ("tensorrt_llm._torch.attention.backends.sparse",      # main (1.3+)
+            "tensorrt_llm._torch.attention_backend.sparse")       # release 1.2
+LOGITS_FNS = ("fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits")
+V41_MODULE = "tensorrt_llm._torch.models.modeling_deepseekv41"
 
 
 class SpinBlock(SpinConfig):
@@ -60,55 +75,77 @@ def _version() -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _import(name: str) -> Optional[Any]:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 def _find(names: list[str], attr: str) -> Optional[Any]:
     for name in names:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, attr):
+        module = _import(name)
+        if module is not None and hasattr(module, attr):
             return getattr(module, attr)
     return None
 
 
 def _locate() -> dict[str, Any]:
+    llm_args = "tensorrt_llm.llmapi.llm_args"
     found = {
         "Indexer": _find([f"{p}.dsa.indexer" for p in PACKAGES] + [f"{p}.dsa" for p in PACKAGES],
                          "Indexer"),
         "DSAtrtllmAttentionMetadata": _find(
             [f"{p}.dsa.metadata" for p in PACKAGES] + [f"{p}.dsa" for p in PACKAGES],
             "DSAtrtllmAttentionMetadata"),
-        "DeepSeekSparseAttentionConfig": _find(["tensorrt_llm.llmapi.llm_args"],
-                                               "DeepSeekSparseAttentionConfig"),
-        "BaseLlmArgs": _find(["tensorrt_llm.llmapi.llm_args"], "BaseLlmArgs"),
-        "TorchLlmArgs": _find(["tensorrt_llm.llmapi.llm_args"], "TorchLlmArgs"),
+        "DeepSeekSparseAttentionConfig": _find([llm_args], "DeepSeekSparseAttentionConfig"),
+        "BaseLlmArgs": _find([llm_args], "BaseLlmArgs"),
+        "TorchLlmArgs": _find([llm_args], "TorchLlmArgs"),
     }
     missing = [k for k, v in found.items() if v is None]
     if missing:
         raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: cannot find {missing} in the "
                         f"module layout spin-trtllm targets; this version is not supported")
-    for cls, method in (("Indexer", "sparse_attn_indexer"), ("DSAtrtllmAttentionMetadata", "prepare"),
-                        ("DeepSeekSparseAttentionConfig", "to_sparse_params")):
+    for cls, method in (("Indexer", "sparse_attn_indexer"), ("DSAtrtllmAttentionMetadata", "prepare")):
         if not callable(getattr(found[cls], method, None)):
             raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: {cls}.{method} not found; "
                             f"this version is not supported")
-    params = inspect.signature(found["Indexer"].sparse_attn_indexer).parameters
-    expected = ("metadata", "hidden_states", "q_fp8", "k_fp8", "k_scale", "weights")
-    if tuple(params)[1:7] != expected:
+    module = inspect.getmodule(found["Indexer"])
+    fns = [n for n in LOGITS_FNS if callable(getattr(module, n, None))]
+    if "fp8_paged_mqa_logits" not in fns or not callable(getattr(module, SCHEDULE_FN, None)):
+        raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: {module.__name__} does not "
+                        f"call DeepGEMM's fp8_paged_mqa_logits / {SCHEDULE_FN}; this version is "
+                        f"not supported")
+    params = list(inspect.signature(found["Indexer"].sparse_attn_indexer).parameters)
+    expected = ["self", "metadata", "hidden_states", "q_fp8", "k_fp8", "k_scale", "weights"]
+    if params[:7] != expected:
         raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: Indexer.sparse_attn_indexer"
-                        f"{tuple(params)[1:]} differs from the expected {expected}; this version "
-                        f"is not supported")
-    found["DeepSeekV4SparseAttentionConfig"] = _find(["tensorrt_llm.llmapi.llm_args"],
-                                                     "DeepSeekV4SparseAttentionConfig")
-    found["LlmArgs"] = _find(["tensorrt_llm.llmapi.llm_args"], "LlmArgs")
+                        f"{tuple(params[1:])} differs from the expected {tuple(expected[1:])}; "
+                        f"this version is not supported")
+    found["indexer_module"], found["logits_fns"] = module, fns
+    found["legacy"] = "use_custom_topk" in params
+    # main rebuilds the sparse config in ModelConfig.from_pretrained and lowers it per layer
+    # with to_sparse_params(); release 1.2 hands the pydantic config to the Indexer itself
+    found["ModelConfig"] = _find(["tensorrt_llm._torch.model_config"], "ModelConfig")
+    if not found["legacy"]:
+        for cls, method in (("DeepSeekSparseAttentionConfig", "to_sparse_params"),
+                            ("ModelConfig", "from_pretrained")):
+            if not callable(getattr(found[cls], method, None)):
+                raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: {cls}.{method} not "
+                                f"found; this version is not supported")
+    found["TopK"] = _find(["tensorrt_llm._torch.modules.top_k"], "TopK")
+    if not found["legacy"] and found["TopK"] is None:
+        raise SpinError(f"TensorRT-LLM {tensorrt_llm.__version__}: no TopK module "
+                        f"(tensorrt_llm._torch.modules.top_k) for the decode top-K")
+    found["DeepSeekV4SparseAttentionConfig"] = _find([llm_args], "DeepSeekV4SparseAttentionConfig")
+    found["LlmArgs"] = _find([llm_args], "LlmArgs")
     found["DeepseekV4TrtllmAttentionMetadata"] = _find(
         [f"{p}.deepseek_v4.metadata" for p in PACKAGES] + [f"{p}.deepseek_v4" for p in PACKAGES],
         "DeepseekV4TrtllmAttentionMetadata")
     return found
 
 
-# ---- runtime: one SpinDecodeAdapter per attention-metadata object -----------------------------
-_LAYERS: dict[int, SpinConfig] = {}           # layer_idx -> SpinConfig of SPIN indexer layers
+_LAYERS: dict[int, SpinConfig] = {}       # layer_idx -> SpinConfig of the SPIN indexer layers
 _WARNED: set[str] = set()
 
 
@@ -118,50 +155,68 @@ def _warn_once(key: str, msg: str) -> None:
         log.warning("spin_trtllm: %s", msg)
 
 
+# ---- the model's SPIN runtime: one SpinDecodeAdapter over the model's KV-cache manager -------
 class _Runtime:
-    def __init__(self, metadata: Any, compress_ratio: int):
-        self.ratio = compress_ratio
-        self.metadata = metadata
+    def __init__(self, ratio: int):
+        self.ratio = ratio
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
         self.active = False
-        self.next_n = 0
-        self.gen_ids: list[int] = []
+
+    def _create(self, md: Any, next_n: int) -> SpinDecodeAdapter:
+        cfgs = set(_LAYERS.values())
+        if len(cfgs) != 1:
+            raise SpinError(f"SPIN layers of one model must share one SpinConfig, got {len(cfgs)}")
+        manager = md.kv_cache_manager
+        max_tokens = int(manager.max_seq_len)
+        max_seqs = int(getattr(md, "max_num_sequences", 0) or getattr(md, "max_num_requests", 0)
+                       or md.indexer_k_cache_block_offsets.shape[0])
+        page_slots = int(getattr(md, "_tokens_per_block", 0) or
+                         manager.tokens_per_block // self.ratio)
+        adapter = SpinDecodeAdapter(
+            next(iter(cfgs)), len(self.layer_index), max_seqs, next_n, max_tokens, self.ratio,
+            device=md.indexer_k_cache_block_offsets.device, logits_backend=_EngineKernel(page_slots),
+            page_slots=page_slots,
+            initial_capacity=max_tokens // self.ratio + 9)    # no growth: graphs stay valid
+        log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
+                 "K %d), %.1f MB of state", len(self.layer_index), self.ratio, page_slots,
+                 adapter.cfg.index_topk, adapter.pool.nbytes() / 2**20)
+        return adapter
 
     def begin(self, md: Any) -> None:
-        nc, ng = int(md.num_contexts), int(md.num_generations)
+        """In prepare(): the generation requests of this step, before any layer runs."""
         self.active = False
+        nc, ng = int(md.num_contexts), int(md.num_generations)
         if ng == 0:
             return
-        next_n = (int(md.num_tokens) - int(md.num_ctx_tokens)) // ng
-        cfgs = {c for c in _LAYERS.values()}
-        if len(cfgs) != 1:
-            raise SpinError("SPIN layers of one model must share one SpinConfig")
-        cfg = next(iter(cfgs))
-        if self.adapter is None:
-            max_tokens = int(md.kv_cache_manager.max_seq_len)
-            max_seqs = int(getattr(md, "max_num_sequences", 0) or md.max_num_requests)
-            slots = max_tokens // self.ratio + 1
-            self.adapter = SpinDecodeAdapter(
-                cfg, len(self.layer_index), max_seqs, next_n, max_tokens, self.ratio,
-                device=md.indexer_k_cache_block_offsets.device,
-                initial_capacity=slots + next_n)     # no growth: captured graphs stay valid
-            self.next_n = next_n
-            ix = self.adapter.indexer
-            buffers = sum(t.numel() * t.element_size() for t in (ix.logits, ix.topk, ix.block_ids))
-            log.info("spin_trtllm: SPIN on %d indexer layers, next_n %d, compress ratio %d, "
-                     "%.1f MB of state + %.1f MB of step buffers", len(self.layer_index), next_n,
-                     self.ratio, self.adapter.pool.nbytes() / 2**20, buffers / 2**20)
-        if next_n != self.next_n:
-            raise SpinError(f"SPIN's TensorRT-LLM integration needs a fixed draft length: built "
-                            f"for next_n {self.next_n}, got {next_n}")
+        gen_tokens = int(md.num_tokens) - int(md.num_ctx_tokens)
+        next_n = gen_tokens // ng
         ids = [int(r) for r in md.request_ids[nc:nc + ng]]
-        cached = torch.as_tensor(md.kv_cache_params.num_cached_tokens_per_seq[nc:nc + ng])
-        new = torch.as_tensor(md.seq_lens_kv[nc:nc + ng]).cpu()
-        table = md.indexer_k_cache_block_offsets[nc:nc + ng]
-        self.adapter.begin_step(DecodeBatch(ids, cached.to(torch.int64) + new, table))
-        self.gen_ids = ids
-        self.active = True
+        cached, new = _host_lens(md, nc, ng)
+        batch = DecodeBatch(ids, cached + new, md.indexer_k_cache_block_offsets[nc:nc + ng])
+        if self.adapter is None:
+            self.adapter = self._create(md, next_n)
+        runs = True
+        if gen_tokens != ng * next_n or bool((new != next_n).any()) or \
+                getattr(md, "ragged_verify_lens", None) is not None:
+            _warn_once("ragged", "generation requests verify different draft lengths (ragged "
+                                 "verification); those steps run the dense indexer")
+            runs = False
+        elif getattr(md, "skip_indexer_for_gen_reqs", False):
+            runs = False          # every context is within K: upstream keeps all slots itself
+        self.adapter.begin_step(batch, next_n=next_n, select=runs)
+        self.active = runs
+
+
+def _host_lens(md: Any, nc: int, ng: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host copies of the generation requests' cached and new token counts (no device sync):
+    main keeps them in kv_cache_params / seq_lens_kv, release 1.2 in num_cached_tokens /
+    seq_lens."""
+    params = getattr(md, "kv_cache_params", None)
+    cached = params.num_cached_tokens_per_seq if params is not None else md.num_cached_tokens
+    new = md.seq_lens_kv if getattr(md, "seq_lens_kv", None) is not None else md.seq_lens
+    return (torch.as_tensor(cached[nc:nc + ng]).to("cpu", torch.int64),
+            torch.as_tensor(new[nc:nc + ng]).to("cpu", torch.int64))
 
 
 _RUNTIME_ATTR = "_spin_trtllm_runtime"
@@ -171,12 +226,94 @@ def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
     """The model's SPIN runtime. It lives on the KV-cache manager, which every attention
     metadata object of the model shares (TensorRT-LLM keeps one metadata per CUDA-graph batch
     size), so the per-request state is one, whichever metadata runs the step."""
-    owner = md.kv_cache_manager
+    owner = getattr(md, "kv_cache_manager", None)
+    if owner is None:
+        return None
     rt = getattr(owner, _RUNTIME_ATTR, None)
     if rt is None and create_ratio is not None and _LAYERS:
-        rt = _Runtime(md, create_ratio)
+        rt = _Runtime(create_ratio)
         object.__setattr__(owner, _RUNTIME_ATTR, rt)
     return rt
+
+
+# ---- one SPIN layer's decode call: the engine's logits kernel on the compacted table ---------
+class _EngineKernel:
+    """Stand-in logits backend of the adapter's indexers: TensorRT-LLM's own kernel is only
+    known inside a call (its q layout, FP8 or FP4), so each call passes a _KernelCall."""
+
+    name, needs_out = "tensorrt_llm", False
+
+    def __init__(self, page_slots: int):
+        self.page_slots = page_slots
+
+    def run(self, *args):
+        raise SpinError("spin_trtllm: the TensorRT-LLM indexer kernel runs only inside "
+                        "Indexer.sparse_attn_indexer")
+
+
+class _KernelCall:
+    """The paged-logits call upstream is making, replayed over SPIN's selection."""
+
+    def __init__(self, fn: Callable, schedule_fn: Callable, num_sms: int, block_kv: int,
+                 page_slots: int, q: Any, expanded: bool, one_dim_lens: bool,
+                 extra: tuple, kwargs: dict):
+        self.fn, self.schedule_fn, self.num_sms, self.block_kv = fn, schedule_fn, num_sms, block_kv
+        self.page_slots, self.q, self.expanded = page_slots, q, expanded
+        self.one_dim_lens, self.extra, self.kwargs = one_dim_lens, extra, kwargs
+        self.name, self.needs_out = "tensorrt_llm", False
+
+    def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out=None):
+        return compact_paged_logits(
+            functools.partial(self.fn, **self.kwargs), self.schedule_fn, self.num_sms,
+            self.block_kv, self.q, kv_cache, weights, context_lens, block_table, block_ids,
+            counts, self.page_slots, self.expanded, *self.extra, one_dim_lens=self.one_dim_lens)
+
+
+class _LayerCall:
+    """A SPIN layer's decode call in flight (set by sparse_attn_indexer for its duration)."""
+
+    def __init__(self, rt: _Runtime, indexer: Any, md: Any, found: dict[str, Any]):
+        self.rt, self.ix = rt, rt.adapter.indexer
+        self.layer = rt.layer_index[int(indexer.layer_idx)]
+        self.layer_idx = int(indexer.layer_idx)
+        self.md, self.found = md, found
+        self.logits: Optional[torch.Tensor] = None
+        self.lens: Optional[torch.Tensor] = None
+        self.done = False
+
+    def run_logits(self, original: Callable, q: Any, kv_cache: torch.Tensor,
+                   weights: torch.Tensor, context_lens: torch.Tensor, extra: tuple,
+                   kwargs: dict) -> Optional[torch.Tensor]:
+        """SPIN's compact logits, or None when this call is not the prepared batch."""
+        q_rows = q[0] if isinstance(q, tuple) else q
+        B, R = self.ix.batch, self.ix.next_n
+        shape = tuple(q_rows.shape[:2])
+        if shape not in ((B, R), (B * R, 1)):
+            _warn_once("rows", f"indexer layer {self.layer_idx}: query rows {list(shape)} are not "
+                               f"the prepared batch ({B} requests x next_n {R}); this call runs "
+                               f"the dense indexer")
+            return None
+        if kv_cache.shape[1] != self.ix.page_slots:
+            _warn_once("pages", f"indexer K cache pages of {kv_cache.shape[1]} slots, SPIN "
+                                f"prepared {self.ix.page_slots}; this call runs the dense indexer")
+            return None
+        module = self.found["indexer_module"]
+        block_kv = int(getattr(module, "_DG_SCHEDULE_BLOCK_KV", 0) or kv_cache.shape[1])
+        num_sms = int(getattr(self.md, "num_sms", 0) or module.get_num_sms())
+        call = _KernelCall(original, getattr(module, SCHEDULE_FN), num_sms, block_kv,
+                           self.ix.page_slots, q, shape == (B * R, 1) and R > 1,
+                           context_lens.dim() == 1, extra, kwargs)
+        self.logits, self.lens = self.ix.layer_logits(self.layer, q, weights, kv_cache,
+                                                      backend=call)
+        return self.logits
+
+    def run_topk(self, out: torch.Tensor) -> None:
+        self.ix.layer_topk(self.layer, self.logits, self.lens, out=out)
+        self.done = True
+
+
+_CALL: contextvars.ContextVar[Optional[_LayerCall]] = contextvars.ContextVar(
+    "spin_trtllm_layer_call", default=None)
 
 
 # ---- the patches --------------------------------------------------------------------------------
@@ -194,87 +331,153 @@ def _patch_config(found: dict[str, Any]) -> list[str]:
         def to_sparse_params(self, *args, _original=original, **kwargs):
             params = _original(self, *args, **kwargs)
             spin = spin_config_of(self)
-            if spin is not None:
-                object.__setattr__(params, "spin", spin)
+            if spin is None:
+                return params
+            pretrained = kwargs.get("pretrained_config")
+            base_layers = getattr(pretrained, "num_hidden_layers", None)
+            layer_idx = kwargs.get("layer_idx")
+            if base_layers is not None and layer_idx is not None and layer_idx >= base_layers:
+                return params               # an MTP draft layer: its indexer stays dense
+            k = getattr(params, "index_topk", None)
+            if k is not None and k != spin.index_topk:
+                spin = spin.with_overrides(index_topk=int(k))     # K from the checkpoint
+            object.__setattr__(params, "spin", spin)
             return params
 
         cls.to_sparse_params = to_sparse_params
     return [f"{name}.spin" for name in changed]
 
 
-def _patch_indexer(Indexer: type) -> None:
+def _patch_model_config(ModelConfig: type, configs: tuple) -> None:
+    """from_pretrained rebuilds the sparse config from a fixed field list, dropping `spin`."""
+    original = ModelConfig.from_pretrained.__func__
+
+    def from_pretrained(cls, *args, **kwargs):
+        given = kwargs.get("sparse_attention_config")
+        spin = getattr(given, FIELD, None) if given is not None else None
+        result = original(cls, *args, **kwargs)
+        if spin is None:
+            return result
+        rebuilt = result.sparse_attention_config
+        arch = str((getattr(result.pretrained_config, "architectures", None) or ["?"])[0])
+        csa2 = "v41" in arch.lower().replace("_", "") or \
+            getattr(rebuilt, "variant", None) == "v41" or getattr(rebuilt, "algorithm", "") == "csa2"
+        if csa2 or not isinstance(rebuilt, configs):
+            if isinstance(rebuilt, configs):
+                object.__setattr__(rebuilt, FIELD, None)
+            _warn_once("v41", f"{arch} does not use TensorRT-LLM's DSA indexer (DeepSeek-V4.1 "
+                              f"runs on the CSA2 backend and its own candidate prefilter): the "
+                              f"spin block is ignored and the model runs as upstream ships it")
+        elif getattr(rebuilt, FIELD, None) is None:
+            object.__setattr__(rebuilt, FIELD, spin)
+            rebuilt.__pydantic_fields_set__.add(FIELD)
+        return result
+
+    ModelConfig.from_pretrained = classmethod(from_pretrained)
+
+
+def _patch_indexer(found: dict[str, Any]) -> None:
+    Indexer, legacy = found["Indexer"], found["legacy"]
     original_init = Indexer.__init__
     original_run = Indexer.sparse_attn_indexer
-
-    signature = inspect.signature(original_init)
+    init_sig = inspect.signature(original_init)
+    run_sig = inspect.signature(original_run)
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        try:
-            params = signature.bind(self, *args, **kwargs).arguments.get("sparse_params")
-        except TypeError:
-            params = None
-        params = params if params is not None else getattr(self, "sparse_params", None)
+        bound = init_sig.bind(self, *args, **kwargs).arguments
+        params = bound.get("sparse_params", bound.get("sparse_attention_config"))
         spin = getattr(params, "spin", None)
+        if spin is not None and legacy:
+            spin = spin_config_of(params)            # 1.2 passes the pydantic config itself
+        k = getattr(self, "index_topk", None)
+        if spin is not None and k is not None and k != spin.index_topk:
+            spin = spin.with_overrides(index_topk=int(k))           # the layer's resolved K
+        if spin is not None and getattr(self, "use_cute_dsl_paged_mqa_logits", False):
+            _warn_once("dsl", f"indexer layer {self.layer_idx} uses the CuTe DSL paged logits, "
+                              f"which SPIN cannot drive; it runs the dense indexer")
+            spin = None
         object.__setattr__(self, "_spin", spin)
         if spin is not None:
-            _LAYERS[int(getattr(self, "layer_idx", len(_LAYERS)))] = spin
+            _LAYERS[int(self.layer_idx)] = spin
 
-    def sparse_attn_indexer(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                            q_scale=None, is_generation=None):
-        rt = _runtime(metadata)
-        if getattr(self, "_spin", None) is None or rt is None or not rt.active \
-                or is_generation is False:
-            return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                                q_scale, is_generation)
-        if getattr(self, "use_fp4", False):
-            _warn_once("fp4", "FP4 indexer keys are not supported by SPIN's kernels (FP8 "
-                              "only); these layers run the dense indexer")
-            return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                                q_scale, is_generation)
-        skip = "skip_indexer_for_gen_reqs"
-        had = hasattr(metadata, skip)
-        before = getattr(metadata, skip, None)
-        if had:
-            object.__setattr__(metadata, skip, True)
-        else:
-            _warn_once("skip", "this TensorRT-LLM cannot skip its decode indexer; SPIN "
-                               "overwrites its top-K (correct, but no speedup)")
+    def sparse_attn_indexer(self, *args, **kwargs):
+        if getattr(self, "_spin", None) is None:
+            return original_run(self, *args, **kwargs)
+        bound = run_sig.bind(self, *args, **kwargs).arguments
+        md = bound["metadata"]
+        rt = _runtime(md)
+        call = None
+        if rt is not None and rt.active and bound.get("is_generation") is not False \
+                and not getattr(md, "in_mtp_draft_loop", False):
+            if legacy and not bound.get("use_custom_topk", True):
+                _warn_once("custom_topk", "use_custom_topk=False: SPIN needs the custom decode "
+                                          "top-K; these calls run the dense indexer")
+            else:
+                call = _LayerCall(rt, self, md, found)
+        token = _CALL.set(call)
         try:
-            buf = original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                               q_scale, is_generation)
+            out = original_run(self, *args, **kwargs)
         finally:
-            if had:
-                object.__setattr__(metadata, skip, before)
-        rows = len(rt.gen_ids) * rt.next_n
-        start = 0 if is_generation else int(metadata.num_ctx_tokens)
-        gen = slice(start, start + rows)
-        if q_fp8.shape[0] != start + rows:
-            # e.g. an MTP draft layer's own forward inside the step: not the prepared batch
-            _warn_once("rows", f"indexer layer {self.layer_idx} got {q_fp8.shape[0]} query rows, "
-                               f"SPIN prepared {start + rows}; this call runs the dense indexer")
-            return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                                q_scale, is_generation)
-        try:
-            kv = metadata.kv_cache_manager.get_indexer_k_cache_buffers(self.layer_idx)
-        except (AttributeError, KeyError, IndexError, RuntimeError) as err:
-            # DeepSeek-V4 keeps compressed keys in another pool; unverified without a real install
-            _warn_once("kcache", f"no indexer K cache for layer {self.layer_idx} ({err}); "
-                                 f"the dense indexer runs")
-            kv = None
-        if kv is None or kv.dtype != torch.uint8 or kv.dim() < 2 or kv.shape[1] != 64:
-            if kv is not None:
-                _warn_once("layout", f"indexer K cache {kv.dtype} {list(kv.shape)} is not "
-                                     f"64-slot FP8 pages; SPIN needs them")
-            return original_run(self, metadata, hidden_states, q_fp8, k_fp8, k_scale, weights,
-                                q_scale, is_generation)
-        q = q_fp8[gen].reshape(rows, q_fp8.shape[-2], q_fp8.shape[-1]).contiguous()
-        w = weights[gen].float().contiguous()
-        rt.adapter.layer(rt.layer_index[int(self.layer_idx)], q, w, kv, out=buf[gen])
-        return buf
+            _CALL.reset(token)
+        if call is not None and call.logits is not None and not call.done:
+            raise SpinError(f"indexer layer {self.layer_idx}: SPIN's logits were computed but "
+                            f"the decode top-K did not come through SPIN; this TensorRT-LLM's "
+                            f"decode path is not supported")
+        return out
 
     Indexer.__init__ = __init__
     Indexer.sparse_attn_indexer = sparse_attn_indexer
+
+
+def _patch_logits(found: dict[str, Any]) -> None:
+    """The indexer module's paged-logits functions: SPIN's compacted call inside a SPIN layer's
+    decode call, upstream's otherwise."""
+    module = found["indexer_module"]
+    for name in found["logits_fns"]:
+        original = getattr(module, name)
+
+        def hook(q, kv_cache, weights, context_lens, block_table, schedule_meta,
+                 max_context_len, *extra, _original=original, **kwargs):
+            call = _CALL.get()
+            if call is not None and call.logits is None:
+                logits = call.run_logits(_original, q, kv_cache, weights, context_lens, extra,
+                                         kwargs)
+                if logits is not None:
+                    return logits
+            return _original(q, kv_cache, weights, context_lens, block_table, schedule_meta,
+                             max_context_len, *extra, **kwargs)
+
+        setattr(module, name, functools.wraps(original)(hook))
+
+
+def _patch_topk(found: dict[str, Any]) -> None:
+    """The decode top-K over SPIN's compact logits: SPIN's (slot ids into upstream's rows)."""
+    if not found["legacy"]:
+        TopK = found["TopK"]
+        original = TopK.forward
+
+        def forward(self, scores, output_indices, *args, is_prefill: bool = False, **kwargs):
+            call = _CALL.get()
+            if call is not None and not is_prefill and scores is call.logits:
+                call.run_topk(output_indices)
+                return output_indices
+            return original(self, scores, output_indices, *args, is_prefill=is_prefill, **kwargs)
+
+        TopK.forward = forward
+        return
+    ns = torch.ops.trtllm
+    original_op = getattr(ns, "indexer_topk_decode")
+
+    def indexer_topk_decode(logits, *args, **kwargs):
+        call = _CALL.get()
+        if call is not None and logits is call.logits:
+            out = args[1] if len(args) > 1 else kwargs["out"]
+            call.run_topk(out)
+            return None
+        return original_op(logits, *args, **kwargs)
+
+    setattr(ns, "indexer_topk_decode", indexer_topk_decode)
 
 
 def _patch_metadata(cls: type, ratio: int) -> None:
@@ -288,12 +491,12 @@ def _patch_metadata(cls: type, ratio: int) -> None:
         return out
 
     cls.prepare = prepare
-    if callable(getattr(cls, "on_update_kv_lens", None)):
+    if callable(getattr(cls, "on_update_kv_lens", None)) and "on_update_kv_lens" in cls.__dict__:
         original_update = cls.on_update_kv_lens
 
         def on_update_kv_lens(self, *args, **kwargs):
             rt = _runtime(self)
-            if rt is not None and rt.active and rt.next_n > 1:
+            if rt is not None and rt.active and rt.adapter.next_n > 1:
                 _warn_once("overlap", "kv lens corrected on the device after prepare(): with "
                                       "MTP, SPIN needs disable_overlap_scheduler: true")
             return original_update(self, *args, **kwargs)
@@ -316,8 +519,18 @@ def activate() -> list[str]:
                             f"(need >= {'.'.join(map(str, MIN_VERSION))})")
         found = _locate()
         done = _patch_config(found)
-        _patch_indexer(found["Indexer"])
+        configs = tuple(c for c in (found["DeepSeekSparseAttentionConfig"],
+                                    found["DeepSeekV4SparseAttentionConfig"]) if c is not None)
+        if found["ModelConfig"] is not None:
+            _patch_model_config(found["ModelConfig"], configs)
+            done.append("ModelConfig.from_pretrained")
+        _patch_indexer(found)
         done.append(f"{found['Indexer'].__module__}.Indexer")
+        _patch_logits(found)
+        done += [f"{found['indexer_module'].__name__}.{n}" for n in found["logits_fns"]]
+        _patch_topk(found)
+        done.append("torch.ops.trtllm.indexer_topk_decode" if found["legacy"]
+                    else "TopK.forward")
         _patch_metadata(found["DSAtrtllmAttentionMetadata"], ratio=1)
         done.append("DSAtrtllmAttentionMetadata.prepare")
         v4 = found["DeepseekV4TrtllmAttentionMetadata"]
@@ -327,6 +540,9 @@ def activate() -> list[str]:
         _PATCHED.extend(done)
         log.info("spin_trtllm: SPIN enabled in TensorRT-LLM %s (%s)", tensorrt_llm.__version__,
                  ", ".join(done))
+        if _import(V41_MODULE) is not None:
+            log.info("spin_trtllm: DeepSeek-V4.1 (CSA2 backend, %s) is left as upstream ships "
+                     "it: SPIN applies to the DSA indexer of DeepSeek-V3.2 and V4", V41_MODULE)
         return list(_PATCHED)
 
 

@@ -1,0 +1,171 @@
+"""SPIN through DeepGEMM against DeepGEMM dense, per indexer layer, in one process (CUDA GPU).
+
+    python benchmarks/bench_deepgemm_path.py [--batch 8 32 96] [--slots 32768 131072]
+        [--next-n 1 2] [--sparsity 0.3 0.5] [--topk 512] [--layers 21]
+        [--state-dtype float16] [--json OUT] [--markdown OUT]
+
+What TensorRT-LLM runs for the decode indexer is DeepGEMM's fp8_paged_mqa_logits plus a top-K;
+SPIN inside TensorRT-LLM keeps that kernel and gives it a compacted block table. Per case, on
+the same inputs (times per indexer layer, CUDA-graph replays, medians):
+  dense:        DeepGEMM logits over every page + top-K (spin.topk over the dense rows); the
+                schedule metadata is listed apart (upstream builds it once per step in prepare)
+  spin (DG):    select / layers + compact + schedule + DeepGEMM logits on the compacted table +
+                top-K + update
+  spin (native): select / layers + spin's masked logits + top-K + update
+It also checks that SPIN through DeepGEMM and through the native kernel select the same
+blocks and the same top-K sets. Needs deep_gemm importable (tests/gpu/deepgemm_env.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+from spin_trtllm import ops
+from spin_trtllm.logits import DeepGemmLogits
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_decode_indexer import (PAGE_BYTES, copy_bandwidth, gpu_clocks, make_inputs,  # noqa: E402
+                                  spin_case, time_ms)
+
+
+def same_sets(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of rows whose top-K slot sets are equal (rows are ascending, -1 padded)."""
+    return float((a.sort(-1).values == b.sort(-1).values).all(-1).float().mean())
+
+
+def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype, dg):
+    cfg, state, slot, req, step, acc, m_cap, ids, cnt, dense_ids, dense_cnt, z, top = \
+        spin_case(n, batch, slots, next_n, k, rho, layers, state_dtype)
+    pages, sets, q_pos = m_cap, len(inputs), n - 1
+    selected = int(cnt[:, 0].sum())
+    top_dg = torch.empty_like(top)
+    num_sms = dg.num_sms(torch.device("cuda"))
+    dense_meta = dg.dg.get_paged_mqa_logits_metadata(n, 64, num_sms)
+    out = {}
+
+    def dense_dg(i):
+        cache, table, q, w = inputs[i]
+        out["dense"] = dg.dg.fp8_paged_mqa_logits(q.view(batch, next_n, 64, 128), cache, w, n,
+                                                  table, dense_meta, slots)
+
+    def spin_dg(i):
+        cache, table, q, w = inputs[i]
+        out["spin"] = dg.run(q, cache, w, n, table, ids[:, 0], cnt[:, 0])
+
+    def spin_native(i):
+        cache, table, q, w = inputs[i]
+        ops.indexer_logits(q, cache, w, n, table, ids[:, 0], cnt[:, 0], z)
+
+    # correctness on input set 0: same selection feeds both; compare top-K sets
+    spin_native(0)
+    ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top)
+    spin_dg(0)
+    logits, lens = out["spin"]
+    ops.topk(logits, ids[:, 0], cnt[:, 0], next_n, k, top_dg, row_lens=lens)
+    agree = same_sets(top, top_dg)
+
+    t_meta = time_ms(lambda i: dg.dg.get_paged_mqa_logits_metadata(n, 64, num_sms), iters, sets)
+    t_dense = time_ms(dense_dg, iters, sets)
+    dense_logits = out["dense"]
+    t_dense_topk = time_ms(lambda i: ops.topk(dense_logits, dense_ids, dense_cnt, next_n, k, top,
+                                              row_lens=n), iters, sets)
+    t_select = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
+                                            ids, cnt), iters, sets)
+    t_spin_dg = time_ms(spin_dg, iters, sets)          # compact + schedule + DeepGEMM
+    logits, lens = out["spin"]
+    t_spin_topk = time_ms(lambda i: ops.topk(logits, ids[:, 0], cnt[:, 0], next_n, k, top,
+                                             row_lens=lens), iters, sets)
+    t_update = time_ms(lambda i: ops.update(state, slot, logits, ids[:, 0], cnt[:, 0], n, q_pos,
+                                            acc, step, 0, cfg, slots), iters, sets)
+    t_native = time_ms(spin_native, iters, sets)
+    t_native_topk = time_ms(lambda i: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top),
+                            iters, sets)
+    dense_ms = t_dense + t_dense_topk
+    per_layer_select = t_select / layers
+    spin_dg_ms = per_layer_select + t_spin_dg + t_spin_topk + t_update
+    spin_native_ms = per_layer_select + t_native + t_native_topk + t_update
+    us = 1e3
+    return {
+        "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
+        "state_dtype": state_dtype, "realized_sparsity": 1 - selected / (batch * pages),
+        "dense_schedule_us": us * t_meta, "dense_logits_us": us * t_dense,
+        "dense_topk_us": us * t_dense_topk,
+        "dense_logits_tbs": batch * pages * PAGE_BYTES / (t_dense * 1e-3) / 1e12,
+        "select_per_layer_us": us * per_layer_select,
+        "spin_dg_logits_us": us * t_spin_dg, "spin_topk_us": us * t_spin_topk,
+        "update_us": us * t_update, "spin_native_logits_us": us * t_native,
+        "spin_dg_us": us * spin_dg_ms, "spin_native_us": us * spin_native_ms,
+        "dense_us": us * dense_ms, "spin_dg_over_dense": spin_dg_ms / dense_ms,
+        "spin_native_over_dense": spin_native_ms / dense_ms,
+        "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
+    }
+
+
+def markdown(rows, copy_tbs) -> str:
+    head = ("| batch | slots | next_n | target | realized | DG dense logits us (TB/s) | dense "
+            "top-K us | DG schedule us | SPIN via DG: select/L + compact+DG + top-K + update us "
+            "| SPIN native us | SPIN(DG) / dense | SPIN(native) / dense | top-K sets equal |")
+    lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s; times per indexer layer", "",
+             head, "|" + "---|" * 13]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['target_sparsity']:.1f} "
+            f"| {r['realized_sparsity']:.3f} | {r['dense_logits_us']:.1f} "
+            f"({r['dense_logits_tbs']:.2f}) | {r['dense_topk_us']:.1f} "
+            f"| {r['dense_schedule_us']:.1f} | {r['select_per_layer_us']:.1f} + "
+            f"{r['spin_dg_logits_us']:.1f} + {r['spin_topk_us']:.1f} + {r['update_us']:.1f} = "
+            f"{r['spin_dg_us']:.1f} | {r['spin_native_us']:.1f} | {r['spin_dg_over_dense']:.2f} "
+            f"| {r['spin_native_over_dense']:.2f} | {100 * r['topk_sets_equal_native_vs_dg']:.1f}% |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32, 96])
+    ap.add_argument("--slots", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--next-n", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--topk", type=int, nargs="+", default=[512])
+    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.3, 0.5])
+    ap.add_argument("--layers", type=int, default=21)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--sets", type=int, default=2)
+    ap.add_argument("--state-dtype", choices=["float32", "float16"], default="float16")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not ops.NATIVE:
+        print("bench_deepgemm_path: needs a CUDA GPU and the native library", file=sys.stderr)
+        return 2
+    dg = DeepGemmLogits()
+    copy_tbs = copy_bandwidth(args.iters)
+    rows = []
+    seed = 0
+    for batch, slots, next_n in itertools.product(args.batch, args.slots, args.next_n):
+        seed += 1
+        inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
+        for k, rho in itertools.product(args.topk, args.sparsity):
+            row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers, args.iters,
+                           args.state_dtype, dg)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
+                               "rows": rows}, f, indent=2)
+        del inputs, n
+        torch.cuda.empty_cache()
+    table = markdown(rows, copy_tbs)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The logits backend seam: native, reference and deepgemm (a dense paged kernel on SPIN's
+compacted block table) give SPIN the same selections and the same top-K sets.
+
+On the CPU the deepgemm backend runs the TensorRT-LLM stand-in's CPU DeepGEMM
+(tests/trtllm_standin/tensorrt_llm/deep_gemm: DeepGEMM's signatures, NaN past each row's
+length, as DeepGEMM leaves those columns unspecified); on a GPU with deep_gemm importable the
+same comparison runs against the real kernel.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig, SpinError, logits
+from spin_trtllm.indexer import DenseIndexer, SpinIndexer
+from spin_trtllm.logits import DeepGemmLogits
+from spin_trtllm.state import StatePool
+
+STANDIN_DG = Path(__file__).parent / "trtllm_standin" / "tensorrt_llm" / "deep_gemm"
+L, PAGES = 2, 12                   # indexer layers; 64-slot pages per request
+
+
+def standin_deep_gemm():
+    spec = importlib.util.spec_from_file_location(
+        "standin_deep_gemm", STANDIN_DG / "__init__.py", submodule_search_locations=[str(STANDIN_DG)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Sm90Like:
+    """DeepGEMM's SM90 kernel writes finite scores past a row's length (it scores every row
+    up to the request's longest); the stand-in writes NaN there. This makes them large finite
+    values, so a consumer that reads past the lengths picks them."""
+
+    def __init__(self, dg):
+        self.dg = dg
+        self.get_num_sms = dg.get_num_sms
+        self.get_paged_mqa_logits_metadata = dg.get_paged_mqa_logits_metadata
+
+    def fp8_paged_mqa_logits(self, *args, **kwargs):
+        return torch.nan_to_num(self.dg.fp8_paged_mqa_logits(*args, **kwargs), nan=1e4)
+
+
+def caches(B, device, seed):
+    """Per layer: 64-slot FP8 pages of B requests (shuffled table) and the same keys as
+    32-slot pages (page p -> pages 2p, 2p + 1)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(L):
+        rows = (torch.randn(B * PAGES, 64, 128, generator=g) * 2).to(torch.float8_e4m3fn)
+        scales = torch.rand(B * PAGES, 64, generator=g) * 0.02 + 0.005
+        pages64 = torch.cat([rows.view(torch.uint8).flatten(1), scales.view(torch.uint8)], 1)
+        halves = [torch.cat([rows[:, h * 32:(h + 1) * 32].view(torch.uint8).flatten(1),
+                             scales[:, h * 32:(h + 1) * 32].contiguous().view(torch.uint8)], 1)
+                  for h in range(2)]
+        pages32 = torch.stack(halves, 1).reshape(B * PAGES * 2, 32 * 132)
+        out.append((pages64.view(-1, 64, 1, 132).to(device), pages32.view(-1, 32, 1, 132).to(device)))
+    table64 = torch.randperm(B * PAGES, generator=g).view(B, PAGES).to(torch.int32)
+    table32 = torch.stack([2 * table64, 2 * table64 + 1], -1).view(B, 2 * PAGES)
+    return out, table64.to(device), table32.to(device)
+
+
+def drive(backend, page_slots, R, steps=4, B=3, device="cpu", seed=0, sparsity=0.5):
+    """Decode steps of B requests; returns per step and layer (block ids, counts, top-K)."""
+    cfg = SpinConfig(index_topk=40, target_sparsity=sparsity, exploration=0.1, warmup_steps=1)
+    pool = StatePool(L, B, cfg, device, initial_capacity=PAGES * 64 + 8)
+    ix = SpinIndexer(cfg, pool, B, R, PAGES * 64, logits_backend=backend, page_slots=page_slots)
+    kv, table64, table32 = caches(B, device, seed)
+    table = table32 if page_slots == 32 else table64
+    for r in range(B):
+        pool.admit(r)
+    g = torch.Generator().manual_seed(seed + 1)
+    length = torch.tensor([500, 611, 703][:B])
+    out = []
+    for t in range(steps):
+        n = (length.view(-1, 1) + t * R + torch.arange(R)).to(torch.int32)
+        ix.prepare(list(range(B)), n, n - 1, [t] * B, table)
+        ix.select()
+        for layer in range(L):
+            q = torch.randn(B * R, 64, 128, generator=g).to(torch.float8_e4m3fn).to(device)
+            w = (torch.randn(B * R, 64, generator=g) * 0.1).to(device)
+            pages = kv[layer][1 if page_slots == 32 else 0]
+            top = ix.layer(layer, q, w, pages)
+            out.append((ix.block_ids[:B, layer].cpu().clone(), ix.counts[:B, layer].cpu().clone(),
+                        top.cpu().sort(-1).values))
+        ix.finish(torch.tensor([t % R] * B, dtype=torch.int32, device=device) if R > 1 else None)
+    return out
+
+
+def assert_same(a, b):
+    pruned = 0
+    for (ids_a, cnt_a, top_a), (ids_b, cnt_b, top_b) in zip(a, b, strict=True):
+        assert torch.equal(cnt_a, cnt_b) and torch.equal(ids_a, ids_b), "selections differ"
+        assert torch.equal(top_a, top_b), "top-K sets differ"
+        pruned += int((cnt_a < PAGES).sum())
+    assert pruned > 0, "SPIN never pruned: the comparison would prove nothing"
+
+
+@pytest.mark.parametrize("R", [1, 2, 3])
+def test_deepgemm_on_compacted_tables_equals_native_and_reference(R):
+    dg = Sm90Like(standin_deep_gemm())
+    native = drive("native", 64, R)
+    assert_same(native, drive("reference", 64, R))
+    assert_same(native, drive(DeepGemmLogits(dg, 64), 64, R))        # R 3: one request per row
+    assert_same(native, drive(DeepGemmLogits(dg, 32), 32, R))        # a SPIN block = 2 pages
+
+
+def test_dense_indexer_through_deepgemm_equals_native():
+    dg = Sm90Like(standin_deep_gemm())
+    kv, table, _ = caches(2, "cpu", 3)
+    n = torch.tensor([[700, 701], [430, 431]], dtype=torch.int32)
+    q = torch.randn(4, 64, 128).to(torch.float8_e4m3fn)
+    w = torch.randn(4, 64) * 0.1
+    tops = []
+    for backend in ("native", DeepGemmLogits(dg, 64)):
+        ix = DenseIndexer(40, L, 2, 2, PAGES * 64, logits_backend=backend)
+        ix.prepare([0, 1], n, n - 1, [0, 0], table)
+        tops.append(ix.layer(0, q, w, kv[0][0]).sort(-1).values)
+    assert torch.equal(tops[0], tops[1])
+
+
+def test_registry_resolves_and_refuses_with_reasons():
+    assert set(logits.BACKENDS) == {"native", "deepgemm", "reference"}
+    assert logits.resolve("native", "cpu").name == "native"
+    with pytest.raises(SpinError, match="deepgemm.*not usable on cpu.*CUDA"):
+        logits.resolve("deepgemm", "cpu")
+    with pytest.raises(SpinError, match="unknown logits backend 'bogus'"):
+        logits.resolve("bogus", "cpu")
+    with pytest.raises(SpinError, match="64-slot"):
+        logits.resolve("native", "cpu", page_slots=32)
+    cfg = SpinConfig(index_topk=8)
+    pool = StatePool(1, 1, cfg, "cpu", initial_capacity=200)
+    with pytest.raises(SpinError, match="reads 64-slot pages, the K cache has 32"):
+        SpinIndexer(cfg, pool, 1, 1, 128, logits_backend=DeepGemmLogits(standin_deep_gemm(), 64),
+                    page_slots=32)
+    with pytest.raises(SpinError, match="page_slots must be one of"):
+        SpinIndexer(cfg, pool, 1, 1, 128, page_slots=16)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("R", [1, 2, 3])
+def test_gpu_deepgemm_equals_native(R):
+    ok, why = logits.available("deepgemm", "cuda")
+    if not ok:
+        pytest.skip(f"deepgemm backend: {why}")
+    native = drive("native", 64, R, device="cuda", steps=6)
+    assert_same(native, drive("deepgemm", 64, R, device="cuda", steps=6))
