@@ -13,10 +13,10 @@ python3 -m spin_trtllm._build --check 2>&1 | tee "$out/build_check.log"
 build_native "$out/build.log"
 tail -1 "$out/build.log"
 python3 -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_reference_props.py \
-  -k "gpu or cuda" 2>&1 | tee "$out/pytest_gpu.log" | tail -15
+  tests/test_compact_ops.py -k "gpu or cuda" 2>&1 | tee "$out/pytest_gpu.log" | tail -15
 [ "${1:-}" = "quick" ] && exit 0
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-  tests/test_ops.py -k "gpu" > "$out/memcheck.log" 2>&1; echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
+  tests/test_ops.py tests/test_compact_ops.py -k "gpu" > "$out/memcheck.log" 2>&1; echo "memcheck rc=$?" | tee -a "$out/memcheck.log"
 tail -4 "$out/memcheck.log"
 # racecheck leaves out the largest cases and the cluster top-K on few distinct keys: one of those
 # had not finished after 100 s under racecheck (it passes plain and under memcheck); the same
