@@ -413,6 +413,10 @@ def _patch_indexer(found: dict[str, Any]) -> None:
             if legacy and not bound.get("use_custom_topk", True):
                 _warn_once("custom_topk", "use_custom_topk=False: SPIN needs the custom decode "
                                           "top-K; these calls run the dense indexer")
+            elif int(self.layer_idx) not in rt.layer_index:
+                _warn_once("late", f"indexer layer {self.layer_idx} registered after the model's "
+                                   f"SPIN state was made (one SPIN model per process); it runs "
+                                   f"the dense indexer")
             else:
                 call = _LayerCall(rt, self, md, found)
         token = _CALL.set(call)
