@@ -48,9 +48,11 @@ def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
-                 page_slots: int = ops.BLOCK):
+                 page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None):
         """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
-        page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages)."""
+        page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
+        logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
+        several draft lengths share one allocation)."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -73,8 +75,17 @@ class SpinIndexer:
         self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
         # with MTP every layer keeps its logits until acceptance is known, in a buffer that
         # outlives the step (a backend's own output may live in one CUDA graph's pool)
-        self.logits = torch.empty(L if next_n > 1 else 1, rows, self.m_cap * ops.BLOCK,
-                                  device=dev) if self.backend.needs_out or next_n > 1 else None
+        shape = (L if next_n > 1 else 1, rows, self.m_cap * ops.BLOCK)
+        self.logits = None
+        if self.backend.needs_out or next_n > 1:
+            size = math.prod(shape)
+            if logits_storage is None:
+                self.logits = torch.empty(shape, device=dev)
+            elif logits_storage.numel() < size or logits_storage.dtype != torch.float32:
+                raise SpinError(f"SpinIndexer: logits_storage must be float32 with >= {size} "
+                                f"elements, got {logits_storage.dtype} {logits_storage.numel()}")
+            else:
+                self.logits = logits_storage.view(-1)[:size].view(shape)
         self.topk = torch.full((L, rows, cfg.index_topk), -1, dtype=torch.int32, device=dev)
         self.slot = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.request = torch.zeros(max_batch, dtype=torch.int64, device=dev)
@@ -120,10 +131,14 @@ class SpinIndexer:
         _copy_table(self.block_table, block_table, B)
         self.ran_counts[:B] = 0
 
-    def select(self) -> None:
+    def select(self, keep_all: bool = False) -> None:
+        """keep_all: every visible block (a step the engine runs dense: a CUDA graph captured
+        with SPIN still computes the dense indexer's rows on replay)."""
         B = self.batch
+        cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
+            else self.cfg
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
-                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self._max_len(),
+                   self.request[:B], self.step[:B], cfg, self.m_cap, self._max_len(),
                    self.block_ids[:B], self.counts[:B])
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,

@@ -145,3 +145,56 @@ def test_padding_rows_of_a_cuda_graph_batch():
         assert torch.equal(top[:4], plain.layer(0, q[:4].contiguous(), w[:4].contiguous(), cache))
         assert (top[4:] == -1).all()
         assert sorted(padded.pool.request_ids()) == [3, 8]
+
+
+def _blocks_seen(a, rid, layer=0):
+    """How many blocks the adapter selected for request `rid` in the step just begun."""
+    ix = a.indexer
+    row = ix.request[:ix.batch].tolist().index(rid)
+    return int(ix.counts[row, layer])
+
+
+def _run_layer(a, gen=torch.Generator().manual_seed(0)):
+    """One indexer layer over random keys, so the EMA state learns (and warm-up ends)."""
+    B, R = a.indexer.batch, a.indexer.next_n
+    kv = torch.randint(0, 120, (64, 64, 1, 132), generator=gen, dtype=torch.uint8)
+    kv.view(64, -1)[:, 64 * 128:] = torch.full((64, 64), 0.01).view(torch.uint8)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    a.layer(0, q, torch.randn(B * R, 64, generator=gen), kv)
+
+
+def test_state_survives_steps_a_request_sits_out_and_restarts_with_its_context():
+    """Pipeline micro-batches (or partial scheduling) alternate requests: each keeps its state
+    and leaves warm-up; a request (re)starting its context, or whose cache shrank (recomputed
+    after preemption), starts over; a full pool gives the least recently seen slot away."""
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    a = SpinDecodeAdapter(spin, num_layers=1, max_batch=2, next_n=1, max_tokens=8192,
+                          compress_ratio=1, device="cpu", max_requests=4, initial_capacity=64)
+    table = torch.arange(64, dtype=torch.int32).view(1, 64).repeat(2, 1)
+    kv = {3: 2000, 4: 2100, 5: 2200, 6: 2300}
+    for t in range(4):
+        pair = [3, 4] if t % 2 == 0 else [5, 6]
+        a.begin_step(DecodeBatch(pair, torch.tensor([kv[r] + t for r in pair]), table))
+        _run_layer(a)
+    assert sorted(a.pool.request_ids()) == [3, 4, 5, 6]
+    assert a._steps[5] == 2 and _blocks_seen(a, 5) < -(-2203 // 64)   # warm-up over: pruned
+    a.begin_step(DecodeBatch([3, 4], torch.tensor([2005, 2105]), table, prefill_ids=[5]))
+    assert a.pool.slot_of(5) is None and a._steps[3] == 3      # 5 re-prefills: state dropped
+    a.begin_step(DecodeBatch([3, 6], torch.tensor([1000, 2306]), table))
+    assert a._steps[3] == 1 and _blocks_seen(a, 3) == -(-1000 // 64)   # shrank: warm-up again
+    a.begin_step(DecodeBatch([7, 8], torch.tensor([500, 600]), table))  # pool full: evict 4
+    assert a.pool.slot_of(4) is None and a.pool.slot_of(3) is not None
+    assert sorted(a.pool.request_ids()) == [3, 6, 7, 8]
+
+
+def test_dense_step_selects_every_block():
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    a = SpinDecodeAdapter(spin, num_layers=1, max_batch=1, next_n=1, max_tokens=8192,
+                          compress_ratio=1, device="cpu", initial_capacity=64)
+    table = torch.arange(64, dtype=torch.int32).view(1, 64)
+    for t in range(3):
+        a.begin_step(DecodeBatch([1], torch.tensor([3000 + t]), table))
+        _run_layer(a)
+    assert _blocks_seen(a, 1) < 47
+    a.begin_step(DecodeBatch([1], torch.tensor([3003]), table), dense=True)
+    assert _blocks_seen(a, 1) == 47

@@ -43,12 +43,15 @@ class DecodeBatch:
     accepted      accepted draft tokens of the previous step, by request id (MTP only);
                   requests missing from it replay row 0 only. None: derived from the kv lens,
                   which grow by accepted + 1 from one step to the next
+    prefill_ids   requests (re)starting their context in this step (context phase: a new
+                  request, a new turn, a resume after preemption): their state starts over
     """
 
     request_ids: Sequence[int]
     kv_lens: torch.Tensor
     block_table: torch.Tensor
     accepted: Optional[Mapping[int, int]] = None
+    prefill_ids: Sequence[int] = ()
 
 
 class SpinDecodeAdapter:
@@ -56,12 +59,20 @@ class SpinDecodeAdapter:
                  max_tokens: int, compress_ratio: int = 1,
                  device: torch.device | str = "cuda", max_requests: Optional[int] = None,
                  initial_capacity: int = 4096, logits_backend: Any = "native",
-                 page_slots: int = BLOCK):
+                 page_slots: int = BLOCK, max_next_n: Optional[int] = None):
         """num_layers: indexer layers (V3.2: every layer; V4: the ratio-4 layers).
         max_tokens: the longest sequence (max_seq_len); compress_ratio: tokens per indexer slot
         (1 for DeepSeek-V3.2, 4 for DeepSeek-V4's C4A layers). next_n: the first step's draft
         length + 1; a step may use another (begin_step's next_n): each length gets its own
-        step buffers over the one per-request state. page_slots: slots per K-cache page."""
+        step buffers over the one per-request state, its MTP logits carved from one allocation
+        sized for max_next_n (the largest draft length + 1; default next_n), made up front so
+        a new draft length mid-serving allocates no large buffer. page_slots: slots per
+        K-cache page.
+
+        A request keeps its state while it sits out steps (pipeline micro-batches, partial
+        scheduling); it starts over when it (re)starts its context (prefill_ids), when its
+        cached length shrinks (recomputed after preemption), or when its slot goes to a new
+        request because the pool is full (least recently seen first)."""
         if compress_ratio < 1 or max_tokens < 1:
             raise SpinError(f"SpinDecodeAdapter: compress_ratio ({compress_ratio}) and max_tokens "
                             f"({max_tokens}) must be >= 1")
@@ -73,17 +84,27 @@ class SpinDecodeAdapter:
                               initial_capacity=min(initial_capacity, capacity),
                               max_capacity=capacity)
         self._indexers: dict[int, SpinIndexer] = {}
+        top = max(next_n, max_next_n or next_n)
+        self._logits_storage = torch.empty(
+            num_layers * max_batch * top * math.ceil(self.max_slots / BLOCK) * BLOCK,
+            device=device) if top > 1 else None
         self.indexer = self.indexer_for(next_n)
         self._steps: dict[int, int] = {}
         self._pending: Optional[tuple[SpinIndexer, list[int], list[bool]]] = None  # MTP updates
         self._last_cached: dict[int, int] = {}
+        self._last_seen: dict[int, int] = {}           # request -> step it was last in a batch
+        self._clock = 0
 
     def indexer_for(self, next_n: int) -> SpinIndexer:
         """The step buffers of one draft length (made on first use)."""
         if next_n not in self._indexers:
+            storage = self._logits_storage
+            if storage is not None and storage.numel() < self.pool.num_layers * self.max_batch \
+                    * next_n * math.ceil(self.max_slots / BLOCK) * BLOCK:
+                storage = None          # longer than planned: its own buffer
             self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
                                                  self.max_slots, self.logits_backend,
-                                                 self.page_slots)
+                                                 self.page_slots, logits_storage=storage)
         return self._indexers[next_n]
 
     @property
@@ -92,10 +113,11 @@ class SpinDecodeAdapter:
         return self.pool.generation
 
     def begin_step(self, batch: DecodeBatch, next_n: Optional[int] = None,
-                   select: bool = True) -> None:
+                   dense: bool = False) -> None:
         """next_n: this step's draft length + 1 (default: the adapter's current one).
-        select=False: the engine runs its own indexer this step (SPIN only replays the last
-        step's deferred updates and follows the batch)."""
+        dense=True: the engine runs its own dense indexer this step; SPIN's buffers still get
+        this step's batch with every block selected, so a CUDA graph captured with SPIN
+        computes the dense rows on replay."""
         R = self.next_n if next_n is None else int(next_n)
         if not 1 <= R <= MAX_NEXT_N:
             raise SpinError(f"SpinDecodeAdapter: next_n must be 1..{MAX_NEXT_N}, got {R}")
@@ -116,24 +138,14 @@ class SpinDecodeAdapter:
         if real and int(real_kv.min()) < R:
             raise SpinError(f"SpinDecodeAdapter: kv lens must be >= next_n ({R}), got "
                             f"{int(real_kv.min())}")
-        cached = dict(zip(real, (real_kv - R).tolist()))   # tokens before this step's rows
-        accepted = batch.accepted
-        if accepted is None and self._pending is not None:
-            # the cache grows by the accepted drafts + 1 from one step to the next
-            accepted = {rid: cached[rid] - self._last_cached[rid] - 1 for rid in self._pending[1]
-                        if rid in cached and rid in self._last_cached}
-        self._replay_deferred(accepted)
-        self._last_cached = cached
-        # realign with the batch: requests that left give their state back, new ones start at 0
-        for rid in self.pool.request_ids():
-            if rid not in seen:
-                self.release(rid)
-        for rid in real:
-            if self.pool.slot_of(rid) is None:
-                self.pool.admit(rid)
-                self._steps[rid] = 0
-        if not select:
-            return
+        # tokens before this step's rows
+        self.follow(real, dict(zip(real, (real_kv - R).tolist())), batch.prefill_ids,
+                    batch.accepted)
+        new = [rid for rid in real if self.pool.slot_of(rid) is None]
+        self._make_room(len(new) + sum(pad), keep=seen)
+        for rid in new:
+            self.pool.admit(rid)
+            self._steps[rid] = 0
         self.next_n, self.indexer = R, self.indexer_for(R)
         spare = iter(self.pool.free_slots(sum(pad)))
         slots = torch.tensor([next(spare) if p else self.pool.slot_of(rid)
@@ -145,10 +157,41 @@ class SpinDecodeAdapter:
         steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
         self.indexer.prepare(ids, context, query, steps, batch.block_table,
                              state_slots=slots.to(self.pool.device))
-        self.indexer.select()
+        self.indexer.select(keep_all=dense)
         for rid in real:
             self._steps[rid] += 1
         self._pending = (self.indexer, ids, pad) if R > 1 else None
+
+    def follow(self, request_ids: Sequence[int], cached: Mapping[int, int],
+               prefill_ids: Sequence[int] = (), accepted: Optional[Mapping[int, int]] = None
+               ) -> None:
+        """A step's bookkeeping without selecting (begin_step runs it; alone, for a step SPIN
+        does not take part in): replay the last step's deferred MTP updates, with acceptance
+        from how far each request's cached length (tokens before this step's rows) grew, and
+        restart the state of requests whose context restarts or whose cache shrank."""
+        if accepted is None and self._pending is not None:
+            # the cache grows by the accepted drafts + 1 from one step to the next
+            accepted = {rid: cached[rid] - self._last_cached[rid] - 1 for rid in self._pending[1]
+                        if rid in cached and rid in self._last_cached}
+        self._replay_deferred(accepted)
+        for rid in request_ids:
+            if cached[rid] < self._last_cached.get(rid, 0):
+                self.release(rid)
+        for rid in prefill_ids:
+            self.release(int(rid))
+        self._last_cached.update(cached)
+        self._clock += 1
+        for rid in request_ids:
+            self._last_seen[rid] = self._clock
+
+    def _make_room(self, count: int, keep: set[int]) -> None:
+        """Free state slots for `count` new holders: the requests not seen for the longest
+        give theirs back (the pool holds max_requests, every request in flight)."""
+        held = [rid for rid in self.pool.request_ids() if rid not in keep]
+        held.sort(key=lambda rid: self._last_seen.get(rid, 0))
+        free = self.pool.max_requests - len(self.pool.request_ids())
+        for rid in held[:max(0, count - free)]:
+            self.release(rid)
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -167,7 +210,8 @@ class SpinDecodeAdapter:
         """A finished (or preempted) request gives its state back."""
         if self.pool.slot_of(request_id) is not None:
             self.pool.release(request_id)
-        self._steps.pop(request_id, None)
+        for book in (self._steps, self._last_seen, self._last_cached):
+            book.pop(request_id, None)
 
     def _replay_deferred(self, accepted: Optional[Mapping[int, int]]) -> None:
         if self._pending is None:

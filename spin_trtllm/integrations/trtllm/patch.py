@@ -146,6 +146,7 @@ def _locate() -> dict[str, Any]:
 
 
 _LAYERS: dict[int, SpinConfig] = {}       # layer_idx -> SpinConfig of the SPIN indexer layers
+_BASE_LAYERS: dict[int, int] = {}         # id(sparse config) -> the model's num_hidden_layers
 _WARNED: set[str] = set()
 
 
@@ -162,6 +163,7 @@ class _Runtime:
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
         self.active = False
+        self.kv_lens: Optional[torch.Tensor] = None     # host kv lens SPIN selected for
 
     def _create(self, md: Any, next_n: int) -> SpinDecodeAdapter:
         cfgs = set(_LAYERS.values())
@@ -176,7 +178,7 @@ class _Runtime:
         adapter = SpinDecodeAdapter(
             next(iter(cfgs)), len(self.layer_index), max_seqs, next_n, max_tokens, self.ratio,
             device=md.indexer_k_cache_block_offsets.device, logits_backend=_EngineKernel(page_slots),
-            page_slots=page_slots,
+            page_slots=page_slots, max_next_n=1 + int(getattr(md, "max_draft_tokens", 0) or 0),
             initial_capacity=max_tokens // self.ratio + 9)    # no growth: graphs stay valid
         log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
                  "K %d), %.1f MB of state", len(self.layer_index), self.ratio, page_slots,
@@ -187,25 +189,32 @@ class _Runtime:
         """In prepare(): the generation requests of this step, before any layer runs."""
         self.active = False
         nc, ng = int(md.num_contexts), int(md.num_generations)
+        prefill = [int(r) for r in md.request_ids[:nc]]      # their state starts over
         if ng == 0:
+            if self.adapter is not None:
+                for rid in prefill:
+                    self.adapter.release(rid)
             return
         gen_tokens = int(md.num_tokens) - int(md.num_ctx_tokens)
         next_n = gen_tokens // ng
         ids = [int(r) for r in md.request_ids[nc:nc + ng]]
         cached, new = _host_lens(md, nc, ng)
-        batch = DecodeBatch(ids, cached + new, md.indexer_k_cache_block_offsets[nc:nc + ng])
         if self.adapter is None:
             self.adapter = self._create(md, next_n)
-        runs = True
         if gen_tokens != ng * next_n or bool((new != next_n).any()) or \
                 getattr(md, "ragged_verify_lens", None) is not None:
             _warn_once("ragged", "generation requests verify different draft lengths (ragged "
                                  "verification); those steps run the dense indexer")
-            runs = False
-        elif getattr(md, "skip_indexer_for_gen_reqs", False):
-            runs = False          # every context is within K: upstream keeps all slots itself
-        self.adapter.begin_step(batch, next_n=next_n, select=runs)
-        self.active = runs
+            self.adapter.follow(ids, dict(zip(ids, cached.tolist())), prefill)
+            return
+        # every context within K: upstream runs dense (or copies all slots); SPIN still fills
+        # its buffers, all blocks selected, so a graph captured with SPIN replays dense rows
+        dense = bool(getattr(md, "skip_indexer_for_gen_reqs", False))
+        self.adapter.begin_step(DecodeBatch(ids, cached + new,
+                                            md.indexer_k_cache_block_offsets[nc:nc + ng],
+                                            prefill_ids=prefill), next_n=next_n, dense=dense)
+        self.active = not dense
+        self.kv_lens = cached + new
 
 
 def _host_lens(md: Any, nc: int, ng: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +239,11 @@ def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
     if owner is None:
         return None
     rt = getattr(owner, _RUNTIME_ATTR, None)
-    if rt is None and create_ratio is not None and _LAYERS:
+    # as upstream's Indexer.prepare: a manager without an indexer K cache (an MTP draft
+    # manager) has no indexer to drive
+    if rt is None and create_ratio is not None and _LAYERS and \
+            callable(getattr(owner, "get_indexer_k_cache_buffers", None)) and \
+            getattr(md, "indexer_k_cache_block_offsets", None) is not None:
         rt = _Runtime(create_ratio)
         object.__setattr__(owner, _RUNTIME_ATTR, rt)
     return rt
@@ -300,6 +313,8 @@ class _LayerCall:
         module = self.found["indexer_module"]
         block_kv = int(getattr(module, "_DG_SCHEDULE_BLOCK_KV", 0) or kv_cache.shape[1])
         num_sms = int(getattr(self.md, "num_sms", 0) or module.get_num_sms())
+        if self.found["legacy"] and shape == (B, 4):
+            num_sms //= 2     # release 1.2 builds the next_n 4 schedule for half the SMs
         call = _KernelCall(original, getattr(module, SCHEDULE_FN), num_sms, block_kv,
                            self.ix.page_slots, q, shape == (B * R, 1) and R > 1,
                            context_lens.dim() == 1, extra, kwargs)
@@ -334,7 +349,7 @@ def _patch_config(found: dict[str, Any]) -> list[str]:
             if spin is None:
                 return params
             pretrained = kwargs.get("pretrained_config")
-            base_layers = getattr(pretrained, "num_hidden_layers", None)
+            base_layers = getattr(pretrained, "num_hidden_layers", _BASE_LAYERS.get(id(self)))
             layer_idx = kwargs.get("layer_idx")
             if base_layers is not None and layer_idx is not None and layer_idx >= base_layers:
                 return params               # an MTP draft layer: its indexer stays dense
@@ -368,9 +383,15 @@ def _patch_model_config(ModelConfig: type, configs: tuple) -> None:
             _warn_once("v41", f"{arch} does not use TensorRT-LLM's DSA indexer (DeepSeek-V4.1 "
                               f"runs on the CSA2 backend and its own candidate prefilter): the "
                               f"spin block is ignored and the model runs as upstream ships it")
-        elif getattr(rebuilt, FIELD, None) is None:
-            object.__setattr__(rebuilt, FIELD, spin)
-            rebuilt.__pydantic_fields_set__.add(FIELD)
+        else:
+            if getattr(rebuilt, FIELD, None) is None:
+                object.__setattr__(rebuilt, FIELD, spin)
+                rebuilt.__pydantic_fields_set__.add(FIELD)
+            # to_sparse_params may be called without the checkpoint config: MTP layers
+            # (layer_idx >= num_hidden_layers) are still known
+            layers = getattr(result.pretrained_config, "num_hidden_layers", None)
+            if layers is not None:
+                _BASE_LAYERS[id(rebuilt)] = int(layers)
         return result
 
     ModelConfig.from_pretrained = classmethod(from_pretrained)
@@ -499,11 +520,18 @@ def _patch_metadata(cls: type, ratio: int) -> None:
         original_update = cls.on_update_kv_lens
 
         def on_update_kv_lens(self, *args, **kwargs):
+            out = original_update(self, *args, **kwargs)
             rt = _runtime(self)
-            if rt is not None and rt.active and rt.adapter.next_n > 1:
-                _warn_once("overlap", "kv lens corrected on the device after prepare(): with "
-                                      "MTP, SPIN needs disable_overlap_scheduler: true")
-            return original_update(self, *args, **kwargs)
+            device_kv = getattr(self, "kv_lens_cuda", None)
+            if rt is not None and rt.active and device_kv is not None and rt.kv_lens is not None:
+                nc, ng = int(self.num_contexts), int(self.num_generations)
+                now = device_kv[nc:nc + ng].to("cpu", torch.int64)
+                if not torch.equal(now, rt.kv_lens.to(torch.int64)):
+                    # SPIN selected for the host-side lengths (MTP with the overlap scheduler)
+                    raise SpinError("kv lengths changed on the device after prepare() (the "
+                                    "overlap scheduler with MTP): SPIN's selection would not "
+                                    "match; set disable_overlap_scheduler: true")
+            return out
 
         cls.on_update_kv_lens = on_update_kv_lens
 
