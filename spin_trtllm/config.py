@@ -10,25 +10,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ._inputs import load_yaml_file, one_line, shown
 from .errors import SpinConfigError
 
 # index_topk defaults of the two TensorRT-LLM DSA algorithms.
 TRTLLM_ALGORITHM_TOPK = {"deepseek_v4": 512, "dsa": 2048}
+# Upper bound of index_topk: 512x V3.2's 2048 and as many slots as a 1M-token context. The
+# kernels, the TensorRT plugin fields and the trace format carry K as int32 and size per-row
+# top-K buffers by it, so a larger K overflowed (int64 conversion) or allocated without bound.
+MAX_INDEX_TOPK = 1 << 20
+MAX_BLOCK_SIZE = 1 << 16
+# warmup_steps is compared with int32 step counters in the kernels and plugin fields.
+MAX_WARMUP_STEPS = (1 << 31) - 1
 
 
 class SpinConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
-    block_size: int = Field(64, ge=1, le=1 << 16, description="KV slots per block (one page)")
+    block_size: int = Field(64, ge=1, le=MAX_BLOCK_SIZE, description="KV slots per block (one page)")
     target_sparsity: float = Field(0.4, ge=0.0, lt=1.0, description="rho: fraction of blocks to skip")
     ema_decay: float = Field(0.5, ge=0.0, lt=1.0, description="alpha of the V/D EMAs")
     exploration: float = Field(0.05, ge=0.0, lt=1.0, description="gamma: share of m_t explored")
     exploration_policy: Literal["random", "staleness", "age"] = "random"
-    index_topk: int = Field(512, ge=1, description="K of the post-indexer top-K")
-    warmup_steps: int = Field(1, ge=1, description="dense decode steps after each reset")
+    index_topk: int = Field(512, ge=1, le=MAX_INDEX_TOPK, description="K of the post-indexer top-K")
+    warmup_steps: int = Field(1, ge=1, le=MAX_WARMUP_STEPS,
+                              description="dense decode steps after each reset")
     keep_sink: bool = True
     keep_newest: bool = True
     reduction: Literal["A0", "A1", "A2"] = "A1"
@@ -52,6 +60,7 @@ class SpinConfig(BaseModel):
             return cls()
         if not isinstance(data, Mapping):
             raise SpinConfigError(f"spin config: expected a mapping, got {type(data).__name__}")
+        _check_keys(data, "spin config")
         if "sparse_attention_config" in data:
             return cls.from_trtllm(data["sparse_attention_config"])
         if set(data) == {"spin"}:
@@ -69,40 +78,37 @@ class SpinConfig(BaseModel):
             raise SpinConfigError(
                 f"sparse_attention_config: expected a mapping, got {type(block).__name__}")
         algorithm = block.get("algorithm")
-        if algorithm not in TRTLLM_ALGORITHM_TOPK:
+        if not isinstance(algorithm, str) or algorithm not in TRTLLM_ALGORITHM_TOPK:
             raise SpinConfigError(
                 f"sparse_attention_config.algorithm: must be one of "
-                f"{sorted(TRTLLM_ALGORITHM_TOPK)} for SPIN, got {algorithm!r}")
+                f"{sorted(TRTLLM_ALGORITHM_TOPK)} for SPIN, got {shown(algorithm, 60)}")
         spin = block.get("spin")
         if spin is None:
             spin = {}
         if not isinstance(spin, Mapping):
             raise SpinConfigError(
                 f"sparse_attention_config.spin: expected a mapping, got {type(spin).__name__}")
+        _check_keys(spin, "sparse_attention_config.spin")
         fields = dict(spin)
         outer_topk = block.get("index_topk", TRTLLM_ALGORITHM_TOPK[algorithm])
         if "index_topk" in fields and fields["index_topk"] != outer_topk:
             raise SpinConfigError(
-                f"sparse_attention_config.spin.index_topk: {fields['index_topk']!r} conflicts "
-                f"with sparse_attention_config.index_topk {outer_topk!r}; set it once")
+                f"sparse_attention_config.spin.index_topk: {shown(fields['index_topk'], 60)} "
+                f"conflicts with sparse_attention_config.index_topk {shown(outer_topk, 60)}; "
+                f"set it once")
         fields["index_topk"] = outer_topk
         return cls(**fields)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "SpinConfig":
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise SpinConfigError(f"spin config {path}: cannot read ({err.strerror})") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise SpinConfigError(f"spin config {path}: not valid YAML ({_first_line(err)})") from None
+        """A YAML file (README "Limits": a regular UTF-8 file of at most 256 KiB, no
+        anchors or aliases, string keys, nesting <= 32)."""
+        name = one_line(path, 300)
+        data = load_yaml_file(path, f"spin config {name}", SpinConfigError)
         try:
             return cls.from_dict(data)
         except SpinConfigError as err:
-            raise SpinConfigError(f"{path}: {err}") from None
+            raise SpinConfigError(f"{name}: {err}") from None
 
     def with_overrides(self, **changes: Any) -> "SpinConfig":
         """A validated copy with some fields changed (None values are ignored). Fields left at
@@ -117,17 +123,20 @@ class SpinConfig(BaseModel):
         return -(-self.index_topk // self.block_size)
 
 
-def _first_line(err: Exception) -> str:
-    return " ".join(str(err).split())
-
-
 def describe_validation_error(err: ValidationError, model: type, label: str) -> str:
     """One line naming every bad field and its rule (unknown keys list the valid ones)."""
     parts = []
     for e in err.errors():
-        field = ".".join(str(x) for x in e["loc"]) or "config"
+        field = one_line(".".join(str(x) for x in e["loc"]) or "config", 100)
         if e["type"] == "extra_forbidden":
             parts.append(f"{field}: unknown key (valid keys: {', '.join(model.model_fields)})")
         else:
-            parts.append(f"{field}: {e['msg']} (got {e.get('input')!r})")
-    return f"{label}: " + "; ".join(parts)
+            parts.append(f"{field}: {e['msg']} (got {shown(e.get('input'))})")
+    more = f"; and {len(parts) - 8} more" if len(parts) > 8 else ""
+    return f"{label}: " + "; ".join(parts[:8]) + more
+
+
+def _check_keys(data: Mapping[Any, Any], where: str) -> None:
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise SpinConfigError(f"{where}: keys must be strings, got {shown(bad[0], 60)}")

@@ -58,6 +58,7 @@ The ops implement reduction A1 (A0/A2 are replay ablations of the reference) and
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -181,9 +182,8 @@ def _check_batch(op: str, dev, state_slot, context_lens, query_pos, B_expected=N
         _fail(op, f"context_lens has {B} requests, expected {B_expected}")
     _tensor(op, "query_pos", query_pos, I32, 2, dev, contiguous=True)
     _shape(op, "query_pos", query_pos, (B, R))
-    if state_slot is not None:
-        _tensor(op, "state_slot", state_slot, I32, 1, dev, contiguous=True)
-        _shape(op, "state_slot", state_slot, (B,))
+    _tensor(op, "state_slot", state_slot, I32, 1, dev, contiguous=True)
+    _shape(op, "state_slot", state_slot, (B,))
     return B, R
 
 
@@ -400,8 +400,9 @@ def _validate_topk(logits, block_ids, counts, next_n, out, row_lens=None):
     op = "topk"
     dev = logits.device if isinstance(logits, torch.Tensor) else torch.device("cpu")
     _tensor(op, "logits", logits, (torch.float32,), 2, dev, inner_contiguous=True)
-    B = block_ids.shape[0] if isinstance(block_ids, torch.Tensor) else 0
-    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
+    _tensor(op, "block_ids", block_ids, I32, 2, dev, inner_contiguous=True)
+    m_cap = _check_selection(op, dev, block_ids, counts, block_ids.shape[0], layered=False)
+    B = block_ids.shape[0]
     if not 1 <= next_n <= 8:
         _fail(op, f"next_n must be 1..8, got {next_n}")
     _check_logits(op, logits, dev, B * next_n, m_cap)
@@ -505,6 +506,15 @@ def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
     decode_steps.index_fill_(0, idx, 0)
 
 
+def _fake(op: str, *args, **kwargs) -> None:
+    """Meta/fake impl: nothing to compute (the ops write into their arguments). A call that
+    mixes devices, e.g. one meta tensor among CPU or CUDA ones, lands here instead of in the
+    real kernel: refuse it rather than silently doing nothing."""
+    devices = {a.device for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)}
+    if len(devices) > 1:
+        _fail(op, f"tensors on different devices: {sorted(str(d) for d in devices)}")
+
+
 _LIB = torch.library.Library("spin", "DEF")
 _IMPLS = {"select": _dispatch("select", _validate_select, _select_ref),
           "indexer_logits": _dispatch("indexer_logits", _validate_logits, _logits_ref),
@@ -517,7 +527,7 @@ for _name, _schema in _SCHEMAS.items():
     _LIB.define(_schema)
     _LIB.impl(_name, _IMPLS[_name], "CPU")
     _LIB.impl(_name, _IMPLS[_name], "CUDA")
-    torch.library.register_fake(f"spin::{_name}", lambda *args, **kwargs: None, lib=_LIB)
+    torch.library.register_fake(f"spin::{_name}", functools.partial(_fake, _name), lib=_LIB)
 
 
 # ---- friendly wrappers ----------------------------------------------------------------------------

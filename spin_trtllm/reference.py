@@ -418,6 +418,7 @@ def block_list(mask: torch.Tensor, m_cap: int,
 
 # ---- the paged FP8 indexer and top-K over compact logits (spec of the native ops) ------------
 PAGE_SLOTS = 64
+MAX_SLOT_ID = 2**31 - 1          # slot ids are int32
 KEY_BYTES = 128
 SLOT_BYTES = KEY_BYTES + 4
 
@@ -448,7 +449,10 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     ids = block_ids.to(torch.int64)
     live = (c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)) & (ids >= 0) \
         & (ids < block_table.shape[1])
-    pages = block_table.to(torch.int64).gather(1, ids.clamp(0, block_table.shape[1] - 1))
+    table = block_table.to(torch.int64)
+    if table.shape[1] == 0:                        # no pages at all: nothing is read
+        table = torch.full((B, 1), -1, dtype=torch.int64, device=q.device)
+    pages = table.gather(1, ids.clamp(0, table.shape[1] - 1))
     live &= (pages >= 0) & (pages < num_pages)
     pages = torch.where(live, pages, 0)
     out = torch.zeros(B, R, m_cap, PAGE_SLOTS, dtype=dtype, device=q.device)
@@ -488,9 +492,10 @@ def topk_slots(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tens
     take = torch.arange(order.shape[1], device=logits.device) < valid.sum(-1, keepdim=True)
     chosen = torch.where(take, order, width).sort(-1).values           # ascending positions
     ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
-    slots = ids.gather(1, (chosen // PAGE_SLOTS).clamp(max=block_ids.shape[1] - 1)) * PAGE_SLOTS \
-        + chosen % PAGE_SLOTS
-    slots = torch.where(chosen < width, slots, -1)
+    blk = ids.gather(1, (chosen // PAGE_SLOTS).clamp(max=block_ids.shape[1] - 1))
+    slots = blk * PAGE_SLOTS + chosen % PAGE_SLOTS
+    # a block id that is negative, or whose slots do not fit int32, gives -1
+    slots = torch.where((chosen < width) & (blk >= 0) & (slots <= MAX_SLOT_ID), slots, -1)
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     out[:, :slots.shape[1]] = slots.to(torch.int32)
     return out

@@ -235,7 +235,7 @@ def test_stop_token_ends_the_turn_and_drops_later_drafts():
     (Request([1, 2, 999]), "token id 999 outside the vocabulary"),
     (Request(b"hi", turns=[b""]), "turn 1: empty prompt"),
     (Request(b"hi", stop_token=300), "stop_token must be a token id in \\[0, 256\\), got 300"),
-    (Request(12345), "must be text, bytes or a sequence"),
+    (Request(12345), "must be text, bytes or a list of token ids, got int"),
     (Request(b"hi", turns="abc"), "turns must be a list of prompts"),
     (Request(b"hi", stop_token="x"), "stop_token must be a token id"),
 ])

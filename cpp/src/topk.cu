@@ -68,6 +68,13 @@ __device__ __forceinline__ int coarse_digit(uint32_t key) {
 
 __device__ __forceinline__ uint32_t key_of(float v) { return isfinite(v) ? ordered_key(v) : 0u; }
 
+// Request-local slot id of offset `off` in block `block`; -1 for a negative block id or one
+// whose slots do not fit int32 (the reference's rule).
+__device__ __forceinline__ int32_t slot_id(int32_t block, int off) {
+  const int64_t slot = static_cast<int64_t>(block) * kBlockSize + off;
+  return block < 0 || slot > INT32_MAX ? -1 : static_cast<int32_t>(slot);
+}
+
 // Row access: 4 consecutive ordered keys (0 = not taking part) from the shared-memory copy or
 // from global memory; positions from `end` on take no part.
 template <bool kCached>
@@ -305,7 +312,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
       int r = at + incl - n;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (sel[e]) out[r++] = ids[(pos + e) / kBlockSize] * kBlockSize + (pos + e) % kBlockSize;
+        if (sel[e]) out[r++] = slot_id(ids[(pos + e) / kBlockSize], (pos + e) % kBlockSize);
       at += __shfl_sync(0xffffffffu, incl, 31);
     });
   }

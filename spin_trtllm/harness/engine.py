@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .. import reference as ref
@@ -101,18 +102,39 @@ class StepStats:
 
 
 def _tokens(prompt: Prompt, vocab: int, what: str) -> list[int]:
+    """Token ids of a prompt: text, bytes, or a list/tuple/range (or 1-D integer tensor or
+    array) of ints. Bools, floats (even integral ones) and mappings are refused, not cast."""
     if isinstance(prompt, str):
         prompt = prompt.encode("utf-8")
-    try:
-        toks = [int(t) for t in prompt]
-    except (TypeError, ValueError):
-        raise RequestError(f"{what}: must be text, bytes or a sequence of token ids") from None
+    if isinstance(prompt, (bytes, bytearray)):
+        toks = list(prompt)
+    elif isinstance(prompt, (torch.Tensor, np.ndarray)):
+        integer = prompt.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) \
+            if isinstance(prompt, torch.Tensor) else np.issubdtype(prompt.dtype, np.integer)
+        if not integer or prompt.ndim != 1:
+            raise RequestError(f"{what}: a tensor or array prompt must be 1-D integer token ids, "
+                               f"got {prompt.dtype} with {prompt.ndim} dims")
+        toks = [int(t) for t in prompt.tolist()]
+    elif isinstance(prompt, (list, tuple, range)):
+        toks = []
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise RequestError(f"{what}: token ids must be ints, got "
+                                   f"{type(t).__name__} {str(t)[:40]}")
+            toks.append(int(t))
+    else:
+        raise RequestError(f"{what}: must be text, bytes or a list of token ids, got "
+                           f"{type(prompt).__name__}")
     if not toks:
         raise RequestError(f"{what}: empty prompt")
     bad = [t for t in toks if not 0 <= t < vocab]
     if bad:
         raise RequestError(f"{what}: token id {bad[0]} outside the vocabulary [0, {vocab})")
     return toks
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -285,26 +307,27 @@ class Engine:
         cfg = self.cfg
         rid = req.request_id
         what = f"request {rid if rid is not None else self._next_id}"
-        if rid is not None and (not isinstance(rid, int) or rid < 0 or rid >= 1 << 62):
+        if rid is not None and (not _is_int(rid) or rid < 0 or rid >= 1 << 62):
             raise RequestError(f"{what}: request_id must be an int in [0, 2^62)")
         if rid is not None and rid in self._ids_in_use:
             raise RequestError(f"{what}: request_id already in use")
-        if not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
+        if not _is_int(req.max_new_tokens) or req.max_new_tokens < 1:
             raise RequestError(f"{what}: max_new_tokens must be an int >= 1, got "
                                f"{req.max_new_tokens!r}")
-        if not isinstance(req.temperature, (int, float)) or not 0 <= req.temperature < math.inf:
+        if isinstance(req.temperature, bool) or not isinstance(req.temperature, (int, float)) \
+                or not 0 <= req.temperature < math.inf:
             raise RequestError(f"{what}: temperature must be a finite number >= 0, got "
                                f"{req.temperature!r}")
-        if not isinstance(req.top_k, int) or req.top_k < 0:
+        if not _is_int(req.top_k) or req.top_k < 0:
             raise RequestError(f"{what}: top_k must be an int >= 0, got {req.top_k!r}")
-        if not isinstance(req.seed, int) or not 0 <= req.seed < 1 << 32:
+        if not _is_int(req.seed) or not 0 <= req.seed < 1 << 32:
             raise RequestError(f"{what}: seed must be an int in [0, 2^32), got {req.seed!r}")
-        if req.stop_token is not None and (not isinstance(req.stop_token, int) or
+        if req.stop_token is not None and (not _is_int(req.stop_token) or
                                            not 0 <= req.stop_token < cfg.vocab_size):
             raise RequestError(f"{what}: stop_token must be a token id in [0, {cfg.vocab_size}), "
                                f"got {req.stop_token!r}")
-        if isinstance(req.turns, (str, bytes)):
-            raise RequestError(f"{what}: turns must be a list of prompts, not one "
+        if not isinstance(req.turns, (list, tuple)):
+            raise RequestError(f"{what}: turns must be a list of prompts, got "
                                f"{type(req.turns).__name__}")
         if req.forced is not None:
             forced = _tokens(req.forced, cfg.vocab_size, f"{what} forced")

@@ -21,6 +21,14 @@ def default_checkpoint(ratio: int = 1) -> Optional[Path]:
     return path if path is not None and path.is_file() else None
 
 
+def train_outputs(ratio: int, out: Optional[str] = None) -> tuple[Path, Path]:
+    """`spin-trtllm train-tiny`'s default outputs: the checkpoint in the working directory,
+    named like the shipped one of that indexer ratio (the shipped file is never overwritten
+    unless --out names it), and its model card beside the checkpoint."""
+    ckpt = Path(out) if out else Path({1: STDLIB_CHECKPOINT, 4: STDLIB_C4A_CHECKPOINT}[ratio].name)
+    return ckpt, ckpt.parent / ("MODEL_CARD.md" if ratio == 1 else "MODEL_CARD_c4a.md")
+
+
 def model_card(cfg: DsaLiteConfig, report: dict[str, Any], command: str) -> str:
     c = report["corpus"]
     t = report["train"]

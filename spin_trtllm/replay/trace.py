@@ -17,6 +17,8 @@ from typing import Optional
 
 import torch
 
+from .._inputs import TRACE_MAX_BYTES, check_input_file, one_line, shown
+from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK
 from ..errors import TraceError
 
 FORMAT = "spin-trace"
@@ -25,6 +27,9 @@ REQUIRED_TENSORS = ("scores", "row_len", "query_pos")
 OPTIONAL_TENSORS = ("turn_start", "accepted")
 REQUIRED_META = ("format", "version", "index_topk", "block_size", "next_n")
 OPTIONAL_META = ("compress_ratio", "source")
+# Integer metadata: decimal digits only (no sign, '_' or spaces; at most 19), and these bounds.
+META_BOUNDS = {"index_topk": MAX_INDEX_TOPK, "block_size": MAX_BLOCK_SIZE,
+               "compress_ratio": 1 << 16}
 
 
 @dataclass
@@ -93,17 +98,19 @@ class SpinTrace:
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> "SpinTrace":
-        where = f"trace {self.name}"
+        where = f"trace {one_line(self.name, 300)}"
 
         def fail(msg: str) -> None:
             raise TraceError(f"{where}: {msg}")
 
-        for key, value in (("index_topk", self.index_topk), ("block_size", self.block_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                fail(f"metadata {key} must be a positive integer, got {value!r}")
-        if self.compress_ratio is not None and (
-                not isinstance(self.compress_ratio, int) or self.compress_ratio < 1):
-            fail(f"metadata compress_ratio must be a positive integer, got {self.compress_ratio!r}")
+        for key, value in (("index_topk", self.index_topk), ("block_size", self.block_size),
+                           ("compress_ratio", self.compress_ratio)):
+            if value is None and key == "compress_ratio":
+                continue
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or not 1 <= value <= META_BOUNDS[key]):
+                fail(f"metadata {key} must be a positive integer <= {META_BOUNDS[key]}, "
+                     f"got {shown(value)}")
         for name, tensor, dtypes, ndim in (
                 ("scores", self.scores, (torch.float16, torch.float32), 1),
                 ("row_len", self.row_len, (torch.int32,), 3),
@@ -198,9 +205,8 @@ class SpinTrace:
         from safetensors import safe_open
 
         path = Path(path)
-        where = f"trace {path}"
-        if not path.is_file():
-            raise TraceError(f"{where}: no such file")
+        where = f"trace {one_line(path, 300)}"
+        check_input_file(path, where, TRACE_MAX_BYTES, TraceError)
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
@@ -208,34 +214,36 @@ class SpinTrace:
                 tensors = {k: f.get_tensor(k) for k in names}
         except Exception as err:  # safetensors raises its own types for truncated/garbage files
             raise TraceError(f"{where}: not a readable safetensors file "
-                             f"({' '.join(str(err).split())[:200]})") from None
+                             f"({one_line(' '.join(str(err).split()), 200)})") from None
         if meta.get("format") != FORMAT:
-            raise TraceError(f"{where}: metadata format must be '{FORMAT}', got {meta.get('format')!r}")
+            raise TraceError(f"{where}: metadata format must be '{FORMAT}', "
+                             f"got {shown(meta.get('format'))}")
         if meta.get("version") != str(VERSION):
-            raise TraceError(f"{where}: unsupported version {meta.get('version')!r} "
+            raise TraceError(f"{where}: unsupported version {shown(meta.get('version'))} "
                              f"(this reader handles version {VERSION})")
         unknown_meta = sorted(set(meta) - set(REQUIRED_META) - set(OPTIONAL_META))
         if unknown_meta:
-            raise TraceError(f"{where}: unknown metadata keys {unknown_meta}")
+            raise TraceError(f"{where}: unknown metadata keys {shown(unknown_meta, 200)}")
         missing_meta = [k for k in REQUIRED_META if k not in meta]
         if missing_meta:
             raise TraceError(f"{where}: missing metadata keys {missing_meta}")
         missing = [k for k in REQUIRED_TENSORS if k not in names]
         if missing:
-            raise TraceError(f"{where}: missing tensors {missing} (found {sorted(names)})")
+            raise TraceError(f"{where}: missing tensors {missing} "
+                             f"(found {shown(sorted(names), 200)})")
         unknown = sorted(names - set(REQUIRED_TENSORS) - set(OPTIONAL_TENSORS))
         if unknown:
-            raise TraceError(f"{where}: unknown tensors {unknown} "
+            raise TraceError(f"{where}: unknown tensors {shown(unknown, 200)} "
                              f"(allowed: {list(REQUIRED_TENSORS + OPTIONAL_TENSORS)})")
 
         def meta_int(key: str) -> Optional[int]:
             if key not in meta:
                 return None
-            try:
-                return int(meta[key])
-            except ValueError:
+            value = meta[key]
+            if not (value.isascii() and value.isdigit() and len(value) <= 19):
                 raise TraceError(f"{where}: metadata {key} must be an integer, "
-                                 f"got {meta[key]!r}") from None
+                                 f"got {shown(value)}")
+            return int(value)           # its range: validate()
 
         trace = cls(scores=tensors["scores"], row_len=tensors["row_len"],
                     query_pos=tensors["query_pos"], index_topk=meta_int("index_topk"),
@@ -243,6 +251,6 @@ class SpinTrace:
                     accepted=tensors.get("accepted"), compress_ratio=meta_int("compress_ratio"),
                     source=meta.get("source"), name=str(path))
         if trace.row_len.dim() == 3 and meta_int("next_n") != trace.next_n:
-            raise TraceError(f"{where}: metadata next_n = {meta['next_n']} but row_len has "
+            raise TraceError(f"{where}: metadata next_n = {shown(meta['next_n'])} but row_len has "
                              f"{trace.next_n} rows per step")
         return trace.validate()

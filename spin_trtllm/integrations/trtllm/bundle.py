@@ -128,6 +128,23 @@ class TritonPythonModel(_load_upstream().TritonPythonModel):
     """TensorRT-LLM's LLM-API model; SPIN comes from sparse_attention_config.spin in model.yaml."""
 '''
 
+def model_folder_warning(model: str) -> Optional[str]:
+    """A warning when MODEL is a local folder without config.json (a Hugging Face checkpoint
+    folder has one; TensorRT-LLM reads it at load time), or looks like a missing folder (an
+    org/name whose org is a local folder), else None. Hub ids stay allowed."""
+    folder = Path(model)
+    if folder.is_dir():
+        if (folder / "config.json").is_file():
+            return None
+        empty = not any(folder.iterdir())
+        return (f"model folder {model} is {'empty' if empty else 'without config.json'}: not "
+                f"a Hugging Face checkpoint folder; the bundle points at it anyway")
+    if not folder.exists() and str(folder.parent) != "." and folder.parent.is_dir():
+        return (f"model {model}: no such folder (but {folder.parent} is one); the bundle "
+                f"names it as a hub id")
+    return None
+
+
 def find_llmapi_model() -> str:
     """TensorRT-LLM's LLM-API Triton model.py next to an installed tensorrt_llm (a source
     checkout keeps triton_backend/ beside the package), or '' when it cannot be found."""

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from ..._inputs import load_yaml_file, one_line, shown
 from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from .bundle import sparse_attention_block
@@ -18,15 +19,11 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
     """The LLM-API options trtllm-serve gets: the user's YAML with a `spin:` block in its
     sparse_attention_config (added from the SPIN flags when it has none)."""
     data: dict[str, Any] = {}
-    if config:
-        try:
-            data = yaml.safe_load(Path(config).read_text()) or {}
-        except OSError as err:
-            raise SpinError(f"--config {config}: cannot read ({err.strerror})") from None
-        except yaml.YAMLError as err:
-            raise SpinConfigError(f"--config {config}: not valid YAML ({' '.join(str(err).split())})") from None
+    if config is not None:
+        where = f"--config {one_line(config, 300)}"
+        data = load_yaml_file(config, where, SpinConfigError) or {}
         if not isinstance(data, dict):
-            raise SpinConfigError(f"--config {config}: expected a mapping of LLM-API options")
+            raise SpinConfigError(f"{where}: expected a mapping of LLM-API options")
     block = data.get("sparse_attention_config")
     if block is None:
         if algorithm is None:
@@ -37,6 +34,9 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
         raise SpinConfigError("sparse_attention_config must be a mapping")
     else:
         block = dict(block)
+        if not isinstance(block.get("algorithm", "dsa"), str):
+            raise SpinConfigError(f"sparse_attention_config.algorithm must be a string, got "
+                                  f"{shown(block['algorithm'])}")
         if algorithm is not None and block.get("algorithm") != algorithm:
             raise SpinConfigError(f"--algorithm {algorithm} conflicts with the config's "
                                   f"{block.get('algorithm')!r}")
