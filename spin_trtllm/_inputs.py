@@ -254,7 +254,8 @@ def yaml_error_text(err: yaml.YAMLError) -> str:
     if isinstance(err, yaml.MarkedYAMLError):
         mark = err.problem_mark or err.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return one_line(f"{err.problem or err.context}{where}", 300)
+        what = ": ".join(x for x in (err.context, err.problem) if x)
+        return one_line(f"{what}{where}", 300)
     return one_line(" ".join(str(err).split()), 300)
 
 

@@ -19,6 +19,12 @@ from .errors import SpinError
 
 DEFAULT_SPARSITIES = (0.3, 0.4, 0.5)
 INT32_MAX = (1 << 31) - 1
+MAX_SPARSITIES = 16            # one replay stream (and its V/D state) per target sparsity
+# demo: the engine's KV and indexer caches are sized by batch x context (about 1 KiB per
+# token for the shipped model, so 4 GiB at this bound)
+DEMO_MAX_BATCH_TOKENS = 1 << 22
+# train-tiny: attention scores are [batch, heads, seq, seq]; 4x the default 8 x 4096^2
+TRAIN_MAX_BATCH_SEQ2 = 1 << 29
 # What an error exits 2 on (one escaped line, no traceback): bad input of every kind.
 INPUT_ERRORS = (SpinError, OSError, ValueError, OverflowError, yaml.YAMLError)
 
@@ -75,6 +81,9 @@ def _sparsities(args: argparse.Namespace, cfg: SpinConfig) -> list[float]:
     from .replay.evaluate import check_sparsities
 
     if args.sparsity is not None:
+        if len(args.sparsity) > MAX_SPARSITIES:
+            raise SpinError(f"--sparsity: at most {MAX_SPARSITIES} values, got "
+                            f"{len(args.sparsity)}")
         return check_sparsities(args.sparsity)
     if "target_sparsity" in cfg.model_fields_set:
         return [cfg.target_sparsity]
@@ -206,6 +215,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(target_sparsity=args.sparsity)
     elif "target_sparsity" not in cfg.model_fields_set:
         cfg = cfg.with_overrides(target_sparsity=0.5)
+    tokens = args.batch * (args.prompt_tokens + args.new_tokens)
+    if tokens > DEMO_MAX_BATCH_TOKENS:
+        raise SpinError(f"--batch x (--prompt-tokens + --new-tokens) = {tokens:,} is over "
+                        f"{DEMO_MAX_BATCH_TOKENS:,} (the caches grow with it)")
     opts = DemoOptions(device=args.device, requests=args.requests,
                        prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                        max_batch=args.batch, mtp_depth=args.mtp, checkpoint=args.checkpoint,
@@ -233,6 +246,10 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 
     import torch
 
+    work = args.batch * args.seq_len ** 2
+    if work > TRAIN_MAX_BATCH_SEQ2:
+        raise SpinError(f"--batch x --seq-len^2 = {work:,} is over {TRAIN_MAX_BATCH_SEQ2:,} "
+                        f"(4x the default 8 x 4096^2; attention memory grows with it)")
     # every output is checked before minutes of training
     default_out, default_card = train_outputs(args.ratio, args.out)
     out = _inputs.check_output_path(args.out or default_out, "--out")
@@ -395,7 +412,8 @@ def _check_args(args: argparse.Namespace) -> None:
         if kind == "seconds" and not (math.isfinite(value) and 0 < value <= rule[1]):
             raise SpinError(f"{flag} must be > 0 and <= {rule[1]:g}, got {value}")
         if kind == "in":
-            _inputs.check_input_file(value, f"{flag} {value}".rstrip(), rule[1], verb=(rule[2:] or ("cannot read",))[0])
+            verb = rule[2] if len(rule) > 2 else "cannot read"
+            _inputs.check_input_file(value, f"{flag} {value}".rstrip(), rule[1], verb=verb)
         elif kind == "out":
             _inputs.check_output_path(value, flag)
         elif kind == "outdir":
@@ -502,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     _int(p, "--requests", 1, 1024, default=4)
     _int(p, "--prompt-tokens", 1, 1 << 17, default=1600, help="longest prompt (bytes)")
     _int(p, "--new-tokens", 1, 1 << 16, default=48)
-    _int(p, "--batch", 1, 1024, default=4, help="max requests decoding together")
+    _int(p, "--batch", 1, 256, default=4, help="max requests decoding together")
     p.add_argument("--mtp", type=int, default=0, choices=range(0, 8), metavar="D",
                    help="MTP draft depth (next_n = D + 1)")
     p.add_argument("--sparsity", type=float, help="SPIN target block sparsity (default 0.5)")
@@ -534,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "MODEL_CARD_c4a.md for --ratio 4, beside --out)"), "out")
     _rule(p.add_argument("--seconds", type=float, default=240.0,
                          help="training time budget [> 0, <= 86400]"), "seconds", 86400.0)
-    _int(p, "--seq-len", 8, 65536, default=4096)
+    _int(p, "--seq-len", 8, 16384, default=4096)
     _int(p, "--batch", 1, 1024, default=8)
     p.add_argument("--ratio", type=int, choices=[1, 4], default=1,
                    help="tokens per indexer slot: 1 (V3.2 DSA) or 4 (V4 C4A)")

@@ -29,12 +29,14 @@ MAX_WARMUP_STEPS = (1 << 31) - 1
 class SpinConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
-    block_size: int = Field(64, ge=1, le=MAX_BLOCK_SIZE, description="KV slots per block (one page)")
+    block_size: int = Field(64, ge=1, le=MAX_BLOCK_SIZE,
+                            description="KV slots per block (one page)")
     target_sparsity: float = Field(0.4, ge=0.0, lt=1.0, description="rho: fraction of blocks to skip")
     ema_decay: float = Field(0.5, ge=0.0, lt=1.0, description="alpha of the V/D EMAs")
     exploration: float = Field(0.05, ge=0.0, lt=1.0, description="gamma: share of m_t explored")
     exploration_policy: Literal["random", "staleness", "age"] = "random"
-    index_topk: int = Field(512, ge=1, le=MAX_INDEX_TOPK, description="K of the post-indexer top-K")
+    index_topk: int = Field(512, ge=1, le=MAX_INDEX_TOPK,
+                            description="K of the post-indexer top-K")
     warmup_steps: int = Field(1, ge=1, le=MAX_WARMUP_STEPS,
                               description="dense decode steps after each reset")
     keep_sink: bool = True

@@ -204,9 +204,9 @@ class SpinTrace:
     def load(cls, path: str | Path) -> "SpinTrace":
         from safetensors import safe_open
 
-        path = Path(path)
-        where = f"trace {one_line(path, 300)}"
-        check_input_file(path, where, TRACE_MAX_BYTES, TraceError)
+        where = f"trace {one_line(path, 300)}".rstrip()
+        path = check_input_file(path, where, TRACE_MAX_BYTES, TraceError)  # '' is not '.'
+
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
