@@ -424,8 +424,8 @@ def _check_args(args: argparse.Namespace) -> None:
             _inputs.check_device(value, flag)
 
 
-def _add_config_flags(p: argparse.ArgumentParser, config: str = "--config") -> None:
-    _rule(p.add_argument(config, dest="config",
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    _rule(p.add_argument("--config",
                          help="SpinConfig YAML (flat, spin:, or sparse_attention_config:)"),
           "in", _inputs.CONFIG_MAX_BYTES)
     p.add_argument("--exploration", type=float, help="exploration share gamma (0 disables)")
