@@ -44,10 +44,12 @@ class NullIndexer:
         pass
 
 
-def run_case(cfg, weights, mode, context, batch, warmup, steps):
-    spin = None if mode in ("dense", "null") else SpinConfig(index_topk=cfg.index_topk,
-                                                             target_sparsity=float(mode))
-    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch, cuda_graphs=True)
+def run_case(cfg, weights, mode, context, batch, warmup, steps, state_dtype="float16",
+             backend="native"):
+    spin = None if mode in ("dense", "null") else SpinConfig(
+        index_topk=cfg.index_topk, target_sparsity=float(mode), state_dtype=state_dtype)
+    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch, cuda_graphs=True,
+                    logits_backend=backend)
     if mode == "null":
         engine.indexer = NullIndexer(batch * cfg.next_n, cfg.index_topk, len(cfg.csa_layers),
                                      engine.device)
@@ -59,7 +61,7 @@ def run_case(cfg, weights, mode, context, batch, warmup, steps):
     hist = engine.history[warmup:]
     sel = sum(s.selected_blocks for s in hist)
     vis = sum(s.visible_blocks for s in hist)
-    out = {"mode": mode, "context_tokens": context, "indexer_slots": context // 4, "batch": batch,
+    out = {"mode": mode, "backend": backend, "context_tokens": context, "indexer_slots": context // 4, "batch": batch,
            "next_n": cfg.next_n, "steps": len(hist),
            "step_ms": 1e3 * statistics.median(s.seconds for s in hist),
            "forward_ms": 1e3 * statistics.median(s.forward_seconds for s in hist),
@@ -73,6 +75,20 @@ def run_case(cfg, weights, mode, context, batch, warmup, steps):
     return out
 
 
+def backends_here() -> list[str]:
+    """native always; deepgemm (what TensorRT-LLM runs) when deep_gemm imports."""
+    from spin_trtllm import logits
+    ok, why = logits.available("deepgemm", "cuda")
+    if not ok:
+        print(f"bench_dsa_lite: no DeepGEMM column ({why})", flush=True)
+    return ["native"] + (["deepgemm"] if ok else [])
+
+
+def label(r) -> str:
+    name = "all-keep" if r["mode"] == "dense" else f"SPIN {r['mode']}"
+    return f"{name} ({r['backend']})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[131072, 524288])
@@ -81,12 +97,16 @@ def main(argv=None) -> int:
     ap.add_argument("--mtp", type=int, nargs="+", default=[0, 3])
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--state-dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--backends", nargs="+", choices=["native", "deepgemm"],
+                    help="logits backends to run (default: native, and deepgemm if it imports)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
         return 2
+    backends = args.backends or backends_here()
     rows = []
     jf = open(args.json, "w") if args.json else None
     for mtp in args.mtp:
@@ -95,40 +115,52 @@ def main(argv=None) -> int:
             cfg = v4_flash_indexer(mtp_depth=mtp, max_context=context + max_new + mtp + 8)
             weights = init_weights(cfg)
             for batch in args.batches:
-                case = {}
-                for mode in ["null", "dense"] + [str(s) for s in args.sparsity]:
+                null = None
+                dense: dict[str, dict] = {}
+                # DeepGEMM's SM90 kernel takes next_n <= 2: the backend runs wider MTP one row
+                # per request, which is no dense baseline
+                usable = [b for b in backends if b == "native" or mtp + 1 <= 2]
+                modes = [("null", "native")] + [("dense", b) for b in usable] + \
+                    [(str(s), b) for s in args.sparsity for b in usable]
+                for mode, backend in modes:
                     t0 = time.time()
-                    r = run_case(cfg, weights, mode, context, batch, args.warmup, args.steps)
-                    case[mode] = r
-                    null, dense = case["null"], case.get("dense")
+                    r = run_case(cfg, weights, mode, context, batch, args.warmup, args.steps,
+                                 args.state_dtype, backend)
+                    if mode == "null":
+                        null = r
                     r["indexer_ms"] = r["forward_ms"] - null["forward_ms"]
-                    if dense is not None:
-                        r["step_speedup"] = dense["step_ms"] / r["step_ms"]
-                        r["forward_speedup"] = dense["forward_ms"] / r["forward_ms"]
-                        r["indexer_vs_dense"] = r["indexer_ms"] / dense["indexer_ms"] \
-                            if dense["indexer_ms"] > 0 else None
+                    if mode == "dense":
+                        dense[backend] = r
+                    best = min(dense.values(), key=lambda d: d["forward_ms"]) if dense else None
+                    if best is not None and mode != "null":
+                        r["vs_best_dense"] = label(best)
+                        r["step_speedup"] = best["step_ms"] / r["step_ms"]
+                        r["forward_speedup"] = best["forward_ms"] / r["forward_ms"]
+                        r["indexer_vs_dense"] = r["indexer_ms"] / best["indexer_ms"] \
+                            if best["indexer_ms"] > 0 else None
                     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
+                    r["state_dtype"] = args.state_dtype
                     rows.append(r)
                     if jf:
                         jf.write(json.dumps(r) + "\n")
                         jf.flush()
-                    print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {mode:>5}: step "
+                    print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>22}: step "
                           f"{r['step_ms']:8.2f} ms  forward {r['forward_ms']:8.2f} ms  indexer "
                           f"{r['indexer_ms']:8.2f} ms ({r['indexer_share']:.0%})  sparsity "
                           f"{r['realized_sparsity']:.3f}  x{r.get('forward_speedup', 1):.3f}  "
                           f"[{time.time() - t0:.0f} s]", flush=True)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(f"GPU: {torch.cuda.get_device_name()}\n\n")
+            f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
+                    f"speedups against the fastest all-keep of the same case\n\n")
             f.write("| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
                     "indexer ms | indexer share | realized sparsity | step speedup | forward "
                     "speedup |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 if r["mode"] == "null":
                     continue
-                name = "all-keep" if r["mode"] == "dense" else f"SPIN {r['mode']}"
                 f.write(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
-                        f"{r['next_n']} | {name} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
+                        f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
                         f"{r['indexer_ms']:.2f} | {r['indexer_share']:.1%} | "
                         f"{r['realized_sparsity']:.3f} | {r.get('step_speedup', 1):.3f} | "
                         f"{r.get('forward_speedup', 1):.3f} |\n")

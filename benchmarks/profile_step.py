@@ -1,0 +1,100 @@
+"""Where a dsa-lite decode step's GPU time goes, kernel by kernel (CUDA GPU, torch.profiler).
+
+    python benchmarks/profile_step.py [--context 131072] [--batch 32] [--modes dense 0.3 0.5]
+        [--state-dtype float16] [--backend native] [--steps 3] [--json OUT]
+
+Builds the engine as bench_dsa_lite.py does (synthetic contexts), runs warm-up steps, then
+profiles `--steps` eager steps and prints, per mode, the kernels by GPU time per step (calls per
+step beside them). Eager steps launch the same kernels as the captured graph replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import torch
+
+from spin_trtllm import SpinConfig
+from spin_trtllm.harness import Engine, init_weights, v4_flash_indexer
+
+
+def profile_mode(cfg, weights, mode, args):
+    spin = None if mode == "dense" else SpinConfig(
+        index_topk=cfg.index_topk, target_sparsity=float(mode), state_dtype=args.state_dtype)
+    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=args.batch,
+                    cuda_graphs=args.graphs, logits_backend=args.backend)
+    for i in range(args.batch):
+        engine.add_synthetic(i, args.context, max_new_tokens=(args.warmup + args.steps + 2)
+                             * cfg.next_n, seed=i)
+    for _ in range(args.warmup):
+        engine.step()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+    total = defaultdict(float)
+    calls = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            name = ev.name[:90]
+            total[name] += ev.time_range.elapsed_us() / args.steps     # us per step
+            calls[name] += 1
+    hist = engine.history[-args.steps:]
+    if args.graphs:
+        print(f"graphs captured: {len(engine._graphs)}, generation {engine._graph_generation}")
+    sel = sum(s.selected_blocks for s in hist)
+    vis = sum(s.visible_blocks for s in hist)
+    del engine
+    torch.cuda.empty_cache()
+    kernels = sorted(total, key=total.get, reverse=True)
+    return {"mode": mode, "gpu_us_per_step": sum(total.values()),
+            "forward_ms": [round(1e3 * s.forward_seconds, 3) for s in hist],
+            "realized_sparsity": (1 - sel / vis) if vis else 0.0,
+            "kernels": [{"name": k, "us_per_step": total[k], "calls_per_step": calls[k] / args.steps}
+                        for k in kernels]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--mtp", type=int, default=0)
+    ap.add_argument("--modes", nargs="+", default=["dense", "0.3", "0.5"])
+    ap.add_argument("--state-dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--backend", default="native")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--graphs", action="store_true",
+                    help="profile CUDA-graph replays (kernels inside graphs, as CUPTI sees them)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_step: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    max_new = (args.warmup + args.steps + 2) * (args.mtp + 1)
+    cfg = v4_flash_indexer(mtp_depth=args.mtp, max_context=args.context + max_new + args.mtp + 8)
+    weights = init_weights(cfg)
+    results = []
+    for mode in args.modes:
+        r = profile_mode(cfg, weights, mode, args)
+        results.append(r)
+        print(f"== ctx {args.context} B {args.batch} next_n {args.mtp + 1} mode {mode} "
+              f"({args.backend}, state {args.state_dtype}): GPU {r['gpu_us_per_step'] / 1e3:.2f} "
+              f"ms/step, realized sparsity {r['realized_sparsity']:.3f}, forward ms {r['forward_ms']}")
+        for k in r["kernels"][:args.top]:
+            print(f"  {k['us_per_step']:9.1f} us  x{k['calls_per_step']:5.0f}  {k['name']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
