@@ -1,0 +1,330 @@
+"""Decode top-K on a CUDA GPU: spin.topk against flashinfer's ragged-row top-K and torch.topk.
+
+Our top-K (torch.ops.spin.topk), flashinfer.top_k_varlen and torch.topk on the same compact
+indexer logits:
+
+    python benchmarks/bench_topk.py [--batch 8 32 96] [--slots 32768 131072] [--next-n 1 2]
+        [--sparsity 0 0.3 0.5] [--topk 512] [--iters 30] [--sets 3]
+        [--fi-backend radix_cutlass] [--no-flashinfer] [--json OUT] [--markdown OUT]
+
+Per case (batch x slots per request x next_n x K x target sparsity rho) the logits are built as
+the SPIN decode path builds them: select (rho > 0; rho = 0 is the dense path, every block) and
+ops.indexer_logits over the selected blocks, fp32 rows [B*next_n, m_cap*64] whose compact
+position k*64 + s is slot ids[k]*64 + s, -inf past the row's causal length and past the
+selected count. Each row's valid length is a prefix (ids ascending): counts*64 clipped to the
+row's context, the compact_lens of ops.compact. Columns (all times per call, microseconds):
+  spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending
+  fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
+              positions (one seq_lens entry per row, next_n=1, so the lengths are exact); on
+              sm_90 only "radix_cutlass" exists (CuTe-DSL "radix"/"gvr" are Blackwell+)
+  fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
+              entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
+              radix kernel by shape; the pick under graph capture is reported)
+  torch:      torch.topk(logits, K) over the whole row (past the length is -inf)
+  sets_eq:    fraction of rows whose top-K slot sets equal between spin and fi_varlen (its
+              positions mapped to slot ids through the block ids); ties at the K-th value may
+              legitimately differ
+  kth_eq:     fraction of rows whose selected sets agree in the K-th (smallest selected) value
+              and in the number of valid entries, spin vs fi_varlen and spin vs torch: 1.0
+Timing as bench_decode_indexer.time_ms: 12 calls captured in one CUDA graph, rotating over
+--sets input sets so L2 does not flatter, median of --iters replays / 12. A flashinfer call that
+cannot be captured is timed eagerly (marked "eager"). Exit 2 without CUDA or without the
+native library; without flashinfer the other columns still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_flashinfer(backend: str):
+    """(module, info) or (None, reason): import flashinfer and build/load its top-K module once,
+    then check it on a small case against torch.topk, so a broken install says why up front."""
+    t0 = time.time()
+    try:
+        import flashinfer
+        from flashinfer import top_k_ragged_transform, top_k_varlen  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure: report it, run the rest
+        return None, f"import failed: {type(e).__name__}: {e}"
+    info = {"version": getattr(flashinfer, "__version__", "?"), "path": flashinfer.__file__,
+            "backend": backend}
+    try:
+        from flashinfer.jit import env as jit_env
+        info["jit_dir"] = str(jit_env.FLASHINFER_JIT_DIR)
+        from flashinfer.jit.topk import gen_topk_module
+        spec = gen_topk_module()
+        info["aot"] = str(spec.aot_path) if spec.is_aot else None
+    except Exception as e:  # noqa: BLE001
+        info["jit_dir"] = f"? ({e})"
+    log(f"flashinfer {info['version']} from {info['path']}; loading the top-K module "
+        f"(AOT {info.get('aot')}, else JIT into {info.get('jit_dir')}: minutes on first use) ...")
+    try:
+        from flashinfer.topk import get_topk_module
+        get_topk_module()
+    except Exception as e:  # noqa: BLE001
+        tail = "".join(traceback.format_exception_only(type(e), e))[-3000:]
+        return None, f"top-K module build/load failed after {time.time() - t0:.0f}s: {tail}"
+    info["load_s"] = round(time.time() - t0, 1)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        x = torch.randn(4, 3000, device="cuda", generator=gen)
+        lens = torch.tensor([3000, 2500, 100, 0], dtype=torch.int32, device="cuda")
+        idx, _ = flashinfer.top_k_varlen(x, lens, 64, backend=backend)
+        col = torch.arange(3000, device="cuda")
+        ref = x.masked_fill(col >= lens[:, None].long(), -math.inf).topk(64).indices
+        ref = torch.where(torch.arange(64, device="cuda") < lens[:, None].long(), ref, -1)
+        ok = torch.equal(idx.long().sort(-1).values, ref.sort(-1).values)
+    except Exception as e:  # noqa: BLE001
+        return None, f"sanity call failed: {type(e).__name__}: {e}"
+    if not ok:
+        return None, "sanity check failed: top_k_varlen differs from torch.topk on a small case"
+    log(f"flashinfer top-K module ready in {info['load_s']}s; sanity check against torch.topk ok")
+    return flashinfer, info
+
+
+def compact_layout(ids, cnt, n, m_cap: int):
+    """(row_lens int32 [B*R], slot_of_pos int32 [B, m_cap*64], -1 where unused): compact
+    position -> request-local slot, and each row's valid compact length (ops.compact's
+    compact_lens: sum over used blocks of clamp(ctx - 64 id, 0, 64))."""
+    k = torch.arange(m_cap, device=ids.device)
+    used = (k < cnt.clamp(max=m_cap)[:, None]) & (ids >= 0)
+    span = (n[:, :, None].long() - 64 * ids[:, None, :].long()).clamp(0, 64)
+    row_lens = (span * used[:, None, :]).sum(-1).to(torch.int32).reshape(-1)
+    slot = ids[:, :, None].long() * 64 + torch.arange(64, device=ids.device)
+    slot_of_pos = torch.where(used[:, :, None], slot, -1).reshape(ids.shape[0], -1)
+    return row_lens, slot_of_pos.to(torch.int32)
+
+
+def kth_and_count(vals, valid):
+    """Per row: (smallest selected value, number of selected entries)."""
+    kth = torch.where(valid, vals, torch.full_like(vals, math.inf)).min(-1).values
+    return kth, valid.sum(-1)
+
+
+def check(z, spin_slots, fi_pos, torch_vals, slot_of_pos, next_n: int):
+    """(sets_eq, kth_eq vs fi, kth_eq vs torch) fractions of rows, on one input set."""
+    rows = z.shape[0]
+    sop = slot_of_pos.repeat_interleave(next_n, 0).long()           # [rows, m_cap*64]
+    width = sop.shape[1]
+    # slot -> compact position, to read the values of spin's selection
+    pos_of_slot = torch.full((rows, int(sop.max().item()) + 2), -1, dtype=torch.long,
+                             device=z.device)
+    src = torch.arange(width, device=z.device).expand(rows, width)
+    pos_of_slot.scatter_(1, torch.where(sop >= 0, sop, pos_of_slot.shape[1] - 1), src)
+    spin_ok = spin_slots >= 0
+    spin_pos = pos_of_slot.gather(1, spin_slots.long().clamp(min=0))
+    spin_ok &= spin_pos >= 0
+    spin_vals = z.gather(1, spin_pos.clamp(min=0))
+    kth_s, cnt_s = kth_and_count(spin_vals, spin_ok)
+    fin = torch.isfinite(torch_vals)
+    kth_t, cnt_t = kth_and_count(torch_vals, fin)
+    kth_eq_torch = ((kth_s == kth_t) & (cnt_s == cnt_t)).float().mean().item()
+    if fi_pos is None:
+        return None, None, kth_eq_torch
+    fi_ok = fi_pos >= 0
+    fi_slots = torch.where(fi_ok, sop.gather(1, fi_pos.long().clamp(min=0)), -1)
+    a = torch.where(spin_ok, spin_slots.long(), -1).sort(-1).values
+    b = fi_slots.sort(-1).values
+    sets_eq = (a == b).all(-1).float().mean().item()
+    kth_f, cnt_f = kth_and_count(z.gather(1, fi_pos.long().clamp(min=0)), fi_ok)
+    kth_eq = ((kth_s == kth_f) & (cnt_s == cnt_f)).float().mean().item()
+    return sets_eq, kth_eq, kth_eq_torch
+
+
+def timed(name, fn, iters, sets, errors):
+    """(us, mode) of fn via a captured graph, else eagerly, else (None, error message)."""
+    from bench_decode_indexer import time_eager_ms, time_ms
+
+    msg = None
+    for mode, timer, then in (("graph", time_ms, "; timing eagerly"), ("eager", time_eager_ms, "")):
+        try:
+            return 1e3 * timer(fn, iters, sets), mode
+        except Exception as e:  # noqa: BLE001 - report once per column and mode, go on
+            msg = f"{type(e).__name__}: {str(e)[:300]}"
+            if (name, mode) not in errors:
+                errors.add((name, mode))
+                log(f"  {name}: {mode} timing failed ({msg}){then}")
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - a sticky CUDA error shows in the next call
+                pass
+    return None, msg
+
+
+def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
+    from bench_decode_indexer import spin_case
+    from spin_trtllm import ops
+
+    sets = len(inputs)
+    (_cfg, _state, _slot, _req, _step, _acc, m_cap, ids, cnt, dense_ids, dense_cnt, z,
+     top) = spin_case(n, batch, slots, next_n, k, rho, 1, "float32")
+    if rho == 0:
+        ids, cnt = dense_ids, dense_cnt
+    else:
+        ids, cnt = ids[:, 0].contiguous(), cnt[:, 0].contiguous()
+    zs = [z] + [torch.empty_like(z) for _ in range(sets - 1)]
+    for (cache, table, q, w), zi in zip(inputs, zs):
+        ops.indexer_logits(q, cache, w, n, table, ids, cnt, zi)
+    row_lens, slot_of_pos = compact_layout(ids, cnt, n, m_cap)
+    past = torch.arange(zs[0].shape[1], device="cuda") >= row_lens[:, None].long()
+    for zi in zs:     # already -inf there (indexer_logits); made explicit for every column
+        zi.masked_fill_(past, -math.inf)
+    rows = batch * next_n
+    selected = int(cnt.clamp(max=m_cap).sum())
+    row = {"batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
+           "realized_sparsity": 1 - selected / (batch * m_cap), "width": zs[0].shape[1],
+           "min_row_len": int(row_lens.min()), "max_row_len": int(row_lens.max())}
+
+    row["spin_us"], row["spin_mode"] = timed(
+        "spin", lambda i: ops.topk(zs[i], ids, cnt, next_n, k, top), args.iters, sets, errors)
+    spin_slots = ops.topk(zs[0], ids, cnt, next_n, k).clone()
+    row["torch_us"], row["torch_mode"] = timed(
+        "torch.topk", lambda i: torch.topk(zs[i], k, dim=-1), args.iters, sets, errors)
+    torch_vals = torch.topk(zs[0], k, dim=-1).values
+    fi_pos = None
+    row.update(fi_varlen_us=None, fi_varlen_mode=None, fi_ragged_us=None, fi_ragged_mode=None,
+               fi_ragged_algo=None)
+    if fi is not None:
+        out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+        lens = row_lens.contiguous()
+
+        def fi_varlen(i):
+            fi.top_k_varlen(zs[i], lens, k, backend=args.fi_backend, out_indices=out)
+
+        row["fi_varlen_us"], row["fi_varlen_mode"] = timed(
+            "flashinfer.top_k_varlen", fi_varlen, args.iters, sets, errors)
+        if row["fi_varlen_us"] is not None:
+            try:
+                fi_pos = fi.top_k_varlen(zs[0], lens, k, backend=args.fi_backend)[0].clone()
+            except Exception as e:  # noqa: BLE001
+                log(f"  flashinfer.top_k_varlen for the check failed: {type(e).__name__}: {e}")
+        zeros = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        row["fi_ragged_us"], row["fi_ragged_mode"] = timed(
+            "flashinfer.top_k_ragged_transform",
+            lambda i: fi.top_k_ragged_transform(zs[i], zeros, lens, k), args.iters, sets, errors)
+        try:   # what it picks under graph capture (same branch as dsa_graph_safe=True)
+            from flashinfer.topk import is_cub_ragged_transform_beneficial
+            row["fi_ragged_algo"] = "cub" if is_cub_ragged_transform_beneficial(
+                os.environ.get("FLASHINFER_TOPK_ALGO"), rows, zs[0].shape[1], torch.float32,
+                0, True, False) else "radix"
+        except Exception:  # noqa: BLE001
+            pass
+    for col in ("spin", "torch", "fi_varlen", "fi_ragged"):
+        if row[f"{col}_us"] is None and row[f"{col}_mode"] is not None:   # an error message
+            row[f"{col}_error"], row[f"{col}_mode"] = row[f"{col}_mode"], None
+    row["sets_eq"], row["kth_eq"], row["kth_eq_torch"] = check(
+        zs[0], spin_slots, fi_pos, torch_vals, slot_of_pos, next_n)
+    return row
+
+
+def fmt(v, spec=".1f", none="-"):
+    return none if v is None else format(v, spec)
+
+
+COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | fi varlen us "
+           "| fi ragged us (algo) | torch.topk us | fi varlen / spin | sets eq | kth eq (fi, torch) |")
+
+
+def line(r) -> str:
+    ratio = (r["fi_varlen_us"] / r["spin_us"]) if r["fi_varlen_us"] and r["spin_us"] else None
+    fv = fmt(r["fi_varlen_us"]) + (" eager" if r["fi_varlen_mode"] == "eager" else "")
+    fr = fmt(r["fi_ragged_us"]) + (" eager" if r["fi_ragged_mode"] == "eager" else "")
+    return (f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
+            f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
+            f"| {fv} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
+            f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
+            f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} |")
+
+
+def markdown(rows, head) -> str:
+    return "\n".join([head, "", COLUMNS, "|" + "---|" * 13] + [line(r) for r in rows])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32, 96])
+    ap.add_argument("--slots", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--next-n", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.3, 0.5],
+                    help="target sparsity rho; 0 = dense (every block)")
+    ap.add_argument("--topk", type=int, nargs="+", default=[512])
+    ap.add_argument("--iters", type=int, default=30, help="timed graph replays per column")
+    ap.add_argument("--sets", type=int, default=3, help="rotating input sets (L2)")
+    ap.add_argument("--fi-backend", default="radix_cutlass",
+                    choices=["radix_cutlass", "auto", "radix", "radix_filter", "gvr_2"],
+                    help="flashinfer.top_k_varlen backend (sm_90 has only radix_cutlass)")
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip the flashinfer columns")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_topk: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from spin_trtllm import ops
+    if not ops.NATIVE:
+        print("bench_topk: native library not built (./build.sh)", file=sys.stderr)
+        return 2
+    from bench_decode_indexer import gpu_clocks, make_inputs
+
+    gpu = torch.cuda.get_device_name()
+    cc = torch.cuda.get_device_capability()
+    head = f"GPU: {gpu} (sm_{cc[0]}{cc[1]}), torch {torch.__version__} (CUDA {torch.version.cuda})"
+    log(head)
+    fi, fi_info = None, None
+    if args.no_flashinfer:
+        fi_info = "skipped (--no-flashinfer)"
+    else:
+        fi, fi_info = load_flashinfer(args.fi_backend)
+        if fi is None:
+            log(f"flashinfer unavailable, its columns stay empty: {fi_info}")
+    head += ("; flashinfer " + (f"{fi_info['version']} top_k_varlen backend={args.fi_backend}"
+                                if fi is not None else f"unavailable: {str(fi_info)[:200]}"))
+    log(COLUMNS)
+    rows, errors = [], set()
+
+    def save() -> None:  # after every case, so a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": gpu, "flashinfer": fi_info, "rows": rows}, f, indent=2)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(rows, head) + "\n")
+
+    seed = 0
+    for batch, slots, next_n in itertools.product(args.batch, args.slots, args.next_n):
+        seed += 1
+        inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
+        for k, rho in itertools.product(args.topk, args.sparsity):
+            row = run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors)
+            row["gpu_after_case"] = gpu_clocks()
+            rows.append(row)
+            log(line(row))
+            save()
+        del inputs, n
+        torch.cuda.empty_cache()
+    bad = [r for r in rows if (r["kth_eq"] is not None and r["kth_eq"] < 1)
+           or r["kth_eq_torch"] < 1]
+    log(f"done: {len(rows)} cases; K-th value disagreements in {len(bad)} cases"
+        + ("" if not bad else " (see kth eq)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
