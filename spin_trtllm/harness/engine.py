@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from .. import costs
 from .. import reference as ref
 from ..config import SpinConfig
 from ..errors import SpinConfigError, SpinError
@@ -26,6 +27,9 @@ from ..replay.trace import SpinTrace
 from ..state import StatePool
 from .config import DsaLiteConfig
 from .model import Caches, DsaLiteModel, init_weights
+
+
+SWITCHES = ("auto", "spin", "dense")
 
 
 class RequestError(SpinError):
@@ -83,6 +87,7 @@ class _Live:
     accepted: int = 0
     reserved_pages: int = 0
     logprobs: list[float] = field(default_factory=list)
+    spin_stale: bool = False                            # sat out SPIN steps: reset on return
 
 
 @dataclass
@@ -98,6 +103,7 @@ class StepStats:
     accepted: int = 0
     drafted: int = 0
     graph: bool = False
+    spin: bool = False                    # SPIN ran this step (not the all-keep indexer)
     _events: list = field(default_factory=list, repr=False)
 
 
@@ -230,13 +236,19 @@ class Engine:
                  trace_request: Optional[int | Sequence[int]] = None,
                  time_indexer: bool = False,
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
-                 state_initial_capacity: int = 1024, logits_backend: str = "native"):
+                 state_initial_capacity: int = 1024, logits_backend: str = "native",
+                 switch: Optional[str] = None, cost_model: Optional[costs.CostModel] = None):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
         (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
         starts at state_initial_capacity indexer slots per request and grows with the longest
         context (StatePool.ensure_capacity). logits_backend: where the decode indexer's logits
-        come from (spin_trtllm.logits: native, deepgemm, reference)."""
+        come from (spin_trtllm.logits: native, deepgemm, reference).
+        switch (with SPIN): "spin" runs SPIN every step; "dense" runs the all-keep indexer;
+        "auto" picks per step from `cost_model` (spin_trtllm.costs; default H200 constants)
+        whether SPIN beats all-keep for the batch, so it is never the slower of the two. Steps
+        run all-keep do not update SPIN's state; a request SPIN takes over again restarts
+        warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -255,17 +267,27 @@ class Engine:
                              num_pages or self.max_requests * pages_per_request, self.device)
         L, R = len(cfg.csa_layers), cfg.next_n
         self.spin = spin
+        if switch is None:
+            switch = "auto" if self.device.type == "cuda" else "spin"
+        if switch not in SWITCHES:
+            raise SpinError(f"switch must be one of {', '.join(SWITCHES)}, got {switch!r}")
+        self.switch = switch
+        self.cost_model = cost_model or costs.H200
+        self._ran_spin = True
+        self.spin_indexer: Optional[SpinIndexer] = None
         if spin is not None:
             self.pool: Optional[StatePool] = StatePool(
                 L, self.max_requests, spin, self.device,
                 initial_capacity=min(state_initial_capacity, cfg.index_slots + R),
                 max_capacity=cfg.index_slots + R)
-            self.indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
-                                       logits_backend=logits_backend)
+            self.spin_indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
+                                            logits_backend=logits_backend)
         else:
             self.pool = None
-            self.indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,
-                                        self.device, logits_backend=logits_backend)
+        self.dense_indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,
+                                          self.device, logits_backend=logits_backend) \
+            if spin is None or switch != "spin" else None
+        self.indexer = self.spin_indexer or self.dense_indexer
         self.trace_requests: set[int] = set() if trace_request is None else (
             {trace_request} if isinstance(trace_request, int) else set(trace_request))
         self.measure_miss = measure_miss
@@ -280,7 +302,8 @@ class Engine:
         if self.cuda_graphs and (self.device.type != "cuda" or eager_only):
             raise SpinError("cuda_graphs needs a CUDA device and no miss measuring, tracing or "
                             "indexer timing")
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor,
+                                                   torch.Tensor]] = {}
         self._graph_pool = None
         self._graph_generation = self.pool.generation if self.pool is not None else 0
         self._in = {
@@ -416,20 +439,23 @@ class Engine:
             self.submit(r)
         done: list[RequestOutput] = []
         bar = None
+        total = len(self.waiting) + len(self.running)
         if progress:
+            # decode steps, not requests: a bar of requests sits at 0% until the first finishes
             from tqdm import tqdm
-            bar = tqdm(total=len(self.waiting) + len(self.running), unit="req", leave=False)
+            bar = tqdm(desc="decode steps", unit="step", leave=False)
         steps = 0
         while not self.idle:
             if steps >= max_steps:
                 raise SpinError(f"engine did not finish within {max_steps} steps")
+            before = len(self.history)
             finished = self.step()
             done += finished
             steps += 1
             if bar is not None:
-                bar.update(len(finished))
-                if self.history:
-                    bar.set_postfix(batch=self.history[-1].batch)
+                bar.update(len(self.history) - before)
+                batch = self.history[-1].batch if self.history else 0
+                bar.set_postfix_str(f"requests done {len(done)}/{total}, batch {batch}")
         if bar is not None:
             bar.close()
         return done
@@ -583,6 +609,7 @@ class Engine:
         ids = [live.rid for live in batch]
         steps = [live.step for live in batch]
         table = self._in["table"][:B]
+        stats.spin = self._choose(batch, ctx)
         self.indexer.prepare(ids, ctx, qpos, steps, table)
         if self.pool is not None and self.pool.generation != self._graph_generation:
             self._graphs.clear()                  # the state was reallocated: capture again
@@ -602,11 +629,11 @@ class Engine:
         sampled = [b for b, live in enumerate(batch)
                    if live.req.temperature > 0 or live.req.forced is not None]
         row_logits = logits[sampled].cpu() if sampled else None
-        if isinstance(self.indexer, SpinIndexer):
-            cnt = self.indexer.counts[:B].cpu()
-            stats.selected_blocks = int(cnt.sum())
-            visible = (ctx.max(1).values + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
-            stats.visible_blocks = int(visible.sum()) * cnt.shape[1]
+        # realized sparsity counts what was skipped: all-keep steps skip nothing
+        visible = (ctx.max(1).values + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
+        stats.visible_blocks = int(visible.sum()) * len(cfg.csa_layers)
+        stats.selected_blocks = int(self.indexer.counts[:B].sum()) if stats.spin \
+            else stats.visible_blocks
         # verify the drafts against the target rows
         accepted = []
         emitted = []
@@ -633,11 +660,13 @@ class Engine:
                 if rid in self.trace_requests:
                     self._record_trace(observed, rid, ctx[b], qpos[b], accepted[b])
         redraft = []
+        # one gather, not a copy per request: graph outputs are overwritten next replay
+        kept_hidden = hidden[torch.arange(B, device=hidden.device), acc.to(torch.int64)]
         for b, live in enumerate(batch):
             a = accepted[b]
             live.context += [live.pending] + live.drafts[:a]
             live.pending = emitted[b][-1]
-            live.hidden = hidden[b, a].clone()      # graph outputs are overwritten next replay
+            live.hidden = kept_hidden[b]
             turn = live.turn
             live.step += 1
             live.drafted += R - 1
@@ -660,6 +689,33 @@ class Engine:
         stats._events.clear()
         self.history.append(stats)
 
+    def _choose(self, batch: list[_Live], ctx: torch.Tensor) -> bool:
+        """SPIN or all-keep for this step (self.indexer is set to it). Requests that sat out
+        SPIN steps restart warm-up when SPIN takes over: their state missed those steps."""
+        if self.spin_indexer is None:
+            return False
+        if self.switch == "auto":
+            state_bytes = 2 if self.spin.state_dtype == "float16" else 4
+            use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
+                                              self.spin.target_sparsity, self.cfg.next_n,
+                                              state_bytes, running_spin=self._ran_spin)
+        else:
+            use = self.switch == "spin"
+        self._ran_spin = use
+        if use:
+            stale = [live for live in batch if live.spin_stale]
+            if stale:
+                self.pool.reset([live.rid for live in stale],
+                                torch.tensor([live.step for live in stale], dtype=torch.int64))
+                for live in stale:
+                    live.spin_stale = False
+            self.indexer = self.spin_indexer
+        else:
+            for live in batch:
+                live.spin_stale = True
+            self.indexer = self.dense_indexer
+        return use
+
     def _forward(self, B: int, observed, stats: StepStats):
         i = self._in
         args = (i["tokens"][:B], i["pos"][:B], i["slot"][:B], i["table"][:B], self.caches)
@@ -669,8 +725,9 @@ class Engine:
                 _TimedIndexer(self, stats) if self.time_indexer else self.indexer)
             return self.model.forward(*args, indexer)
         stats.graph = True
-        if B in self._graphs:
-            graph, logits, hidden = self._graphs[B]
+        key = (B, stats.spin)
+        if key in self._graphs:
+            graph, logits, hidden = self._graphs[key]
             graph.replay()
             return logits, hidden
         # first time at this batch size: run eagerly (the real step), then capture for later
@@ -683,7 +740,7 @@ class Engine:
         with torch.cuda.graph(graph, pool=self._graph_pool):
             self.indexer.select()
             logits, hidden = self.model.forward(*args, self.indexer)
-        self._graphs[B] = (graph, logits, hidden)
+        self._graphs[key] = (graph, logits, hidden)
         return out
 
     def _timed(self, fn, stats: StepStats, what: str = "indexer_seconds"):

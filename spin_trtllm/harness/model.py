@@ -273,7 +273,9 @@ class DsaLiteModel:
                 values = torch.cat([values, ckeys], 2)
                 valid = torch.cat([valid, cvalid], 2)
             att = torch.einsum("brhd,brnd->brhn", q, keys) * self.head_scale
-            att = att.masked_fill(~valid.unsqueeze(2), float("-inf")).softmax(-1)
+            # torch.where, not masked_fill: masked_fill clones through a memcpy, which a
+            # captured graph may run on a copy engine (a stall between kernels)
+            att = torch.where(valid.unsqueeze(2), att, float("-inf")).softmax(-1)
             out = torch.einsum("brhn,brnd->brhd", att, values).reshape(B, R, -1)
             h = h + out @ w[p + "wo"]
             h = h + ffn(w, p, h)
@@ -288,7 +290,7 @@ class DsaLiteModel:
         gpos = (pos // r * r).unsqueeze(-1) + torch.arange(r, device=pos.device)   # [B, R, r]
         x = ring[slot.view(B, 1, 1), gpos % self.cfg.ring]                         # [B, R, r, d]
         score = x @ gate + bias
-        score = score.masked_fill(gpos > pos[:, -1:].unsqueeze(-1), float("-inf"))
+        score = torch.where(gpos > pos[:, -1:].unsqueeze(-1), float("-inf"), score)
         return (score.softmax(-1).unsqueeze(-1) * x).sum(-2)
 
     def _write_rows(self, pos: torch.Tensor, r: int, last: torch.Tensor) -> torch.Tensor:

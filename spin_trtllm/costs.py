@@ -1,0 +1,84 @@
+"""When SPIN pays: a cost model of one decode step's indexer, SPIN against all-keep.
+
+SPIN saves the K-cache bytes (and top-K work) of the blocks it skips and pays select (reads
+every visible slot's state), the EMA update (reads and writes the scored slots' state) and
+fixed launch costs. At small batches and contexts the fixed costs win: there the engine runs
+the all-keep indexer instead (Engine(..., switch="auto")).
+
+Each kernel's time per indexer layer is `fixed + work / rate`, fitted to the per-layer kernel
+benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
+  logits   7.5 us + K-cache bytes at 3.66 TB/s; rows of an MTP step read the pages again,
+           so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
+  top-K    max(22 us, 8 us + 11.5 ps per scored slot per row)
+  select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
+  update   3 us + 5.3 ps per scored slot per row
+state bytes scale the select and update terms (float32 state: twice the fp16 figures).
+The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
+and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+KEY_BYTES_PER_SLOT = 132     # 128 FP8 key bytes + a 4-byte scale per indexer slot
+BLOCK_SLOTS = 64
+
+
+@dataclass(frozen=True)
+class CostModel:
+    logits_fixed_us: float = 7.5
+    logits_bytes_per_us: float = 3.66e6
+    mtp_reread: float = 0.45
+    topk_floor_us: float = 22.0
+    topk_fixed_us: float = 8.0
+    topk_us_per_slot: float = 11.5e-6
+    select_fixed_us: float = 0.5
+    select_us_per_slot: float = 1.44e-6
+    update_fixed_us: float = 3.0
+    update_us_per_slot: float = 5.3e-6
+    margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
+
+    def _logits(self, slots: float, next_n: int) -> float:
+        reread = 1.0 + self.mtp_reread * (next_n - 1)
+        return self.logits_fixed_us + slots * KEY_BYTES_PER_SLOT * reread / self.logits_bytes_per_us
+
+    def _topk(self, slots: float, next_n: int) -> float:
+        return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
+
+    def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
+        """All-keep indexer, one layer: logits over every visible block + top-K."""
+        slots = _block_slots(visible_slots)
+        return self._logits(slots, next_n) + self._topk(slots, next_n)
+
+    def spin_us(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
+                state_bytes: int = 2) -> float:
+        """SPIN, one layer: select's share + masked logits + top-K + update, with a fraction
+        `sparsity` of the blocks skipped."""
+        slots = _block_slots(visible_slots)
+        scored = slots * (1.0 - sparsity)
+        state = state_bytes / 2
+        return (self.select_fixed_us + self.select_us_per_slot * slots * state
+                + self._logits(scored, next_n) + self._topk(scored, next_n)
+                + self.update_fixed_us + self.update_us_per_slot * scored * next_n * state)
+
+    def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
+                    state_bytes: int = 2, running_spin: bool = True) -> bool:
+        """True when SPIN is predicted faster than all-keep for this batch (by `margin` when
+        switching to SPIN, so that a batch at the boundary does not flip every step)."""
+        if sparsity <= 0 or not visible_slots:
+            return False
+        dense = self.dense_us(visible_slots, next_n)
+        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes)
+        return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
+
+
+def _block_slots(visible_slots: Sequence[int]) -> float:
+    """Slots of the visible blocks of every request (whole 64-slot blocks are read)."""
+    return float(sum(math.ceil(max(0, int(s)) / BLOCK_SLOTS) * BLOCK_SLOTS
+                     for s in visible_slots))
+
+
+H200 = CostModel()

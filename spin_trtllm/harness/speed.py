@@ -1,0 +1,83 @@
+"""Decode-step times of dsa-lite at a given context and batch (CUDA graphs, synthetic caches).
+
+Used by benchmarks/bench_dsa_lite.py and the GPU demo. Each request's `context` tokens of cache
+are random values (Engine.add_synthetic: step times do not depend on them); after `warmup`
+steps, `steps` decode steps are timed:
+  step ms     wall time of Engine.step() (host scheduling, verification and drafting included)
+  forward ms  GPU time of the captured step (select + every layer), CUDA events
+indexer:
+  "null"   fixed top-K ids and no indexer work (what the rest of the step costs)
+  "dense"  the all-keep indexer
+  "spin"   SPIN at target sparsity `rho` every step
+  "auto"   SPIN where the cost model says it beats all-keep, all-keep elsewhere
+Engines built one after another in one process got slower (H200, 2026-12-01: from the fourth
+engine on every step took 2.3 ms longer, the no-indexer engine too), so the benchmark measures
+each engine in a fresh process.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional
+
+import torch
+
+from ..config import SpinConfig
+from .config import DsaLiteConfig
+from .engine import Engine
+
+INDEXERS = ("null", "dense", "spin", "auto")
+
+
+class NullIndexer:
+    """Fixed top-K ids, no work: the rest of the step."""
+
+    def __init__(self, rows: int, k: int, layers: int, device):
+        self.top = torch.arange(k, dtype=torch.int32, device=device).repeat(layers, rows, 1)
+        self.batch, self.next_n = 0, 1
+
+    def prepare(self, request_ids, context_lens, *args):
+        self.batch, self.next_n = len(request_ids), context_lens.shape[1]
+
+    def select(self):
+        pass
+
+    def layer(self, layer, q, w, kv):
+        return self.top[layer, :self.batch * self.next_n]
+
+    def finish(self, accepted=None):
+        pass
+
+
+def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
+            steps: int, rho: Optional[float] = None, backend: str = "native",
+            state_dtype: str = "float16") -> dict[str, Any]:
+    """Median step and forward times of one engine (see the module docstring)."""
+    if indexer not in INDEXERS:
+        raise ValueError(f"indexer must be one of {INDEXERS}, got {indexer!r}")
+    spin = None
+    if indexer in ("spin", "auto"):
+        spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho, state_dtype=state_dtype)
+    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch, cuda_graphs=True,
+                    logits_backend=backend, switch=indexer if spin is not None else None)
+    if indexer == "null":
+        engine.indexer = NullIndexer(batch * cfg.next_n, cfg.index_topk, len(cfg.csa_layers),
+                                     engine.device)
+    for i in range(batch):
+        engine.add_synthetic(i, context, max_new_tokens=(warmup + steps) * cfg.next_n, seed=i)
+    torch.cuda.synchronize()
+    for _ in range(warmup + steps):
+        engine.step()
+    hist = engine.history[warmup:]
+    sel = sum(s.selected_blocks for s in hist)
+    vis = sum(s.visible_blocks for s in hist)
+    return {"indexer": indexer, "rho": rho, "backend": backend, "state_dtype": state_dtype,
+            "context_tokens": context, "indexer_slots": context // cfg.index_ratio,
+            "batch": batch, "next_n": cfg.next_n, "steps": len(hist),
+            "step_ms": 1e3 * statistics.median(s.seconds for s in hist),
+            "forward_ms": 1e3 * statistics.median(s.forward_seconds for s in hist),
+            "spin_steps": sum(s.spin for s in hist),
+            "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
+            "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
+            "cache_gb": engine.caches.nbytes() / 1e9,
+            "state_gb": engine.pool.nbytes() / 1e9 if engine.pool is not None else 0.0}

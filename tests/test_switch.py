@@ -1,0 +1,110 @@
+"""Never slower than all-keep: the cost model (spin_trtllm.costs) and the engine's per-step
+switch between SPIN and the all-keep indexer (Engine(switch=...))."""
+
+import pytest
+
+from spin_trtllm import SpinConfig, SpinError
+from spin_trtllm.costs import H200, CostModel
+from spin_trtllm.harness import Engine, Request, init_weights, tiny
+
+TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
+
+# Per-layer times measured on an H200 (benchmarks/RESULTS.md, sixth session, native kernels,
+# fp16 state, K 512): (batch, slots, dense logits + top-K us, SPIN at 0.5 us).
+MEASURED = [(8, 32768, 17.0 + 26.3, 40.8), (32, 32768, 44.6 + 28.0, 58.8),
+            (96, 32768, 112.5 + 34.5, 99.8), (32, 131072, 140.8 + 72.7, 146.9),
+            (96, 131072, 461.9 + 152.4, 345.4)]
+
+
+@pytest.mark.parametrize("batch,slots,dense,spin", MEASURED)
+def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
+    ctx = [slots] * batch
+    assert H200.dense_us(ctx) == pytest.approx(dense, rel=0.25)
+    assert H200.spin_us(ctx, 0.5) == pytest.approx(spin, rel=0.25)
+
+
+def test_cost_model_decisions():
+    assert not H200.prefer_spin([2048] * 4, 0.5)              # the demo's tiny contexts
+    assert H200.prefer_spin([131072] * 96, 0.5)               # the paper's serving anchor
+    assert not H200.prefer_spin([131072] * 96, 0.0)           # nothing skipped
+    assert not H200.prefer_spin([], 0.5)
+    # more context or more sparsity never turns SPIN off
+    for batch in (1, 4, 16, 64):
+        for slots in (1024, 8192, 65536, 262144):
+            for rho in (0.1, 0.3, 0.5, 0.7):
+                if H200.prefer_spin([slots] * batch, rho):
+                    assert H200.prefer_spin([2 * slots] * batch, rho)
+                    assert H200.prefer_spin([slots] * (2 * batch), rho)
+                    assert H200.prefer_spin([slots] * batch, min(0.95, rho + 0.1))
+    # float32 state costs select and update twice the bytes
+    ctx = [131072] * 32
+    assert H200.spin_us(ctx, 0.5, state_bytes=4) > H200.spin_us(ctx, 0.5, state_bytes=2)
+
+
+def test_hysteresis_keeps_a_boundary_batch_where_it_is():
+    model = CostModel(margin=0.05)
+    # find a batch where SPIN is ahead by less than the margin
+    for slots in range(4096, 1 << 20, 1024):
+        ctx = [slots] * 8
+        d, s = model.dense_us(ctx), model.spin_us(ctx, 0.3)
+        if d * 0.95 <= s < d:
+            break
+    else:
+        pytest.fail("no boundary case found")
+    assert model.prefer_spin(ctx, 0.3, running_spin=True)
+    assert not model.prefer_spin(ctx, 0.3, running_spin=False)
+
+
+class Scheduled(CostModel):
+    """A cost model whose decisions follow a list (one per decode step)."""
+
+    def __init__(self, plan):
+        super().__init__()
+        object.__setattr__(self, "plan", list(plan))
+
+    def prefer_spin(self, *args, **kwargs):
+        return self.plan.pop(0) if self.plan else True
+
+
+def spin_cfg(**kw):
+    return SpinConfig(**{"index_topk": 64, "target_sparsity": 0.5, "exploration": 0.0, **kw})
+
+
+def run(engine, n_new=12):
+    return engine.run([Request(TEXT[:900], max_new_tokens=n_new, request_id=3)])[0].tokens
+
+
+def test_dense_switch_runs_exactly_all_keep():
+    cfg = tiny()
+    w = init_weights(cfg)
+    dense = run(Engine(cfg, None, weights=w))
+    e = Engine(cfg, spin_cfg(), weights=w, switch="dense")
+    assert run(e) == dense
+    assert e.history and all(not s.spin and s.selected_blocks == s.visible_blocks > 0
+                             for s in e.history)
+
+
+def test_auto_switch_follows_the_model_and_restarts_warm_up():
+    cfg = tiny()
+    w = init_weights(cfg)
+    plan = [True, True, True, False, False, True, True, True]
+    e = Engine(cfg, spin_cfg(), weights=w, switch="auto", cost_model=Scheduled(plan))
+    run(e, n_new=len(plan) + 1)
+    hist = e.history[:len(plan)]
+    assert [s.spin for s in hist] == plan
+    sparse = [s.selected_blocks < s.visible_blocks for s in hist]
+    # step 0 is SPIN's warm-up (every block); steps 1-2 sparse; 3-4 all-keep; step 5 is
+    # warm-up again (the state missed two steps), then sparse
+    assert sparse == [False, True, True, False, False, False, True, True]
+    # a request that never left SPIN stays sparse through the same steps
+    e2 = Engine(cfg, spin_cfg(), weights=w, switch="spin")
+    run(e2, n_new=len(plan) + 1)
+    assert all(s.selected_blocks < s.visible_blocks for s in e2.history[1:len(plan)])
+
+
+def test_switch_values_and_defaults():
+    cfg = tiny()
+    with pytest.raises(SpinError, match="switch must be one of auto, spin, dense"):
+        Engine(cfg, spin_cfg(), switch="fast")
+    assert Engine(cfg, spin_cfg()).switch == "spin"           # CPU: the reference ops
+    assert Engine(cfg, spin_cfg(), switch="spin").dense_indexer is None
