@@ -38,7 +38,8 @@ def test_cuda_graph_replay_equals_eager(mtp, spin):
     w = init_weights(cfg)
     sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1) if spin else None
     # a small initial state capacity: the pool grows mid-run and the graphs are captured again
-    kw = dict(weights=w, device="cuda", max_batch=3, state_initial_capacity=64)
+    kw = dict(weights=w, device="cuda", max_batch=3, state_initial_capacity=64,
+              switch="spin" if spin else None)
     eager_engine = Engine(cfg, sc, cuda_graphs=False, **kw)
     graph_engine = Engine(cfg, sc, cuda_graphs=True, **kw)
     eager = schedule_run(eager_engine, arrivals())
@@ -56,7 +57,7 @@ def test_cuda_graph_replay_equals_eager(mtp, spin):
 def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
     cfg = v4_flash_indexer(max_context=8192, compress_ratios=(0, 4, 128, 4), mtp_depth=3)
     sc = SpinConfig(index_topk=512, target_sparsity=0.5)
-    e = Engine(cfg, sc, device="cuda", max_batch=4, cuda_graphs=True)
+    e = Engine(cfg, sc, device="cuda", max_batch=4, cuda_graphs=True, switch="spin")
     for i in range(4):
         e.add_synthetic(i, 6000 + 300 * i, max_new_tokens=8, seed=i)
     outs = e.run()
@@ -64,3 +65,27 @@ def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
     later = e.history[2:]
     assert later and all(s.graph for s in later)
     assert all(0.4 < 1 - s.selected_blocks / s.visible_blocks < 0.6 for s in later)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mtp", [0, 2])
+def test_switching_between_spin_and_all_keep_replays_the_right_graphs(mtp):
+    """The cost-model switch under CUDA graphs: a graph per (batch, indexer), and the same
+    tokens and selections as eager steps following the same decisions."""
+    from test_switch import Scheduled
+    cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
+    w = init_weights(cfg)
+    sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1)
+    plan = ([True] * 4 + [False] * 3) * 6
+    runs = []
+    for graphs in (False, True):
+        e = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=graphs,
+                   switch="auto", cost_model=Scheduled(plan))
+        outs = schedule_run(e, arrivals())
+        runs.append(({k: v.tokens for k, v in outs.items()},
+                     [(s.spin, s.selected_blocks) for s in e.history]))
+        if graphs:
+            assert {spin for _, spin in e._graphs} == {True, False}
+    assert runs[0] == runs[1]
+    assert {sp for sp, _ in runs[1][1]} == {True, False}

@@ -174,7 +174,7 @@ def test_gpu_dsa_lite_through_deepgemm_equals_native(mtp):
     runs = []
     for backend in ("native", "deepgemm"):
         engine = Engine(cfg, sc, weights=w, device="cuda", max_batch=3, cuda_graphs=True,
-                        logits_backend=backend)
+                        logits_backend=backend, switch="spin")
         outs = schedule_run(engine, arrivals())
         runs.append(({k: v.tokens for k, v in outs.items()},
                      [s.selected_blocks for s in engine.history]))
