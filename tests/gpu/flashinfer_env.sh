@@ -24,9 +24,12 @@
 #   needs DeviceBatchedTopK) and tvm-ffi's; no cutlass, spdlog or cubin downloads. sampling.cuh
 #   includes <curand.h>, which a pip-style CUDA toolkit lacks, so the bundle brings the curand
 #   headers (used after the toolkit's own). No prebuilt cubin/jit-cache package covers it.
-#   Compiling it takes minutes (about 10 on 2 cores), so the bundle also holds that module
-#   prebuilt for sm_90a by nvcc 13.0 as data/aot/topk/topk.so, which flashinfer loads first and
-#   falls back to JIT from if loading fails (FLASHINFER_TOPK_FORCE_JIT=1 removes it).
+#   Compiling it is slow (cub_topk.cu alone: ~25 min of one core, 6 GB cicc, 14 GB ptxas;
+#   more than one 10-minute device call) and links -lcudart from $CUDA_HOME/lib64 and -lcuda
+#   from lib64/stubs, which a pip-style toolkit lacks. So the bundle holds the module prebuilt
+#   for sm_90a (nvcc 13.0, gcc 12: needs glibc >= 2.34, libcudart.so.13; it uses no driver API,
+#   so it was linked without -lcuda) as data/aot/topk/topk.so, which flashinfer loads before
+#   trying JIT, and falls back to JIT if loading fails (FLASHINFER_TOPK_FORCE_JIT=1 removes it).
 # - Python: `import flashinfer` imports ~all of its 3300 modules (23 MB compressed), so the
 #   bundle keeps only the 74 modules the top-K import path loads, plus topk_varlen/kernels and
 #   the two jit modules it imports lazily, with a 4-line flashinfer/__init__.py exporting
@@ -36,8 +39,8 @@
 #   (cuda-python, nvidia-cutlass-dsl, cudnn-frontend, nccl, einops, numpy, ...) are not imported
 #   on it. Wheels in the bundle are installed only where the import is missing (tvm-ffi always).
 #
-# Rebuild the bundle (a machine with network, python3 + torch, and ideally nvcc 13.0 for the
-# prebuilt module, ~10 min on 2 cores): from the repository root,
+# Rebuild the bundle (a machine with network, python3 + torch, and nvcc 13.0 with the full
+# toolkit's libs for the prebuilt module, ~30 min on 2 cores): from the repository root,
 #   source tests/gpu/flashinfer_env.sh; build_flashinfer_bundle
 # (FI_PREBUILT_SO=path/to/topk.so reuses a module built before, FI_PREBUILT_SO=none skips it).
 FI_ENV=/tmp/flashinfer_env
