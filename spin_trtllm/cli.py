@@ -152,9 +152,24 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     results = []
     for trace in traces:
         results.extend(run_study(trace, args.study, sparsities, cfg, progress=not args.quiet))
+    print(_ablate_exploration(args.study, cfg.exploration, results))
     _print_table(results)
     _write_outputs(args, results)
     return 0
+
+
+def _ablate_exploration(study: str, asked: float, results: Sequence[dict[str, Any]]) -> str:
+    """The table's header line: the exploration share each variant ran with (the reduction
+    and mtp studies force 0, whatever the config or --exploration says)."""
+    share = {r.get("variant", ""): r["config"]["exploration"] for r in results}
+    zero = [v for v, g in share.items() if g == 0]
+    if share and len(zero) == len(share) and asked > 0:
+        return (f"{study} study: exploration forced to 0 in every variant (the config's "
+                f"{asked:g} is not used): the variants are compared on their predictions "
+                f"alone, with no exploration blocks in the budget")
+    if zero and len(zero) < len(share):
+        return (f"{study} study: exploration {asked:g}, 0 in variant {', '.join(zero)}")
+    return f"{study} study: exploration {asked:g} in every variant"
 
 
 def _print_predictors(out: dict[str, Any]) -> None:

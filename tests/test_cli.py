@@ -122,6 +122,18 @@ def test_demo_runs_dsa_lite_side_by_side(capsys, tmp_path):
     assert res["requests"] == 3 and res["spin"]["decode_steps"] > 0
     assert 0 < res["spin"]["realized_sparsity"] < 0.4
     assert res["spin"]["mean_miss"] is not None and res["all_keep"]["realized_sparsity"] is None
+    # the bytes figure, each side from its own run: SPIN skipped blocks, all-keep has no state
+    s, d = res["spin"], res["all_keep"]
+    assert 0 < s["kcache_mb_per_step"] < d["kcache_mb_per_step"]
+    assert s["state_mb_per_step"] > 0 and d["state_mb_per_step"] == 0
+    assert d["selected_blocks"] == d["visible_blocks"] > 0
+    assert d["kcache_mb_per_step"] == pytest.approx(
+        d["visible_blocks"] * 64 * 132 / 1e6 / d["decode_steps"])
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if "indexer bytes" in line)
+    assert first < next(i for i, line in enumerate(lines) if "step time" in line)
+    flat = " ".join(out.split())
+    assert "CPU: the step times" in flat and "MTP it includes the accepted drafts" in flat
     assert main(["info", str(trace)]) == 0
 
 

@@ -6,6 +6,7 @@ import inspect
 import json
 from pathlib import Path
 import statistics
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,6 +20,11 @@ from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, Request, RequestOutput, resolve_device
 from .model import init_weights, load_checkpoint
 from .pretrained import default_checkpoint
+
+BLOCK_SLOTS = 64                 # indexer slots per K-cache block (page)
+K_SLOT_BYTES = 128 + 4           # per indexer slot: 128 fp8 key bytes + an fp32 scale
+STATE_BYTES = {"float32": 4, "float16": 2}
+MB = 1e6
 
 
 @dataclass
@@ -85,7 +91,12 @@ def _resolve(opts: DemoOptions) -> tuple[torch.device, DsaLiteConfig, Optional[d
 
 
 def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, opts: DemoOptions,
-               label: str) -> tuple[Engine, dict[int, RequestOutput]]:
+               label: str, expected_steps: Optional[int] = None
+               ) -> tuple[Engine, dict[int, RequestOutput]]:
+    """Run the demo workload. The progress bar counts decode steps (total: expected_steps,
+    else unknown) with the requests done in its postfix. The all-keep engine's StepStats get
+    selected_blocks = visible_blocks = the blocks its dense indexer scored that step where the
+    engine left them 0, so both sides' indexer bytes come from their own runs."""
     eager = opts.measure_miss or opts.dump_trace or not opts.cuda_graphs
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=opts.max_batch,
                     measure_miss=opts.measure_miss and spin is not None,
@@ -93,25 +104,56 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
                     time_indexer=bool(eager), cuda_graphs=False if eager else None,
                     logits_backend=opts.logits_backend)
     arrivals = workload(opts, cfg)
+    layers = len(cfg.csa_layers)
     bar = None
     if opts.progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(arrivals), desc=label, unit="req", leave=False)
+        bar = tqdm(total=expected_steps, desc=f"{label} decode steps", unit="step", leave=False)
+        bar.set_postfix_str(f"requests done 0/{len(arrivals)}")
     outs: dict[int, RequestOutput] = {}
     t = 0
     while len(outs) < len(arrivals):
         for when, req in arrivals:
             if when == t:
                 engine.submit(req)
+        before = len(engine.history)
         done = engine.step()
         for o in done:
             outs[o.request_id] = o
+        new = len(engine.history) - before
+        if new and spin is None and not engine.history[-1].visible_blocks:
+            stats = engine.history[-1]
+            blocks = int(engine.indexer.counts[:engine.indexer.batch].sum()) * layers
+            stats.selected_blocks = stats.visible_blocks = blocks
         if bar is not None:
-            bar.update(len(done))
+            bar.update(new)
+            if done or new:
+                bar.set_postfix_str(f"requests done {len(outs)}/{len(arrivals)}")
         t += 1
     if bar is not None:
         bar.close()
     return engine, outs
+
+
+def indexer_bytes(selected_blocks: int, visible_blocks: int,
+                  state_dtype: Optional[str] = None) -> tuple[int, int]:
+    """(K-cache bytes, SPIN state bytes) the decode indexer reads and writes, counted from the
+    kernels' access pattern (not measured), for blocks summed over requests and indexer layers.
+
+    K cache: every slot of every scored block, BLOCK_SLOTS x K_SLOT_BYTES (128 fp8 key bytes +
+    a 4-byte fp32 scale) per block; all-keep scores every visible block (selected = visible).
+    SPIN state (state_dtype "float32" or "float16", s = 4 or 2 bytes; None: all-keep, no
+    state; A1's slot-level V/D): select reads V (per slot) and D (per offset) of every
+    visible slot, 2 s bytes; update reads and writes V and D of every scored slot and reads
+    its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest block as 64
+    slots); one update pass per step (MTP rows up to the accepted draft share it); the logits
+    and top-K traffic that SPIN and all-keep both have is not counted."""
+    k_cache = selected_blocks * BLOCK_SLOTS * K_SLOT_BYTES
+    if state_dtype is None:
+        return k_cache, 0
+    s = STATE_BYTES[state_dtype]
+    state = visible_blocks * BLOCK_SLOTS * 2 * s + selected_blocks * BLOCK_SLOTS * (4 * s + 4)
+    return k_cache, state
 
 
 def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> dict[str, Any]:
@@ -121,9 +163,17 @@ def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> di
     index_ms = [1e3 * s.indexer_seconds for s in hist]
     sel = sum(s.selected_blocks for s in hist)
     vis = sum(s.visible_blocks for s in hist)
+    # per step: SPIN's state traffic only on steps SPIN ran (StepStats.spin, where the engine
+    # records it: an engine that may switch to all-keep for a step)
+    traffic = [indexer_bytes(s.selected_blocks, s.visible_blocks,
+                             engine.spin.state_dtype if engine.spin is not None
+                             and getattr(s, "spin", True) else None) for s in hist]
+    k_bytes, state_bytes = sum(t[0] for t in traffic), sum(t[1] for t in traffic)
     miss = np.array([m for s in hist for m in s.miss])
     drafted = sum(o.drafted for o in outs.values())
     accepted = sum(o.accepted for o in outs.values())
+    # each turn's first token comes from its prefill, the rest from decode steps
+    decode_tokens = sum(len(o.tokens) - len(o.turns) for o in outs.values())
     return {
         "decode_steps": steps,
         "step_ms_median": statistics.median(step_ms) if steps else None,
@@ -131,12 +181,18 @@ def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> di
         "indexer_share": (sum(index_ms) / sum(step_ms)) if steps and engine.time_indexer else None,
         "cuda_graphs": any(s.graph for s in hist),
         "prefill_s": engine.prefill_seconds,
-        "realized_sparsity": (1 - sel / vis) if vis else None,
+        "realized_sparsity": (1 - sel / vis) if vis and engine.spin is not None else None,
         "mean_miss": float(miss.mean()) if miss.size else None,
         "p99_miss": float(np.percentile(miss, 99)) if miss.size else None,
         "miss_rows": int(miss.size),
         "mtp_acceptance": (accepted / drafted) if drafted else None,
-        "tokens_per_step": (sum(len(o.tokens) for o in outs.values()) / steps) if steps else None,
+        "tokens_per_step": (decode_tokens / steps) if steps else None,
+        "mean_batch": (sum(s.batch for s in hist) / steps) if steps else None,
+        "selected_blocks": sel,
+        "visible_blocks": vis,
+        "kcache_mb_per_step": k_bytes / MB / steps if steps else None,
+        "state_mb_per_step": state_bytes / MB / steps if steps else None,
+        "indexer_mb_per_step": (k_bytes + state_bytes) / MB / steps if steps else None,
     }
 
 
@@ -163,7 +219,8 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     if weights is None:
         weights = init_weights(cfg)
     spin_engine, spin_out = run_engine(cfg, spin, weights, device, opts, "SPIN")
-    dense_engine, dense_out = run_engine(cfg, None, weights, device, opts, "all-keep")
+    dense_engine, dense_out = run_engine(cfg, None, weights, device, opts, "all-keep",
+                                         expected_steps=len(spin_engine.history))
     if opts.dump_trace:
         spin_engine.trace().save(opts.dump_trace)
     return {"model": json.loads(cfg.to_json()), "device": str(device),
@@ -179,6 +236,33 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
             "trace": opts.dump_trace}
 
 
+def bytes_line(res: dict[str, Any]) -> str:
+    """The report's first figure: the indexer's memory traffic per decode step, SPIN against
+    all-keep (hardware-independent: counted, see indexer_bytes)."""
+    s, d = res["spin"], res["all_keep"]
+    if s["indexer_mb_per_step"] is None or d["indexer_mb_per_step"] is None:
+        return "indexer bytes read+written per decode step: - (no decode steps)"
+    ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
+    return (f"indexer bytes read+written per decode step (mean): SPIN "
+            f"{s['indexer_mb_per_step']:.3f} MB (K cache {s['kcache_mb_per_step']:.3f} MB + "
+            f"state {s['state_mb_per_step']:.3f} MB) vs all-keep "
+            f"{d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Label column left-aligned, value columns right-aligned, each as wide as its widest
+    cell, two spaces apart: every row's columns start and end at the same offsets."""
+    cols = list(zip(header, *rows))
+    widths = [max(len(c) for c in col) for col in cols]
+    return [(r[0].ljust(widths[0]) + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], widths[1:])))
+            for r in [header, *rows]]
+
+
+def _wrap(note: str, indent: str = "  ") -> list[str]:
+    """A note under the report, wrapped to 96 columns, continuation lines indented."""
+    return textwrap.wrap(note, 96, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
 def format_report(res: dict[str, Any]) -> str:
     m, s, d = res["model"], res["spin"], res["all_keep"]
     ratios = m["compress_ratios"]
@@ -191,6 +275,7 @@ def format_report(res: dict[str, Any]) -> str:
         return "-" if v is None else fmt.format(v)
 
     pct = "{:.1%}"
+    miss = "-" if s["mean_miss"] is None else f(s["mean_miss"], pct) + f" ({f(s['p99_miss'], pct)})"
     rows = [
         ("decode steps", f(s["decode_steps"], "{}"), f(d["decode_steps"], "{}")),
         ("step time, median ms", f(s["step_ms_median"]), f(d["step_ms_median"])),
@@ -198,25 +283,38 @@ def format_report(res: dict[str, Any]) -> str:
         ("  indexer share of steps", f(s["indexer_share"], pct), f(d["indexer_share"], pct)),
         ("prefill, s", f(s["prefill_s"]), f(d["prefill_s"])),
         ("realized block sparsity", f(s["realized_sparsity"], pct), "0.0%"),
-        ("mean miss (p99)", f(s["mean_miss"], pct) + f" ({f(s['p99_miss'], pct)})"
-         if s["mean_miss"] is not None else "- (use --measure-miss)", "0.0%"),
+        ("mean miss (p99)", miss, "0.0%"),
         ("MTP draft acceptance", f(s["mtp_acceptance"], pct), f(d["mtp_acceptance"], pct)),
-        ("tokens per step", f(s["tokens_per_step"]), f(d["tokens_per_step"])),
+        ("tokens per decode step (all requests)*", f(s["tokens_per_step"]),
+         f(d["tokens_per_step"])),
     ]
     sp = res["spin_config"]["target_sparsity"]
+    cpu = not res["device"].startswith("cuda")
     lines = [f"dsa-lite on {res['device_name']}: {layout}, K={m['index_topk']}, "
              f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}; "
              f"logits: {res['logits_backend']}",
-             f"{'':28}{'SPIN @ ' + format(sp, '.2f'):>14}{'all-keep':>14}"]
-    lines += [f"{a:28}{b:>14}{c:>14}" for a, b, c in rows]
+             bytes_line(res)]
+    lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
+                   f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "
+                   f"{res['spin_config']['state_dtype']} V/D state read by select over the "
+                   f"visible slots, read and written by update over the scored slots)")
+    if cpu:
+        lines += _wrap("(CPU: the step times below come from reference ops in plain PyTorch "
+                       "and are not the point; the bytes figure is what carries over to a GPU)")
+    lines += table(("", f"SPIN @ {sp:.2f}", "all-keep"), rows)
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
                  f"{res['identical_requests']}/{res['requests']} requests identical")
-    if not s["cuda_graphs"] and res["device"].startswith("cuda"):
+    lines += _wrap("* tokens the decode steps emitted, all requests together (each turn's first "
+                   "token comes from its prefill); with next_n 1 this is the mean batch size, "
+                   "with MTP it includes the accepted drafts", indent="")
+    if not s["cuda_graphs"] and not cpu:
         lines.append("(eager steps with CUDA-event timing; --cuda-graphs times graph replays "
                      "without the indexer split)")
     if s["mean_miss"] is not None:
         lines.append("(miss: eligible rows only, as in replay; step times exclude the shadow "
                      "dense indexer)")
+    else:
+        lines.append("(mean miss: run with --measure-miss)")
     if res["trace"]:
         lines.append(f"trace of request 0 written to {res['trace']}")
     return "\n".join(lines)

@@ -108,8 +108,10 @@ def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: floa
 
 def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConfig] = None,
            progress: bool = False, pearson: bool = True, label: Optional[str] = None,
-           keep_masks_for_layer: Optional[int] = None) -> list[dict[str, Any]]:
-    """Replay SPIN at each target sparsity; one result dict per sparsity."""
+           keep_masks_for_layer: Optional[int] = None,
+           desc: Optional[str] = None) -> list[dict[str, Any]]:
+    """Replay SPIN at each target sparsity; one result dict per sparsity. desc: the progress
+    bar's label (default "replay TRACE")."""
     cfg = config_for_trace(trace, cfg)
     sparsities = check_sparsities(sparsities)
     S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
@@ -135,8 +137,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         raise SpinError(f"layer {keep_masks_for_layer} is outside [0, {L})")
     max_blocks = -(-capacity // b)
 
-    for t in tqdm(range(T), desc=f"replay {trace.name}", disable=not progress, leave=False,
-                  unit="step"):
+    for t in tqdm(range(T), desc=desc or f"replay {trace.name}", disable=not progress,
+                  leave=False, unit="step"):
         if t in turn_starts:
             state.reset(step=t)
         dense = trace.step_scores(t)                                   # [L, R, W]
@@ -262,6 +264,8 @@ def run_study(trace: SpinTrace, study: str, sparsities: Sequence[float],
               cfg: Optional[SpinConfig] = None, progress: bool = False) -> list[dict[str, Any]]:
     base = config_for_trace(trace, cfg)
     results = []
-    for label, variant in study_variants(study, base, trace.next_n):
-        results.extend(replay(trace, sparsities, variant, progress=progress, label=label))
+    variants = study_variants(study, base, trace.next_n)
+    for i, (label, variant) in enumerate(variants, 1):
+        results.extend(replay(trace, sparsities, variant, progress=progress, label=label,
+                              desc=f"{study} {label} ({i}/{len(variants)})"))
     return results
