@@ -240,7 +240,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        random_weights=args.random_weights,
                        measure_miss=args.measure_miss, dump_trace=args.dump_trace,
                        cuda_graphs=args.cuda_graphs, progress=not args.quiet,
-                       logits_backend=args.logits_backend)
+                       logits_backend=args.logits_backend, switch=args.switch,
+                       speed=tuple(args.speed_size) if args.speed_size else None,
+                       speed_auto=not args.no_speed)
+    if args.speed_size:
+        batch, context = args.speed_size
+        if not 1 <= batch <= 256 or not 4096 <= context <= 1 << 20:
+            raise SpinError(f"--speed-size: batch must be 1..256 and context 4096..1048576 "
+                            f"tokens, got {batch} {context}")
     res = run_demo(cfg, opts)
     print(format_report(res))
     _write_json(args.json, res)
@@ -553,6 +560,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode indexer logits of both engines: spin's masked kernel (native), "
                         "DeepGEMM over a compacted block table (deepgemm; CUDA, SM90+), or "
                         "plain PyTorch (reference)")
+    p.add_argument("--switch", choices=["auto", "spin", "dense"],
+                   help="SPIN engine's indexer per step: auto (all-keep where the cost model says "
+                        "SPIN would not pay), spin, dense. Default: spin for the quality run, "
+                        "auto for the GPU step timing")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--speed-size", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
+                   help="GPU: the step timing's batch and context tokens (default: the largest "
+                        "of 96x524288, 32x524288, 32x131072, 8x131072, 8x32768 that fits)")
+    g.add_argument("--no-speed", action="store_true", help="GPU: skip the step timing")
     _add_common(p, sparsity=False)
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo, spec_=p)

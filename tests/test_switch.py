@@ -108,3 +108,28 @@ def test_switch_values_and_defaults():
         Engine(cfg, spin_cfg(), switch="fast")
     assert Engine(cfg, spin_cfg()).switch == "spin"           # CPU: the reference ops
     assert Engine(cfg, spin_cfg(), switch="spin").dense_indexer is None
+
+
+def test_demo_step_timing_size_and_report():
+    from spin_trtllm.harness.demo import speed_lines
+    from spin_trtllm.harness.speed import CACHE_BYTES_PER_TOKEN, SIZES, fitting_size
+    assert fitting_size(10 ** 12) == SIZES[0]
+    assert fitting_size(1) is None
+    for free in (4e9, 24e9, 80e9, 141e9):
+        batch, context = fitting_size(free)
+        assert batch * context * CACHE_BYTES_PER_TOKEN <= 0.8 * free
+    run = lambda fwd, idx, sp: {"forward_ms": fwd, "indexer_ms": idx, "step_ms": fwd + 2,
+                                "realized_sparsity": sp, "spin_steps": 12 if sp else 0,
+                                "steps": 12}
+    lines = speed_lines({"batch": 96, "context_tokens": 524288, "switch": "auto",
+                         "null": run(20.0, 0.0, 0.0), "dense": run(32.0, 12.0, 0.0),
+                         "spin": run(28.0, 8.0, 0.5)})
+    text = "\n".join(lines)
+    assert "96 requests x 524,288 tokens" in text and "131,072 indexer slots" in text
+    assert "1.14x" in text and "0.67x" in text and "12/12" in text
+
+
+def test_demo_speed_size_is_checked(capsys):
+    from spin_trtllm.cli import main
+    assert main(["demo", "--device", "cpu", "--speed-size", "0", "131072"]) == 2
+    assert "--speed-size" in capsys.readouterr().err

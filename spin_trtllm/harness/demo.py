@@ -42,6 +42,9 @@ class DemoOptions:
     cuda_graphs: bool = False
     progress: bool = True
     logits_backend: str = "native"
+    switch: Optional[str] = None              # SPIN engine: auto / spin / dense (Engine default)
+    speed: Optional[tuple[int, int]] = None   # (batch, context tokens) of the GPU step timing;
+    speed_auto: bool = True                   # None + speed_auto: the largest size that fits
 
 
 def corpus(n: int, offset: int) -> bytes:
@@ -99,6 +102,7 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
     engine left them 0, so both sides' indexer bytes come from their own runs."""
     eager = opts.measure_miss or opts.dump_trace or not opts.cuda_graphs
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=opts.max_batch,
+                    switch=(opts.switch or "spin") if spin is not None else None,
                     measure_miss=opts.measure_miss and spin is not None,
                     trace_request=0 if (opts.dump_trace and spin is not None) else None,
                     time_indexer=bool(eager), cuda_graphs=False if eager else None,
@@ -208,9 +212,44 @@ def agreement(a: dict[int, RequestOutput], b: dict[int, RequestOutput]) -> dict[
             "requests": len(a)}
 
 
+def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Optional[dict]:
+    """GPU: decode-step times where the indexer matters (the V4-Flash-shaped model with
+    synthetic long contexts, CUDA graphs): no indexer, all-keep, and SPIN (the engine's switch).
+    Runs before the other engines: engines built later in one process were slower."""
+    from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure
+    size = opts.speed
+    if size is None and opts.speed_auto:
+        free, _ = torch.cuda.mem_get_info(device)
+        size = fitting_size(free)
+    if size is None:
+        return None
+    batch, context = size
+    free, _ = torch.cuda.mem_get_info(device)
+    if batch * context * CACHE_BYTES_PER_TOKEN > free:
+        raise SpinError(f"step timing at {batch} x {context} tokens needs about "
+                        f"{batch * context * CACHE_BYTES_PER_TOKEN / 1e9:.0f} GB of caches; "
+                        f"{free / 1e9:.0f} GB are free on {device} (--speed-size, --no-speed)")
+    warmup, steps = 4, 12
+    cfg = v4_flash_indexer(mtp_depth=opts.mtp_depth,
+                           max_context=context + (warmup + steps) * (opts.mtp_depth + 1)
+                           + opts.mtp_depth + 8)
+    weights = init_weights(cfg)
+    sc = spin.with_overrides(index_topk=cfg.index_topk)
+    runs = {}
+    with torch.cuda.device(device):
+        for name in ("null", "dense", opts.switch or "auto"):
+            runs[name if name in ("null", "dense") else "spin"] = measure(
+                cfg, weights, name, context, batch, warmup, steps, backend=opts.logits_backend,
+                spin=sc)
+    for r in runs.values():
+        r["indexer_ms"] = r["forward_ms"] - runs["null"]["forward_ms"]
+    return {"batch": batch, "context_tokens": context, "switch": opts.switch or "auto", **runs}
+
+
 def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
     logits_backends.resolve(opts.logits_backend, device)   # unusable: SpinError before any work
+    speed = run_speed(spin, opts, device) if device.type == "cuda" else None
     if spin.index_topk != cfg.index_topk:
         if "index_topk" in spin.model_fields_set:
             raise SpinError(f"index_topk {spin.index_topk}: the dsa-lite model uses "
@@ -233,7 +272,30 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
             "spin": summarize(spin_engine, spin_out, spin.warmup_steps),
             "all_keep": summarize(dense_engine, dense_out, 0),
             **agreement(spin_out, dense_out),
+            "speed": speed,
             "trace": opts.dump_trace}
+
+
+def speed_lines(sp: dict[str, Any]) -> list[str]:
+    """The GPU report's first lines: step times where the indexer matters."""
+    d, s = sp["dense"], sp["spin"]
+    head = (f"decode step, {sp['batch']} requests x {sp['context_tokens']:,} tokens of context "
+            f"({sp['context_tokens'] // 4:,} indexer slots), V4-Flash-shaped indexer "
+            f"(21 layers, K 512), synthetic caches, CUDA graphs, medians of {d['steps']} steps:")
+    rows = [("GPU time per step, ms", f"{s['forward_ms']:.2f}", f"{d['forward_ms']:.2f}"),
+            ("  of it the indexer, ms", f"{s['indexer_ms']:.2f}", f"{d['indexer_ms']:.2f}"),
+            ("wall time per step, ms", f"{s['step_ms']:.2f}", f"{d['step_ms']:.2f}"),
+            ("realized block sparsity", f"{s['realized_sparsity']:.1%}", "0.0%"),
+            ("steps SPIN ran", f"{s['spin_steps']}/{s['steps']}", "-")]
+    out = [head] + ["  " + ln for ln in table(("", f"SPIN ({sp['switch']})", "all-keep"), rows)]
+    if d["indexer_ms"] > 0:
+        out.append(f"  all-keep step / SPIN step: {d['forward_ms'] / s['forward_ms']:.2f}x; SPIN's "
+                   f"indexer takes {s['indexer_ms'] / d['indexer_ms']:.2f}x the all-keep indexer's "
+                   f"time")
+    out += _wrap("(auto runs the all-keep indexer on steps where spin_trtllm.costs predicts "
+                 "SPIN would not pay. The quality run below decodes real text with the shipped "
+                 "model and SPIN on every step; its short contexts are not where SPIN saves time)")
+    return out
 
 
 def bytes_line(res: dict[str, Any]) -> str:
@@ -293,6 +355,7 @@ def format_report(res: dict[str, Any]) -> str:
     lines = [f"dsa-lite on {res['device_name']}: {layout}, K={m['index_topk']}, "
              f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}; "
              f"logits: {res['logits_backend']}",
+             *(speed_lines(res["speed"]) if res.get("speed") else []),
              bytes_line(res)]
     lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
                    f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "

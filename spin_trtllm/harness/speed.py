@@ -17,6 +17,7 @@ each engine in a fresh process.
 
 from __future__ import annotations
 
+import gc
 import statistics
 from typing import Any, Optional
 
@@ -51,13 +52,16 @@ class NullIndexer:
 
 def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
             steps: int, rho: Optional[float] = None, backend: str = "native",
-            state_dtype: str = "float16") -> dict[str, Any]:
-    """Median step and forward times of one engine (see the module docstring)."""
+            state_dtype: str = "float16", spin: Optional[SpinConfig] = None) -> dict[str, Any]:
+    """Median step and forward times of one engine (see the module docstring). SPIN runs
+    `spin` when given, else SpinConfig(target_sparsity=rho, state_dtype=state_dtype)."""
     if indexer not in INDEXERS:
         raise ValueError(f"indexer must be one of {INDEXERS}, got {indexer!r}")
-    spin = None
-    if indexer in ("spin", "auto"):
+    if indexer not in ("spin", "auto"):
+        spin = None
+    elif spin is None:
         spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho, state_dtype=state_dtype)
+    rho, state_dtype = (spin.target_sparsity, spin.state_dtype) if spin else (rho, state_dtype)
     engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch, cuda_graphs=True,
                     logits_backend=backend, switch=indexer if spin is not None else None)
     if indexer == "null":
@@ -71,6 +75,11 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     hist = engine.history[warmup:]
     sel = sum(s.selected_blocks for s in hist)
     vis = sum(s.visible_blocks for s in hist)
+    cache_gb = engine.caches.nbytes() / 1e9
+    state_gb = engine.pool.nbytes() / 1e9 if engine.pool is not None else 0.0
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
     return {"indexer": indexer, "rho": rho, "backend": backend, "state_dtype": state_dtype,
             "context_tokens": context, "indexer_slots": context // cfg.index_ratio,
             "batch": batch, "next_n": cfg.next_n, "steps": len(hist),
@@ -79,5 +88,18 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "spin_steps": sum(s.spin for s in hist),
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
             "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
-            "cache_gb": engine.caches.nbytes() / 1e9,
-            "state_gb": engine.pool.nbytes() / 1e9 if engine.pool is not None else 0.0}
+            "cache_gb": cache_gb, "state_gb": state_gb}
+
+
+# (batch, context tokens) tried largest first; dsa-lite's V4-Flash-shaped caches take about
+# 1.4 KB per token (70.7 GB at 96 x 512K, H200, 2026-12-01)
+SIZES = ((96, 524288), (32, 524288), (32, 131072), (8, 131072), (8, 32768))
+CACHE_BYTES_PER_TOKEN = 1.6e3
+
+
+def fitting_size(free_bytes: int) -> Optional[tuple[int, int]]:
+    """The largest of SIZES whose caches take at most 80% of `free_bytes` (None: none fits)."""
+    for batch, context in SIZES:
+        if batch * context * CACHE_BYTES_PER_TOKEN <= 0.8 * free_bytes:
+            return batch, context
+    return None
