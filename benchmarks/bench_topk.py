@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+os.environ["SPIN_TOPK"] = "spin"   # the spin column is spin's own kernel
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 

@@ -1,0 +1,143 @@
+"""spin.topk through flashinfer's top-K (ops.topk_peer): the same contract as spin's kernel.
+
+On the CPU a stand-in flashinfer module ranks the rows with torch.topk and returns positions
+in a scrambled order, -1 padded, as flashinfer's top_k_varlen does; the result must equal the
+reference top-K (spin_trtllm.reference). On a GPU with flashinfer installed the real one is
+compared with spin's kernel."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from spin_trtllm import SpinError, ops
+from spin_trtllm import reference as ref
+
+BLOCK = ops.BLOCK
+
+
+def fake_top_k_varlen(x, seq_lens, k, return_values=False, **_):
+    rows = x.shape[0]
+    pos = torch.full((rows, k), -1, dtype=torch.int32)
+    vals = torch.full((rows, k), float("-inf"))
+    g = torch.Generator().manual_seed(rows)
+    for r in range(rows):
+        n = min(int(seq_lens[r]), x.shape[1])
+        take = min(k, n)
+        if take:
+            v, i = torch.topk(x[r, :n], take)
+            perm = torch.randperm(k, generator=g)[:take]      # positions come unordered
+            pos[r, perm] = i.to(torch.int32)
+            vals[r, perm] = v
+    return pos, (vals if return_values else None)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    mod = types.ModuleType("flashinfer")
+    mod.top_k_varlen = fake_top_k_varlen
+    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    ops._flashinfer_topk.cache_clear()
+    yield
+    ops._flashinfer_topk.cache_clear()
+
+
+def case(seed, B, R, m_cap, k, with_row_lens):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, m_cap + 1, (B,), generator=g, dtype=torch.int32)
+    ids = torch.full((B, m_cap), -1, dtype=torch.int32)
+    for b in range(B):
+        n = int(counts[b])
+        ids[b, :n] = torch.randperm(3 * m_cap, generator=g)[:n].sort().values.to(torch.int32)
+    logits = torch.randn(B * R, m_cap * BLOCK + 8, generator=g)     # a row stride
+    # compact lengths per row: the last selected block partly visible, one more slot a row
+    ragged = torch.randint(1, BLOCK + 1, (B,), generator=g)
+    base = (counts.long() - 1).clamp(min=0) * BLOCK + ragged
+    lens = torch.stack([torch.minimum(base + j - (R - 1), counts.long() * BLOCK).clamp(min=0)
+                        for j in range(R)], 1).to(torch.int32)
+    past = torch.arange(logits.shape[1]) >= lens.view(-1, 1)
+    if not with_row_lens:
+        logits = logits.masked_fill(past, float("-inf"))     # what the native kernel writes
+    return logits, ids, counts, lens if with_row_lens else None
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("R", [1, 2, 3])
+@pytest.mark.parametrize("with_row_lens", [False, True])
+@pytest.mark.parametrize("k", [7, 64, 150])         # 150: more than most rows hold
+def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, with_row_lens, k):
+    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    logits, ids, counts, row_lens = case(seed, 4, R, 3, k, with_row_lens)
+    assert ops.topk_peer(logits, ids, k) == "flashinfer"
+    out = torch.full((logits.shape[0], k), 7, dtype=torch.int32)
+    ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
+    want = ref.topk_slots(logits[:, :ids.shape[1] * BLOCK], ids, counts, R, k, row_lens=row_lens)
+    assert torch.equal(out, want)
+
+
+def test_peer_choice(fake_flashinfer, monkeypatch):
+    logits, ids, counts, _ = case(0, 2, 1, 3, 16, False)
+    monkeypatch.setenv("SPIN_TOPK", "auto")
+    assert ops.topk_peer(logits, ids, 16) is None          # auto: CUDA and large shapes only
+    monkeypatch.setenv("SPIN_TOPK", "spin")
+    assert ops.topk_peer(logits, ids, 16) is None
+    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    assert ops.topk_peer(logits, ids, 16) == "flashinfer"
+    assert ops.topk_peer(logits, ids, 4 * BLOCK) is None   # K wider than the rows
+    monkeypatch.setenv("SPIN_TOPK", "fastest")
+    with pytest.raises(SpinError, match="SPIN_TOPK must be auto, spin or flashinfer"):
+        ops.topk(logits, ids, counts, 1, 16)
+
+
+def test_without_flashinfer_spin_ranks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)    # import fails
+    ops._flashinfer_topk.cache_clear()
+    try:
+        monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+        logits, ids, counts, _ = case(1, 2, 1, 3, 16, False)
+        assert ops.topk_peer(logits, ids, 16) is None
+    finally:
+        ops._flashinfer_topk.cache_clear()
+
+
+def test_peer_path_checks_its_arguments(fake_flashinfer, monkeypatch):
+    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    logits, ids, counts, _ = case(2, 2, 1, 3, 16, False)
+    with pytest.raises(SpinError, match="out"):
+        ops.topk(logits, ids, counts, 1, 16, torch.empty(2, 16, dtype=torch.int64))
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [1, 2])
+@pytest.mark.parametrize("with_row_lens", [False, True])
+def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens):
+    ops._flashinfer_topk.cache_clear()
+    if ops._flashinfer_topk() is None:
+        pytest.skip("flashinfer is not installed")
+    B, m_cap, k = 32, 512, 512
+    for seed in range(3):
+        logits, ids, counts, row_lens = case(seed, B, R, m_cap, k, with_row_lens)
+        logits, ids, counts = logits.cuda(), ids.cuda(), counts.cuda()
+        row_lens = row_lens.cuda() if row_lens is not None else None
+        outs = []
+        for choice in ("spin", "flashinfer"):
+            monkeypatch.setenv("SPIN_TOPK", choice)
+            out = torch.empty(B * R, k, dtype=torch.int32, device="cuda")
+            outs.append(ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens))
+        assert torch.equal(outs[0], outs[1])
+        # and under a captured graph
+        monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+        out = torch.empty(B * R, k, dtype=torch.int32, device="cuda")
+        ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
+        out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, outs[0])
