@@ -640,8 +640,10 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
         return None
     if choice == "auto":
         rows, width = logits.shape[0], block_ids.shape[1] * BLOCK
+        # rows with a stride (DeepGEMM's) would need a copy of the whole logits first
         if not logits.is_cuda or rows < TOPK_PEER_MIN_ROWS or \
-                rows * width < TOPK_PEER_MIN_ENTRIES:
+                rows * width < TOPK_PEER_MIN_ENTRIES or \
+                not logits[:, :width].is_contiguous():
             return None
     return "flashinfer"
 
@@ -651,15 +653,17 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     request-local slot ids ascending, -1 for entries past a row or with a non-finite score."""
     _validate_topk(logits, block_ids, counts, next_n, out, row_lens)
     m_cap = block_ids.shape[1]
-    x = logits[:, :m_cap * BLOCK]
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x = logits[:, :m_cap * BLOCK].contiguous()     # a copy only for rows with a stride
+    # SM90 has one backend, radix_cutlass (flashinfer 0.7.4); "auto" picks among SM100's
+    backend = "radix_cutlass" if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 \
+        else "auto"
     if row_lens is None:
         lens = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
     else:
         scored = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
         lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), scored)
-    pos, vals = _flashinfer_topk()(x, lens.to(torch.int32), k, return_values=True)
+    pos, vals = _flashinfer_topk()(x, lens.to(torch.int32), k, return_values=True,
+                                   backend=backend)
     pos = torch.where((pos >= 0) & torch.isfinite(vals), pos, -1).to(torch.int32)
     slots = remap(pos, block_ids, counts, next_n)
     last = torch.iinfo(torch.int32).max
