@@ -41,10 +41,11 @@ def _fmt(value: Any, pct: bool = True) -> str:
 
 
 def _print_table(results: Sequence[dict[str, Any]]) -> None:
-    head = ["trace", "variant", "target", "realized", "mean miss", "p99 miss", "recall",
-            "pearson", "random miss", "oracle miss", "eligible"]
+    head = ["trace", "variant", "target", "realized", "effective", "mean miss", "p99 miss",
+            "recall", "pearson", "random miss", "oracle miss", "eligible"]
     rows = [[r["trace"], r.get("variant", ""), _fmt(r["target_sparsity"]),
-             _fmt(r["realized_sparsity"]), _fmt(r["mean_miss"]), _fmt(r["p99_miss"]),
+             _fmt(r["realized_sparsity"]), _fmt(r.get("effective_sparsity")),
+             _fmt(r["mean_miss"]), _fmt(r["p99_miss"]),
              _fmt(r["recall"]), _fmt(r["pearson"], pct=False),
              _fmt(r.get("random_mean_miss")), _fmt(r.get("oracle_mean_miss")),
              str(r["eligible_rows"])]
@@ -97,10 +98,14 @@ def _json_results(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---- commands ---------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay.evaluate import config_for_trace, replay
+    from .replay.probe import require_query_data
     from .replay.trace import SpinTrace
 
     cfg = _load_config(args)
     sparsities = _sparsities(args, cfg)
+    for e in args.effective or ():
+        if not 0.0 <= e < 1.0:
+            raise SpinError(f"--effective {e}: must satisfy 0 <= x < 1")
     traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
     mask_paths = []
     if args.mask_plot:
@@ -110,10 +115,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                 f"{trace.num_layers}) for {trace.name}")
             out = _per_trace_path(args.mask_plot, trace.name, len(traces))
             mask_paths.append(_inputs.check_output_path(out, "--mask-plot"))
+    for trace in traces:                    # v2 tensors present before the long work
+        require_query_data(trace, args.predictor)
+    label = None
+    if args.predictor != "spin" or args.budget != "uniform":
+        label = args.predictor + (f"x{args.summaries}" if args.summaries > 1 else "") \
+            + ("+adaptive" if args.budget == "adaptive" else "")
     results = []
     for i, trace in enumerate(traces):
         keep = args.mask_layer if args.mask_plot else None
-        res = replay(trace, sparsities, cfg, progress=not args.quiet, keep_masks_for_layer=keep)
+        res = replay(trace, sparsities, cfg, progress=not args.quiet, keep_masks_for_layer=keep,
+                     label=label, predictor=args.predictor, budget=args.budget,
+                     summaries=args.summaries)
         results.extend(res)
         if args.mask_plot:
             from .replay.plots import plot_topk_mask
@@ -124,8 +137,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                  block_size=used.block_size, index_topk=used.index_topk)
             print(f"wrote {out}", file=sys.stderr)
     _print_table(results)
+    if args.effective:
+        from .replay.evaluate import at_effective
+
+        at = at_effective(results, args.effective)
+        _print_effective(at)
+        if args.json:
+            payload = {"results": _json_results(results), "at_effective": at}
+            _write_json(args.json, payload)
+            args.json = None
     _write_outputs(args, results)
     return 0
+
+
+def _print_effective(rows: Sequence[dict[str, Any]]) -> None:
+    print("\nat equal effective sparsity (interpolated; - = outside the targets' range):")
+    for r in rows:
+        print(f"  {r['trace']}  {r['predictor']}/{r['budget']}  effective "
+              f"{_fmt(r['effective_sparsity'])}  mean miss {_fmt(r['mean_miss'])}  p99 miss "
+              f"{_fmt(r['p99_miss'])}  oracle {_fmt(r['oracle_mean_miss'])}")
 
 
 def _write_outputs(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
@@ -497,6 +527,18 @@ def build_parser() -> argparse.ArgumentParser:
                                              "sparsity"), "plot")
     _int(p, "--mask-layer", 0, INT32_MAX, default=0)
     _int(p, "--mask-slots", 1, INT32_MAX, help="slots shown in --mask-plot (default all)")
+    # replay.probe.PREDICTORS / BUDGETS (not imported here: it pulls in torch)
+    p.add_argument("--predictor", choices=["spin", "probe", "hybrid", "quest"], default="spin",
+                   help="block scores selection ranks by: spin (V/D history), or, with a trace "
+                        "v2, probe (block mean keys x query), hybrid (probe + history), quest "
+                        "(min/max bound)")
+    p.add_argument("--budget", choices=["uniform", "adaptive"], default="uniform",
+                   help="per-layer blocks: uniform, or adaptive (same total per step)")
+    p.add_argument("--summaries", type=int, choices=[1, 2], default=1,
+                   help="probe/hybrid: summary keys per block (2: the two halves' means)")
+    p.add_argument("--effective", type=float, nargs="+", metavar="E",
+                   help="also report miss interpolated at these effective sparsities "
+                        "(give --sparsity targets that bracket them)")
     p.set_defaults(func=cmd_replay, spec_=p)
 
     p = sub.add_parser("ablate", help="the paper's ablations (reduction, exploration, mtp) and "

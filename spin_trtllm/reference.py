@@ -38,6 +38,9 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   mask plus the blocks row 0 cannot see but row r can (B_0 <= j < B_r), and a row's m_t is
   then the number of those blocks it can see.
 - Warm-up: the first warmup_steps decode steps after a reset score every block.
+- Query-aware block scores (probe / hybrid / quest, spin_trtllm.replay.probe, where their
+  formulas are): decode_step(block_scores=S) ranks blocks by S instead of the V/D prediction;
+  everything else above (budget, forced blocks, exploration, MTP, the EMA update) is unchanged.
 - EMA update (deferred for MTP): for rows r = 0..a in order (mtp_update=prefix_valid; a is
   the accepted draft count, a negative a counts as 0: row 0 is always valid) or row 0 only
   (row0), for every scored slot i < n_r:
@@ -387,12 +390,24 @@ def _store(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # ---- one decode step (select -> score -> update) ----------------------------------------------
 def decode_step(state: SpinState, cfg: SpinConfig, dense_scores: torch.Tensor, n: torch.Tensor,
                 q: torch.Tensor, accepted: torch.Tensor, rho: torch.Tensor,
-                request: torch.Tensor, layer: torch.Tensor,
-                step: torch.Tensor) -> tuple[Selection, Optional[torch.Tensor]]:
+                request: torch.Tensor, layer: torch.Tensor, step: torch.Tensor,
+                block_scores: Optional[torch.Tensor] = None,
+                ) -> tuple[Selection, Optional[torch.Tensor]]:
     """Replay one step from known dense scores: predict, select, update. Returns the selection
-    and the slot-level predictions (None for A2)."""
+    and the slot-level predictions (None for A2, or when block_scores is given).
+
+    block_scores fp32 [G, R, ceil(W/b)], optional: the block scores selection ranks by, in
+    place of SPIN's V/D prediction (the query-aware predictors of spin_trtllm.replay.probe).
+    Only the ranking input changes: budget, forced blocks, exploration and the MTP rules are
+    select_blocks' as for SPIN, and the V/D update still learns from the scored slots. A0
+    selects slots from SPIN's slot predictions, so it takes no block_scores."""
     width = dense_scores.shape[-1]
-    blocks, slot_pred = predict_blocks(state, n, q, cfg, width)
+    if block_scores is None:
+        blocks, slot_pred = predict_blocks(state, n, q, cfg, width)
+    elif cfg.reduction == "A0":
+        raise SpinError("block_scores: reduction A0 ranks slots, not blocks; use A1 or A2")
+    else:
+        blocks, slot_pred = block_scores.float(), None
     sel = select_blocks(blocks, slot_pred, n, state, cfg, rho, request, layer, step)
     update_state(state, dense_scores, sel.mask, n, q, accepted, cfg, step)
     return sel, slot_pred

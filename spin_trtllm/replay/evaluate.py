@@ -13,7 +13,12 @@ Metric definitions (the README repeats them):
 - references on the same eligible rows with the same budget (the m_r selected blocks row r
   can see): random = the expected miss of m_r blocks drawn uniformly from the row's B_r
   visible blocks, 1 - m_r / B_r (the floor); oracle = the miss of the m_r blocks that hold
-  the most true top-K' slots (the best any block selection can do: the limit).
+  the most true top-K' slots (the best any block selection can do: the limit);
+- bytes (over the same rows as realized sparsity): dense = 132 B per visible slot;
+  scored = 132 B per visible slot of the blocks the row scores; predictor = 132 B per
+  summary row read (spin 0, probe/hybrid c per visible block, quest 2: probe.py);
+  probe_bytes_fraction = predictor / dense, effective_sparsity = 1 - (scored + predictor) /
+  dense (compare predictors at equal effective sparsity: at_effective interpolates).
 All target sparsities of one call replay together as a batch of independent streams.
 """
 
@@ -27,7 +32,9 @@ from tqdm import tqdm
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..reference import SpinState, decode_step
+from ..reference import SpinState, block_count, decode_step, predict_blocks
+from .probe import (BUDGETS, PREDICTORS, AdaptiveBudget, QueryProbe, hybrid_scores,
+                    require_query_data, rows_read_per_block)
 from .trace import SpinTrace
 
 
@@ -84,7 +91,9 @@ def row_pearson(pred: torch.Tensor, true: torch.Tensor, visible: torch.Tensor) -
 
 def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: float,
              rows: int, random_miss: Optional[np.ndarray] = None,
-             oracle_miss: Optional[np.ndarray] = None) -> dict[str, Any]:
+             oracle_miss: Optional[np.ndarray] = None,
+             slot_bytes: Optional[tuple[float, float, float]] = None) -> dict[str, Any]:
+    """slot_bytes: (dense, scored, predictor) slots read over the counted rows."""
     eligible = int(miss.size)
     mean = float(miss.mean()) if eligible else None
     finite_p = pearson[np.isfinite(pearson)]
@@ -94,6 +103,10 @@ def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: floa
             refs[f"{name}_mean_miss"] = float(arr.mean()) if arr.size else None
             refs[f"{name}_p99_miss"] = float(np.percentile(arr, 99, method="linear")) \
                 if arr.size else None
+    if slot_bytes is not None:
+        dense_s, scored_s, probe_s = slot_bytes
+        refs["probe_bytes_fraction"] = probe_s / dense_s if dense_s else None
+        refs["effective_sparsity"] = 1.0 - (scored_s + probe_s) / dense_s if dense_s else None
     return {
         "realized_sparsity": (1.0 - selected / total) if total else None,
         "mean_miss": mean,
@@ -109,11 +122,31 @@ def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: floa
 def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConfig] = None,
            progress: bool = False, pearson: bool = True, label: Optional[str] = None,
            keep_masks_for_layer: Optional[int] = None,
-           desc: Optional[str] = None) -> list[dict[str, Any]]:
+           desc: Optional[str] = None, predictor: str = "spin", budget: str = "uniform",
+           summaries: int = 1) -> list[dict[str, Any]]:
     """Replay SPIN at each target sparsity; one result dict per sparsity. desc: the progress
-    bar's label (default "replay TRACE")."""
+    bar's label (default "replay TRACE").
+
+    predictor: spin (V/D history), or probe / hybrid / quest (need a trace v2: q, w, keys;
+    spin_trtllm.replay.probe), which only change the block scores selection ranks by;
+    summaries: summary keys per block of probe/hybrid. budget: uniform (m from the target
+    sparsity in every layer) or adaptive (probe.AdaptiveBudget: the same total per step,
+    spread over layers)."""
     cfg = config_for_trace(trace, cfg)
     sparsities = check_sparsities(sparsities)
+    if predictor not in PREDICTORS:
+        raise SpinError(f"predictor {predictor!r}: choose one of {', '.join(PREDICTORS)}")
+    if budget not in BUDGETS:
+        raise SpinError(f"budget {budget!r}: choose one of {', '.join(BUDGETS)}")
+    require_query_data(trace, predictor)
+    budget_mode = budget
+    custom = predictor != "spin" or budget != "uniform"
+    if custom and cfg.reduction == "A0":
+        raise SpinError(f"--predictor {predictor} --budget {budget}: reduction A0 selects "
+                        f"slots from SPIN's slot predictions; use A1 or A2")
+    probe = QueryProbe(trace, predictor, cfg.block_size, summaries) \
+        if predictor != "spin" else None
+    rows_per_block = rows_read_per_block(predictor, summaries)
     S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
     G = S * L
     b, K = cfg.block_size, cfg.index_topk
@@ -136,6 +169,10 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     if masks is not None and not 0 <= keep_masks_for_layer < L:
         raise SpinError(f"layer {keep_masks_for_layer} is outside [0, {L})")
     max_blocks = -(-capacity // b)
+    adaptive = AdaptiveBudget(S, L, cfg, max_blocks) if budget == "adaptive" else None
+    dense_slots = torch.zeros(G, dtype=torch.float64)      # bytes in slots of 132 B
+    scored_slots = torch.zeros(G, dtype=torch.float64)
+    probe_slots = torch.zeros(G, dtype=torch.float64)
 
     for t in tqdm(range(T), desc=desc or f"replay {trace.name}", disable=not progress,
                   leave=False, unit="step"):
@@ -148,8 +185,24 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         step = torch.full((G,), t, dtype=torch.int64)
         acc = accepted[t].expand(G)
         dense_g = dense.repeat(S, 1, 1)
-        sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, rho, request_ids,
-                                     layer_ids, step)
+        if not custom:
+            sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, rho, request_ids,
+                                         layer_ids, step)
+        else:
+            nb_w = -(-width // b)
+            blocks = slot_pred = None
+            if predictor in ("spin", "hybrid"):
+                blocks, slot_pred = predict_blocks(state, n, q, cfg, width)
+            if probe is not None:
+                pb = probe.scores(t, trace.row_len[t], nb_w).repeat(S, 1, 1)
+                blocks = hybrid_scores(pb, blocks, block_count(n, b)) \
+                    if predictor == "hybrid" else pb
+                slot_pred = None
+            rho_t = rho
+            if adaptive is not None:
+                rho_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b), rho)
+            sel, _ = decode_step(state, cfg, dense_g, n, q, acc, rho_t, request_ids,
+                                 layer_ids, step, block_scores=blocks)
 
         # miss against the true top-K' (computed once per layer, shared by all sparsities)
         true_top = topk_mask(dense, trace.row_len[t], K)                   # [L, R, W]
@@ -176,6 +229,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
             -1, (budget - 1).clamp(min=0, max=nb - 1).unsqueeze(-1)).squeeze(-1), 0)
         oracle = 1.0 - covered.double() / k_row.clamp(min=1)
         oracle_rows.append(torch.where(eligible, oracle, torch.nan))
+        if adaptive is not None:
+            adaptive.observe(per_block[:, 0], k_row[:, 0], ~sel.dense)
         if pearson and slot_pred is not None:
             visible = torch.arange(width) < n.unsqueeze(-1)
             pr = row_pearson(slot_pred, dense_g, visible)
@@ -187,6 +242,12 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         sel_blocks += torch.where(live, seen.sum(-1).double(), 0.0)
         tot_blocks += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
         counted_rows += torch.where(live, R, 0)
+        nb_sel = sel.mask.shape[-1]
+        in_block = (n.unsqueeze(-1) - torch.arange(nb_sel) * b).clamp(0, b)   # [G, R, NB]
+        scored = (in_block * sel.mask.unsqueeze(1)).sum((-1, -2)).double()
+        dense_slots += torch.where(live, n.sum(-1).double(), 0.0)
+        scored_slots += torch.where(live, scored, 0.0)
+        probe_slots += torch.where(live, rows_per_block * sel.n_blocks.sum(-1).double(), 0.0)
         if masks is not None:
             kept = sel.mask.view(S, L, -1)[:, keep_masks_for_layer]
             masks.append(torch.nn.functional.pad(kept, (0, max_blocks - kept.shape[-1])))
@@ -199,6 +260,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     sel_sl = sel_blocks.view(S, L).numpy()
     tot_sl = tot_blocks.view(S, L).numpy()
     rows_sl = counted_rows.view(S, L).numpy()
+    bytes_sl = torch.stack([dense_slots, scored_slots, probe_slots], -1).view(S, L, 3).numpy()
     base = cfg.model_dump()
     base.pop("target_sparsity")
     results = []
@@ -209,9 +271,13 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         entry = {"trace": trace.name, "target_sparsity": rho_s}
         if label is not None:
             entry["variant"] = label
+        entry["predictor"], entry["budget"] = predictor, budget_mode
+        if predictor in ("probe", "hybrid"):
+            entry["summaries"] = summaries
         ok = np.isfinite(m)
         entry.update(_summary(m[ok], p[ok], sel_sl[s].sum(), tot_sl[s].sum(),
-                              int(rows_sl[s].sum()), rnd[ok], orc[ok]))
+                              int(rows_sl[s].sum()), rnd[ok], orc[ok],
+                              tuple(bytes_sl[s].sum(0))))
         entry["steps"], entry["layers"], entry["next_n"] = T, L, R
         entry["config"] = base
         entry["per_layer"] = []
@@ -221,12 +287,46 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
             per = {"layer": layer}
             per.update(_summary(ml[okl], pl[okl], sel_sl[s, layer], tot_sl[s, layer],
                                 int(rows_sl[s, layer]), rnd[:, layer][okl],
-                                orc[:, layer][okl]))
+                                orc[:, layer][okl], tuple(bytes_sl[s, layer])))
             entry["per_layer"].append(per)
         if masks is not None:
             entry["masks"] = torch.stack([mk[s] for mk in masks]) if masks else None
         results.append(entry)
     return results
+
+
+def at_effective(results: Sequence[dict[str, Any]],
+                 effective: Sequence[float]) -> list[dict[str, Any]]:
+    """Miss at equal effective sparsity: for each (trace, variant, predictor, budget) group of
+    results (several target sparsities), mean/p99 miss and the oracle's and random's means
+    linearly interpolated in effective_sparsity at each requested value; None outside the
+    range the group's targets covered (give targets that bracket it: e.g. effective + c/b
+    for a probe reading c rows per b-slot block)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("effective_sparsity") is None:
+            continue
+        key = (r["trace"], r.get("variant"), r.get("predictor", "spin"), r.get("budget", "uniform"))
+        groups.setdefault(key, []).append(r)
+    out = []
+    fields = ("mean_miss", "p99_miss", "oracle_mean_miss", "random_mean_miss")
+    for (trace, variant, predictor, budget), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["effective_sparsity"])
+        x = np.array([r["effective_sparsity"] for r in rs])
+        for e in effective:
+            entry: dict[str, Any] = {"trace": trace, "predictor": predictor, "budget": budget,
+                                     "effective_sparsity": float(e)}
+            if variant is not None:
+                entry["variant"] = variant
+            inside = x.size and x[0] - 1e-12 <= e <= x[-1] + 1e-12
+            for f in fields:
+                y = np.array([np.nan if r.get(f) is None else r[f] for r in rs])
+                ok = np.isfinite(y)
+                entry[f] = float(np.interp(e, x[ok], y[ok])) \
+                    if inside and ok.sum() and x[ok][0] - 1e-12 <= e <= x[ok][-1] + 1e-12 \
+                    else None
+            out.append(entry)
+    return out
 
 
 # ---- studies ----------------------------------------------------------------------------------

@@ -1,0 +1,284 @@
+"""Query-aware block predictors and the per-layer adaptive budget (issue 17, reference).
+
+SPIN ranks blocks by history (V/D, spin_trtllm.reference). The predictors here rank them with
+the current indexer query, read from a SPIN trace v2 (q [T, L, R, H, D] with the quantization
+scale folded into w [T, L, R, H], keys [L, S, D]; true slot score
+z[i] = sum_h w_h relu(q_h . k_i)). Only the block scores that go into SPIN's selection change:
+budget m, forced sink/newest blocks, exploration and the MTP union are
+reference.select_blocks', reached through reference.decode_step(block_scores=...).
+
+Block summaries (how they are kept). With c summaries per block (c in {1, 2, ...}, block
+size b divisible by c), block j has c sub-blocks of b/c slots; sub-block u covers slots
+[u b/c, (u+1) b/c). A sub-block's summary depends only on its own visible keys:
+  mean_u = mean of k_i over its visible slots i < n,
+  kmin_u[d] = min of k_i[d], kmax_u[d] = max of k_i[d] over the same slots.
+So the summaries of complete sub-blocks are built once (at prefill, and once more each time
+decode completes a sub-block) and never change; at decode only the newest, partial
+sub-block changes (it is recomputed from its < b/c visible keys, per MTP row since later rows
+see more slots). BlockSummaries keeps exactly this: a cache of complete sub-blocks plus the
+partial one recomputed per call.
+
+Formulas (row r of one layer, visible blocks j < B; -inf for blocks that are not visible):
+  probe   P[j] = max over the c sub-blocks u of block j of  sum_h w_h relu(q_h . mean_u)
+          (c = 1: the block mean key scored like a slot; c = 2: the means of the two halves)
+  quest   Q[j] = sum_h w_h relu(U_h)  if w_h >= 0,  w_h relu(L_h) if w_h < 0, with
+            U_h = sum_d max(q_hd kmin_jd, q_hd kmax_jd),  L_h = sum_d min(q_hd kmin_jd, q_hd kmax_jd)
+          (the Quest min/max bound; for w >= 0 it is sum_h w_h relu(sum_d max(...)));
+          Q[j] >= max_{i in block j, i < n} z[i]: an upper bound of the block's true max.
+  hybrid  H[j] = max(rank(P)[j], rank(S)[j]), S = SPIN's V/D block prediction, and
+            rank(X)[j] = #{visible j' : X[j'] < X[j]} / max(B - 1, 1)  in [0, 1]
+          (share of visible blocks that block j beats: the top block of either predictor
+          gets 1, blocks tied with all others get 0 so an untrained, all-zero history
+          leaves the ranking to the probe).
+
+K-cache rows the predictor reads per visible block (one row counted as one 132-byte slot):
+spin 0 (V/D state is not K cache), probe and hybrid c, quest 2 (kmin and kmax).
+
+Adaptive budget (--budget adaptive; AdaptiveBudget): per step and per target sparsity, the
+global budget M = sum over layers of the uniform m_l (row 0). Each layer first gets its
+floor f_l = max(min(B_l, ceil(K/b)), forced_l); the M - sum f_l remaining blocks go to the
+largest marginal gains g_l(k) over all layers at once, where
+  h_l(k)  = EMA (decay 0.8) over the previous non-warm-up steps of the share of layer l's
+            true top-K' (row 0) that sat in the block its predictor ranked k-th among the
+            non-forced visible blocks (ranked as selection ranks: score desc, lower id);
+  g_l(k)  = max_{k' >= k} h_l(k')  (made non-increasing: a block is worth at least what any
+            later-ranked block gives, since a layer's blocks are a prefix of its ranking).
+So g_l(k) is the expected drop of layer l's miss when it gets its k-th ranked block: a layer
+whose top-K spreads deep into its ranking gets blocks from one whose top-K sits in its first
+blocks. Ties go to the lower layer, then the lower k (stable sort): deterministic, no RNG,
+and the same on every tensor-parallel rank since every input is. Until a layer has a
+measurement every layer keeps its uniform m_l. Layer l then runs with rho_l = 1 - m_l / B_l,
+which gives it exactly m_l blocks in row 0 (later MTP rows get ceil((m_l / B_l) B_r) as
+usual). h needs dense scores after the step: a replay has them; a deployment would measure
+it on dense (warm-up or periodic audit) steps.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..config import SpinConfig
+from ..errors import SpinError
+from ..reference import NEG_INF, block_budget
+
+PREDICTORS = ("spin", "probe", "hybrid", "quest")
+BUDGETS = ("uniform", "adaptive")
+_ADAPT_DECAY = 0.8
+
+
+def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
+    """K-cache rows (one slot each) the predictor reads per visible block."""
+    return {"spin": 0, "probe": summaries, "hybrid": summaries, "quest": 2}[predictor]
+
+
+def has_query_data(trace) -> bool:
+    return all(getattr(trace, name, None) is not None for name in ("q", "w", "keys"))
+
+
+# ---- block summaries --------------------------------------------------------------------------
+class BlockSummaries:
+    """Per-sub-block mean / min / max of the visible keys of L layers (keys [L, S, D]).
+
+    The complete sub-blocks are cached; `at(n, count)` adds the partial newest one per row."""
+
+    def __init__(self, keys: torch.Tensor, sub: int):
+        if sub < 1:
+            raise SpinError(f"summary block size must be >= 1, got {sub}")
+        self.keys = keys.float()
+        self.sub = sub
+        L, S, D = self.keys.shape
+        full = (S // sub) * sub
+        blocks = self.keys[:, :full].view(L, S // sub, sub, D)
+        self.mean = blocks.mean(2)
+        self.kmin = blocks.amin(2)
+        self.kmax = blocks.amax(2)
+
+    def at(self, n: torch.Tensor, count: int) -> dict[str, torch.Tensor]:
+        """Summaries seen by rows with n visible slots (n int [L, R]) for sub-blocks 0..count-1:
+        mean, kmin, kmax float32 [L, R, count, D] and visible bool [L, R, count]."""
+        L, S, D = self.keys.shape
+        sub = self.sub
+        n = n.to(torch.int64)
+        R = n.shape[1]
+        u = torch.arange(count)
+        complete = (u + 1) * sub <= n.unsqueeze(-1)                     # [L, R, count]
+        visible = u * sub < n.unsqueeze(-1)
+        # the newest sub-block, partial (n % sub > 0): recomputed from its visible keys
+        first = (n // sub) * sub                                        # [L, R]
+        idx = first.unsqueeze(-1) + torch.arange(sub)                   # [L, R, sub]
+        seen = idx < n.unsqueeze(-1)
+        rows = self.keys.gather(1, idx.clamp(max=S - 1).view(L, R * sub, 1).expand(-1, -1, D))
+        rows = rows.view(L, R, sub, D)
+        cnt = seen.sum(-1, keepdim=True).clamp(min=1)
+        seen4 = seen.unsqueeze(-1)
+        part = {"mean": torch.where(seen4, rows, 0.0).sum(2) / cnt,
+                "kmin": torch.where(seen4, rows, torch.inf).amin(2),
+                "kmax": torch.where(seen4, rows, -torch.inf).amax(2)}
+        is_partial = (u == (n // sub).unsqueeze(-1)) & visible & ~complete
+        out = {"visible": visible}
+        for name, cached in (("mean", self.mean), ("kmin", self.kmin), ("kmax", self.kmax)):
+            have = min(cached.shape[1], count)
+            full = torch.zeros(L, count, D)
+            full[:, :have] = cached[:, :have]
+            full = full.unsqueeze(1).expand(L, R, count, D)
+            val = torch.where(is_partial.unsqueeze(-1), part[name].unsqueeze(2), full)
+            out[name] = torch.where(visible.unsqueeze(-1), val, 0.0)
+        return out
+
+
+# ---- the predictors ---------------------------------------------------------------------------
+def probe_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
+                 n_blocks: int, parts: int) -> torch.Tensor:
+    """fp32 [L, R, n_blocks]: P[j] = max_u sum_h w_h relu(q_h . mean_u) over block j's `parts`
+    sub-blocks (q [L, R, H, D], w [L, R, H]); -inf for blocks with nothing visible."""
+    s = summaries.at(n, n_blocks * parts)
+    z = torch.einsum("lrhd,lrud->lruh", q.float(), s["mean"]).relu()
+    z = (z * w.float().unsqueeze(2)).sum(-1)                            # [L, R, n_blocks*parts]
+    z = z.masked_fill(~s["visible"], NEG_INF)
+    return z.view(*z.shape[:2], n_blocks, parts).amax(-1)
+
+
+def quest_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
+                 n_blocks: int) -> torch.Tensor:
+    """fp32 [L, R, n_blocks]: the Quest bound (module docstring), >= every visible slot's
+    score in the block; -inf for blocks with nothing visible."""
+    s = summaries.at(n, n_blocks)
+    qf = q.float()
+    qp, qn = qf.clamp(min=0), qf.clamp(max=0)
+    upper = (torch.einsum("lrhd,lrud->lruh", qp, s["kmax"])
+             + torch.einsum("lrhd,lrud->lruh", qn, s["kmin"]))
+    lower = (torch.einsum("lrhd,lrud->lruh", qp, s["kmin"])
+             + torch.einsum("lrhd,lrud->lruh", qn, s["kmax"]))
+    wf = w.float().unsqueeze(2)
+    z = torch.where(wf >= 0, wf * upper.relu(), wf * lower.relu()).sum(-1)
+    return z.masked_fill(~s["visible"], NEG_INF)
+
+
+def rank_share(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., NB]: #{visible j' : x[j'] < x[j]} / max(B - 1, 1) for visible j, -inf
+    elsewhere (B = visible count)."""
+    key = torch.where(visible, x.float(), torch.inf)
+    ordered = key.sort(-1).values
+    below = torch.searchsorted(ordered.contiguous(), key.contiguous(), right=False)
+    count = visible.sum(-1, keepdim=True)
+    share = below.float() / (count - 1).clamp(min=1).float()
+    return share.masked_fill(~visible, NEG_INF)
+
+
+def hybrid_scores(probe: torch.Tensor, spin: torch.Tensor, n_blocks: torch.Tensor) -> torch.Tensor:
+    """max of the rank shares of the probe and of SPIN's block prediction (visible blocks)."""
+    visible = torch.arange(probe.shape[-1]) < n_blocks.unsqueeze(-1)
+    return torch.maximum(rank_share(probe, visible), rank_share(spin, visible))
+
+
+class QueryProbe:
+    """The query-aware block scores of one trace v2, step by step (all layers at once)."""
+
+    def __init__(self, trace, predictor: str, block_size: int, summaries: int = 1):
+        if predictor not in PREDICTORS or predictor == "spin":
+            raise SpinError(f"predictor {predictor!r}: a query-aware one is one of "
+                            f"{', '.join(PREDICTORS[1:])}")
+        require_query_data(trace, predictor)
+        if summaries < 1 or block_size % summaries:
+            raise SpinError(f"summaries per block ({summaries}) must be >= 1 and divide the "
+                            f"block size ({block_size})")
+        self.trace, self.predictor, self.b = trace, predictor, block_size
+        self.parts = 1 if predictor == "quest" else summaries
+        self.summaries = BlockSummaries(trace.keys, block_size // self.parts)
+
+    def scores(self, t: int, n: torch.Tensor, n_blocks: int) -> torch.Tensor:
+        """fp32 [L, R, n_blocks] of step t (n [L, R]): probe P or quest Q; for hybrid the probe
+        part P (merge with hybrid_scores)."""
+        q, w = self.trace.q[t], self.trace.w[t]
+        if self.predictor == "quest":
+            return quest_scores(q, w, self.summaries, n, n_blocks)
+        return probe_scores(q, w, self.summaries, n, n_blocks, self.parts)
+
+
+def require_query_data(trace, predictor: str) -> None:
+    if predictor != "spin" and not has_query_data(trace):
+        raise SpinError(f"--predictor {predictor} needs a SPIN trace v2 (tensors q, w, keys); "
+                        f"{getattr(trace, 'name', 'the trace')} has none (v1): record it with "
+                        f"`spin-trtllm trace`")
+
+
+# ---- adaptive per-layer budget ----------------------------------------------------------------
+class AdaptiveBudget:
+    """Per-layer block budgets under one global budget per step (module docstring).
+
+    Streams are G = groups x layers (one group per target sparsity, layer-minor, as replay
+    lays them out); each group shares one budget."""
+
+    def __init__(self, groups: int, layers: int, cfg: SpinConfig, capacity_blocks: int):
+        self.S, self.L, self.cfg = groups, layers, cfg
+        self.hit = torch.full((groups * layers, capacity_blocks), float("nan"),
+                              dtype=torch.float64)
+        self.order: Optional[torch.Tensor] = None     # last allocation's candidate ranking
+
+    def _candidates(self, n_blocks: torch.Tensor, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        j = torch.arange(nb)
+        valid = j < n_blocks.unsqueeze(-1)
+        forced = torch.zeros_like(valid)
+        if cfg.keep_sink:
+            forced |= (j == 0) & valid
+        if cfg.keep_newest:
+            forced |= j == (n_blocks - 1).unsqueeze(-1)
+        return valid & ~forced, forced.sum(-1)
+
+    def allocate(self, block_scores: torch.Tensor, n_blocks: torch.Tensor,
+                 rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rho float64 [G] per stream, m int64 [G] row-0 blocks) from row 0's predicted block
+        scores [G, R, NB], its block count n_blocks [G] and the uniform target rho [G]."""
+        cfg = self.cfg
+        NB = block_scores.shape[-1]
+        B = n_blocks.to(torch.int64)
+        cand, n_forced = self._candidates(B, NB)
+        uniform = torch.maximum(block_budget(B, rho, cfg), n_forced)
+        floor = torch.maximum(torch.minimum(B, torch.full_like(B, cfg.min_blocks)), n_forced)
+        key = block_scores[:, 0].float().nan_to_num(nan=NEG_INF).masked_fill(~cand, NEG_INF)
+        # candidates first (selection's order: score desc, lower id), then the rest
+        order = torch.sort(torch.where(cand, 1, 0), dim=-1, descending=True, stable=True).indices
+        order = order.gather(-1, torch.sort(key.gather(-1, order), dim=-1, descending=True,
+                                            stable=True).indices)
+        self.order = torch.where(cand.gather(-1, order), order, -1)
+        m = uniform.clone()
+        width = min(NB, self.hit.shape[1])
+        h = torch.zeros(B.shape[0], NB, dtype=torch.float64)
+        h[:, :width] = self.hit[:, :width].nan_to_num(nan=0.0)
+        gain = h.flip(-1).cummax(-1).values.flip(-1)                      # non-increasing
+        k = torch.arange(NB)
+        n_cand = cand.sum(-1, keepdim=True)
+        gain = torch.where((k >= (floor - n_forced).unsqueeze(-1)) & (k < n_cand), gain, -torch.inf)
+        known = torch.isfinite(self.hit[:, 0])
+        for g in range(self.S):
+            sl = slice(g * self.L, (g + 1) * self.L)
+            if not bool(known[sl].all()):
+                continue                                                  # uniform until measured
+            extra = int(uniform[sl].sum() - floor[sl].sum())
+            flat = gain[sl].flatten()                                     # layer-major
+            top = flat.sort(descending=True, stable=True).indices[:max(extra, 0)]
+            top = top[torch.isfinite(flat[top])]
+            m[sl] = floor[sl] + torch.bincount(top // NB, minlength=self.L)
+        rho_out = 1.0 - m.double() / B.clamp(min=1).double()
+        return rho_out.clamp(min=0.0), m
+
+    def observe(self, top_per_block: torch.Tensor, k_row: torch.Tensor,
+                measured: torch.Tensor) -> None:
+        """Fold the step's true top-K' counts per block of row 0 (int [G, NB]), K' (int [G])
+        into h for the streams in `measured` (bool [G]: non-warm-up), by the ranking of the
+        last allocation."""
+        if self.order is None:
+            return
+        order = self.order
+        width = min(order.shape[-1], self.hit.shape[1])
+        share = top_per_block.double().gather(-1, order.clamp(min=0)) \
+            / k_row.clamp(min=1).double().unsqueeze(-1)
+        share = torch.where(order >= 0, share, 0.0)[:, :width]
+        old = self.hit[:, :width]
+        new = torch.where(torch.isfinite(old), _ADAPT_DECAY * old + (1 - _ADAPT_DECAY) * share,
+                          share)
+        self.hit[:, :width] = torch.where(measured.unsqueeze(-1), new, old)
+        self.order = None
