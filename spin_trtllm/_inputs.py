@@ -34,6 +34,8 @@ CONFIG_MAX_BYTES = 256 << 10         # SpinConfig / LLM-API options YAML (pure-P
 PROMPT_MAX_BYTES = 16 << 20          # trace --prompt-file (at most 1 Mi prompt bytes are used)
 CHECKPOINT_MAX_BYTES = 4 << 30       # dsa-lite checkpoints (the shipped one is 8.8 MB)
 TRACE_MAX_BYTES = 32 << 30           # SPIN trace v1 files (loaded whole into memory)
+TRACE_V2_MAX_BYTES = 64 << 30        # v2 (+ q, w, keys): q is 2*H*D bytes a row, as many as
+                                     # 8,192 fp16 scores for V4's 64x128 indexer
 YAML_MAX_DEPTH = 32                  # nested mappings/sequences (SpinConfig needs 3)
 YAML_MAX_NUMBER_CHARS = 100          # characters of one YAML int/float scalar
 

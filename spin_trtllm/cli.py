@@ -240,7 +240,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .replay.trace import SpinTrace
+    from .replay.trace import SCORE_TOLERANCE, SpinTrace
 
     for path in args.traces:
         t = SpinTrace.load(path)
@@ -249,6 +249,11 @@ def cmd_info(args: argparse.Namespace) -> int:
               f"slots {int(t.row_len.min())}..{t.max_slots}, turns {len(t.turn_starts())}, "
               f"scores {str(t.scores.dtype).split('.')[-1]} x {t.scores.numel()}")
         print("  metadata: " + ", ".join(f"{k}={one_line(v, 200)}" for k, v in meta.items()))
+        if t.q is not None:      # v2: the scores must follow from q, w and keys
+            err = t.check_scores()
+            print(f"  v2: {t.num_heads} heads x {t.head_dim} dims, keys of {t.keys.shape[1]} "
+                  f"slots; scores = sum_h w relu(q . keys): max error {err:.2e} of the row's "
+                  f"max |score| (tolerance {SCORE_TOLERANCE:g})")
     return 0
 
 
@@ -370,7 +375,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     trace = engine.trace(0)
     trace.name = Path(args.out).name
     trace.save(args.out)
-    print(f"wrote {args.out}: {trace.num_steps} steps, {trace.num_layers} indexer layers, "
+    print(f"wrote {args.out} (trace v{trace.version}): {trace.num_steps} steps, "
+          f"{trace.num_layers} indexer layers, "
           f"next_n {trace.next_n}, {trace.max_slots} slots, compress_ratio "
           f"{trace.compress_ratio} ({'teacher-forced' if forced else 'sampled'})")
     return 0
@@ -508,8 +514,9 @@ def _add_checkpoint(p: argparse.ArgumentParser, help: str) -> None:
 
 def _add_traces(p: argparse.ArgumentParser) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=f"SPIN trace v1 files (regular files, at most "
-                        f"{_inputs.size_text(_inputs.TRACE_MAX_BYTES)} each)")
+                   help=f"SPIN trace v1/v2 files (regular files, at most "
+                        f"{_inputs.size_text(_inputs.TRACE_MAX_BYTES)} each for v1, "
+                        f"{_inputs.size_text(_inputs.TRACE_V2_MAX_BYTES)} for v2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -574,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_synth, spec_=p)
 
-    p = sub.add_parser("info", help="validate traces and print their shape and metadata")
+    p = sub.add_parser("info", help="validate traces and print their shape and metadata "
+                                    "(v2: and check the scores against q, w and keys)")
     _add_traces(p)
     p.set_defaults(func=cmd_info, spec_=p)
 
@@ -595,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-miss", action="store_true",
                    help="run a shadow dense indexer and report SPIN's miss rate")
     _rule(p.add_argument("--dump-trace", metavar="FILE",
-                         help="write SPIN trace v1 of request 0"), "out")
+                         help="write SPIN trace v2 of request 0"), "out")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="GPU: replay captured decode steps (no indexer time split)")
     p.add_argument("--logits-backend", default="native", choices=["native", "deepgemm", "reference"],
@@ -635,8 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     _rule(p.add_argument("--json", help="write the training report here"), "out")
     p.set_defaults(func=cmd_train_tiny, spec_=p)
 
-    p = sub.add_parser("trace", help="dump SPIN trace v1 (dense indexer scores) from a dsa-lite "
-                                     "checkpoint decoding a prompt")
+    p = sub.add_parser("trace", help="dump SPIN trace v2 (dense indexer scores, q, w, keys) "
+                                     "from a dsa-lite checkpoint decoding a prompt")
     _rule(p.add_argument("out", metavar="OUT.safetensors"), "out")
     _add_checkpoint(p, "default: the shipped stdlib model of --ratio")
     p.add_argument("--ratio", type=int, choices=[1, 4],

@@ -46,7 +46,7 @@ def _good(tmp_path):
 
 @pytest.mark.parametrize("mutate,message", [
     (lambda t, m: m.update(format="other"), "format"),
-    (lambda t, m: m.update(version="2"), "version"),
+    (lambda t, m: m.update(version="3"), "version"),
     (lambda t, m: m.pop("index_topk"), "missing metadata"),
     (lambda t, m: m.update(block_size="sixty"), "block_size must be an integer"),
     (lambda t, m: m.update(index_topk="0"), "index_topk must be a positive"),

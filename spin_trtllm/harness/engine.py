@@ -199,7 +199,8 @@ class _Observed:
                  context_lens: torch.Tensor):
         self.e, self.batch, self.stats = engine, batch, stats
         self.visible_blocks = (context_lens.long() + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
-        self.trace_rows: dict[int, torch.Tensor] = {}
+        # (request id, layer) -> dense scores [R, width], q [R, H, D] and w [R, H] of its rows
+        self.trace_rows: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
         e, R = self.e, self.e.cfg.next_n
@@ -207,8 +208,14 @@ class _Observed:
                         "shadow_seconds").long()
         for i, live in enumerate(self.batch):
             if live.rid in e.trace_requests:
-                self.trace_rows[(live.rid, layer)] = \
-                    e.shadow.step_logits[i * R:(i + 1) * R, :e.shadow.m_cap * ref.PAGE_SLOTS].float().cpu()
+                rows = slice(i * R, (i + 1) * R)
+                # copies: the shadow's logits buffer is reused by the next layer (on the CPU
+                # .float().cpu() would alias it). q: the fp8 values (exact in float16); their
+                # scale is already in the weights
+                self.trace_rows[(live.rid, layer)] = (
+                    e.shadow.step_logits[rows, :e.shadow.m_cap * ref.PAGE_SLOTS].to(
+                        "cpu", torch.float32, copy=True),
+                    q[rows].float().to(torch.float16).cpu(), weights[rows].float().cpu())
         top = e._timed_layer(layer, q, weights, kv_cache, self.stats)
         if isinstance(e.indexer, SpinIndexer):
             B = len(self.batch)
@@ -321,7 +328,9 @@ class Engine:
         self.history: list[StepStats] = []
         self.prefill_seconds = 0.0
         self._traces: dict[int, dict[str, list]] = {
-            rid: {"scores": [], "row_len": [], "query_pos": [], "accepted": [], "turn_start": []}
+            rid: {"scores": [], "row_len": [], "query_pos": [], "accepted": [], "turn_start": [],
+                  "q": [], "w": [], "keys": [torch.zeros(0, ref.KEY_BYTES, dtype=torch.float16)
+                                             for _ in range(L)], "final": [0]}
             for rid in self.trace_requests}
 
     # ---- requests --------------------------------------------------------------------------
@@ -770,16 +779,41 @@ class Engine:
         t = self._traces[rid]
         L = len(self.cfg.csa_layers)
         for layer in range(L):
-            rows = observed.trace_rows[(rid, layer)]
+            rows, q, w = observed.trace_rows[(rid, layer)]
             for j in range(ctx.shape[0]):
                 t["scores"].append(rows[j, :int(ctx[j])].clone())
+            t["q"].append(q)
+            t["w"].append(w)
         t["row_len"].append(ctx.view(1, -1).expand(L, -1).clone())
         t["query_pos"].append(qpos.clone())
         t["accepted"].append(accepted)
+        live = next(x for x in observed.batch if x.rid == rid)
+        self._record_trace_keys(t, live.slot, int(ctx.max()), int(ctx[accepted]))
+
+    def _record_trace_keys(self, t: dict, cache_slot: int, seen: int, committed: int) -> None:
+        """Dequantized keys (fp8 x scale, as float16) of the request's slots from the first one
+        that may have changed since the last recorded step up to `seen`. Slots below
+        `committed` (complete groups of accepted tokens) never change again; those above it
+        were written by rejected draft rows, and the next step or turn rewrites them, so they
+        are read again then. The pages are read now: a finished request gives them back."""
+        first = t["final"][0] // ref.PAGE_SLOTS
+        pages = self.caches.block_table[cache_slot, first:-(-seen // ref.PAGE_SLOTS)].long()
+        lo = first * ref.PAGE_SLOTS
+        for ci, buf in enumerate(t["keys"]):
+            keys = ref.dequantize_pages(self.caches.index[ci][pages]).reshape(-1, ref.KEY_BYTES)
+            if buf.shape[0] < seen:
+                grown = torch.zeros(max(seen, 2 * buf.shape[0]), ref.KEY_BYTES,
+                                    dtype=torch.float16)
+                grown[:buf.shape[0]] = buf
+                t["keys"][ci] = buf = grown
+            buf[lo:seen] = keys[:seen - lo].to(torch.float16).cpu()
+        t["final"][0] = max(t["final"][0], committed)
 
     def trace(self, request_id: Optional[int] = None) -> SpinTrace:
-        """SPIN trace v1 of a traced request's decode steps (dense shadow scores); the only
-        traced request when request_id is None."""
+        """SPIN trace v2 of a traced request's decode steps: the dense shadow scores, the
+        indexer's q (fp8 values) and w (its scales folded in) of every row, and the keys of
+        every slot (dequantized from the indexer K cache as the request left it, or as it was
+        when the request finished); the only traced request when request_id is None."""
         if request_id is None:
             if len(self._traces) != 1:
                 raise SpinError(f"trace(): say which of the traced requests "
@@ -791,15 +825,20 @@ class Engine:
         if not t["row_len"]:
             raise SpinError(f"no trace recorded for request {request_id}: it never decoded "
                             f"past its first indexer slot")
-        T = len(t["row_len"])
+        T, L = len(t["row_len"]), len(self.cfg.csa_layers)
         starts = sorted({s for s in t["turn_start"] if s < T})
-        return SpinTrace(scores=torch.cat(t["scores"]).float(),
-                         row_len=torch.stack(t["row_len"]).to(torch.int32),
+        row_len = torch.stack(t["row_len"]).to(torch.int32)
+        q = torch.stack(t["q"])                                       # [T * L, R, H, D]
+        S = int(row_len.max())
+        return SpinTrace(scores=torch.cat(t["scores"]).float(), row_len=row_len,
                          query_pos=torch.stack(t["query_pos"]).to(torch.int32),
                          index_topk=self.cfg.index_topk, block_size=ref.PAGE_SLOTS,
                          turn_start=torch.tensor(starts, dtype=torch.int32) if starts else None,
                          accepted=torch.tensor(t["accepted"], dtype=torch.int32),
-                         compress_ratio=self.cfg.index_ratio, source="dsa-lite").validate()
+                         compress_ratio=self.cfg.index_ratio, source="dsa-lite",
+                         q=q.view(T, L, *q.shape[1:]),
+                         w=torch.stack(t["w"]).view(T, L, *t["w"][0].shape),
+                         keys=torch.stack([k[:S] for k in t["keys"]])).validate()
 
 
 class _TimedIndexer:

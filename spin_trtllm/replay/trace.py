@@ -1,12 +1,22 @@
-"""SPIN trace v1: dense indexer scores of a decode run, the interchange format of replay.
+"""SPIN trace v1/v2: dense indexer scores of a decode run, the interchange format of replay.
 
-A safetensors file. Metadata (strings): format=spin-trace, version=1, index_topk,
+A safetensors file. Metadata (strings): format=spin-trace, version=1 or 2, index_topk,
 block_size, next_n, optional compress_ratio and source. Tensors:
   scores     float16/float32 [sum(row_len)]  packed in (step, layer, row, slot) order
   row_len    int32 [T, L, R]                 visible slots of each row
   query_pos  int32 [T, R]                    query position in slot coordinates
   turn_start int32 [n]   optional            steps that begin a turn (step 0 always does)
   accepted   int32 [T]   optional, required when R > 1: accepted draft rows per step
+Version 2 adds, all three or none (version=2 is written when they are present):
+  q          float16 [T, L, R, H, D]         the indexer queries (their fp8 values; the
+                                             quantization scale is folded into w)
+  w          float32 [T, L, R, H]            the head weights, every scale folded in
+  keys       float16 [L, S, D]               the dequantized indexer key of slot s (fp8 value x
+                                             its fp32 scale), S >= every row's length
+so that scores[t, l, r, s] = sum_h w[t, l, r, h] * relu(q[t, l, r, h] . keys[l, s]) on the
+checked slots (check_scores: every visible slot of committed rows; a rejected MTP draft row
+only on the slots its step's accepted row sees, the later ones held draft keys that the next
+step overwrote).
 """
 
 from __future__ import annotations
@@ -17,14 +27,20 @@ from typing import Optional
 
 import torch
 
-from .._inputs import TRACE_MAX_BYTES, check_input_file, one_line, shown
+from .._inputs import (TRACE_MAX_BYTES, TRACE_V2_MAX_BYTES, check_input_file, one_line,
+                       shown, size_text)
 from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK
 from ..errors import TraceError
 
 FORMAT = "spin-trace"
-VERSION = 1
+VERSION = 2                      # written when q, w and keys are present, else 1
+VERSIONS = ("1", "2")
 REQUIRED_TENSORS = ("scores", "row_len", "query_pos")
 OPTIONAL_TENSORS = ("turn_start", "accepted")
+V2_TENSORS = ("q", "w", "keys")  # version 2: all three or none
+MAX_BYTES = {"1": TRACE_MAX_BYTES, "2": TRACE_V2_MAX_BYTES}
+# check_scores: |stored - recomputed| over the row's max |score| (fp16 q and keys)
+SCORE_TOLERANCE = 2e-2
 REQUIRED_META = ("format", "version", "index_topk", "block_size", "next_n")
 OPTIONAL_META = ("compress_ratio", "source")
 # Integer metadata: decimal digits only (no sign, '_' or spaces; at most 19), and these bounds.
@@ -43,6 +59,9 @@ class SpinTrace:
     accepted: Optional[torch.Tensor] = None
     compress_ratio: Optional[int] = None
     source: Optional[str] = None
+    q: Optional[torch.Tensor] = None
+    w: Optional[torch.Tensor] = None
+    keys: Optional[torch.Tensor] = None
     name: str = "<memory>"
     _offsets: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
 
@@ -62,6 +81,19 @@ class SpinTrace:
     @property
     def max_slots(self) -> int:
         return int(self.row_len.max()) if self.row_len.numel() else 0
+
+    @property
+    def version(self) -> int:
+        """2 when the trace carries q, w and keys, else 1."""
+        return 2 if self.q is not None else 1
+
+    @property
+    def num_heads(self) -> Optional[int]:
+        return int(self.q.shape[3]) if self.q is not None else None
+
+    @property
+    def head_dim(self) -> Optional[int]:
+        return int(self.q.shape[4]) if self.q is not None else None
 
     def turn_starts(self) -> set[int]:
         starts = {0}
@@ -168,11 +200,114 @@ class SpinTrace:
             if bool(((acc < 0) | (acc > R - 1)).any()):
                 t = int(((acc < 0) | (acc > R - 1)).nonzero()[0])
                 fail(f"accepted[{t}] = {int(acc[t])} is outside [0, next_n - 1 = {R - 1}]")
+        self._validate_v2(fail)
         return self
+
+    def _validate_v2(self, fail) -> None:
+        """q, w and keys (version 2): all or none, dtypes, shapes against T, L, R, finite."""
+        given = {n: getattr(self, n) for n in V2_TENSORS}
+        present = [n for n, v in given.items() if v is not None]
+        if not present:
+            return
+        if len(present) < len(V2_TENSORS):
+            missing = [n for n in V2_TENSORS if n not in present]
+            fail(f"tensor '{missing[0]}' is missing: q, w and keys come together "
+                 f"(found {present})")
+        T, L, R = self.row_len.shape
+        for name, dtype, ndim, dims in (("q", torch.float16, 5, "[T, L, R, H, D]"),
+                                        ("w", torch.float32, 4, "[T, L, R, H]"),
+                                        ("keys", torch.float16, 3, "[L, S, D]")):
+            tensor = given[name]
+            if not isinstance(tensor, torch.Tensor):
+                fail(f"tensor '{name}' must be a tensor, got {type(tensor).__name__}")
+            if tensor.dtype != dtype or tensor.dim() != ndim:
+                fail(f"tensor '{name}' must be {str(dtype).split('.')[-1]} {dims}, got "
+                     f"{str(tensor.dtype).split('.')[-1]} {list(tensor.shape)}")
+        q, w, keys = self.q, self.w, self.keys
+        H, D = int(q.shape[3]), int(q.shape[4])
+        if tuple(q.shape[:3]) != (T, L, R) or H < 1 or D < 1:
+            fail(f"tensor 'q' shape {list(q.shape)} must be [T, L, R, H>=1, D>=1] with "
+                 f"[T, L, R] = {[T, L, R]} (row_len)")
+        if tuple(w.shape) != (T, L, R, H):
+            fail(f"tensor 'w' shape {list(w.shape)} must be [T, L, R, H] = {[T, L, R, H]}")
+        if keys.shape[0] != L or keys.shape[2] != D:
+            fail(f"tensor 'keys' shape {list(keys.shape)} must be [L, S, D] with L = {L}, "
+                 f"D = {D} (q)")
+        if keys.shape[1] < self.max_slots:
+            fail(f"tensor 'keys' has {keys.shape[1]} slots but rows see up to "
+                 f"{self.max_slots} (need S >= max row_len)")
+        for name in V2_TENSORS:
+            tensor = given[name]
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                at = (~finite).nonzero()[0].tolist()
+                fail(f"tensor '{name}'{at} = {float(tensor[tuple(at)])} is not finite")
+
+    # ---- the v2 identity ----------------------------------------------------------------------
+    def check_scores(self, max_rows: Optional[int] = 256,
+                     tol: Optional[float] = SCORE_TOLERANCE) -> float:
+        """Recompute scores from q, w and keys and compare:
+        scores[t, l, r, s] = sum_h w[t, l, r, h] * relu(q[t, l, r, h, :] . keys[l, s, :]).
+
+        Rows checked: all of them, or `max_rows` spread evenly over (step, layer, row) order.
+        Slots checked: every visible slot of a committed row (r <= accepted[t]); a rejected
+        MTP draft row only on the slots its step's accepted row sees (its later slots held
+        draft keys that the next step overwrote, so `keys` has other values there). The error
+        of a row is max |stored - recomputed| over max(|stored|, |recomputed|) of the row's
+        checked slots (0 for an all-zero row). Returns the largest error; raises TraceError
+        naming the worst row and slot when it is over `tol` (None: never)."""
+        where = f"trace {one_line(self.name, 300)}"
+        if self.q is None:
+            raise TraceError(f"{where}: no q, w and keys to check the scores against "
+                             f"(version 1)")
+        T, L, R = self.row_len.shape
+        lens = self.row_len.to(torch.int64)
+        if R > 1:                                # rejected rows: only the committed slots
+            acc = self.accepted_or_zero().to(torch.int64).view(T, 1, 1).expand(T, L, 1)
+            committed = lens.gather(2, acc)
+            rejected = torch.arange(R).view(1, 1, R) > acc
+            lens = torch.where(rejected, torch.minimum(lens, committed), lens)
+        flat_len = self.row_len.to(torch.int64).flatten()
+        row_start = flat_len.cumsum(0) - flat_len
+        rows = T * L * R
+        if max_rows is not None and rows > max_rows:
+            picks = torch.linspace(0, rows - 1, max(max_rows, 1)).round().to(torch.int64)
+            picks = picks.unique().tolist()
+        else:
+            picks = range(rows)
+        worst = (0.0, 0, 0, 0.0, 0.0)           # error, row, slot, stored, recomputed
+        chunk = 1 << 15
+        for i in picks:
+            t, rest = divmod(i, L * R)
+            l, r = divmod(rest, R)
+            n = int(lens[t, l, r])
+            start = int(row_start[i])
+            q = self.q[t, l, r].float()                      # [H, D]
+            w = self.w[t, l, r].float()                      # [H]
+            got = torch.cat([torch.relu(self.keys[l, s:min(s + chunk, n)].float() @ q.T) @ w
+                             for s in range(0, n, chunk)])
+            stored = self.scores[start:start + n].float()
+            scale = float(torch.maximum(stored.abs().max(), got.abs().max()))
+            if scale == 0.0:
+                continue
+            diff = (stored - got).abs()
+            s = int(diff.argmax())
+            err = float(diff[s]) / scale
+            if err > worst[0]:
+                worst = (err, i, s, float(stored[s]), float(got[s]))
+        err, i, s, stored, got = worst
+        if tol is not None and err > tol:
+            t, rest = divmod(i, L * R)
+            l, r = divmod(rest, R)
+            raise TraceError(f"{where}: scores do not match sum_h w * relu(q . keys): step {t}, "
+                             f"layer {l}, row {r}, slot {s}: stored {stored:.6g}, from q/w/keys "
+                             f"{got:.6g} (error {err:.3g} of the row's max |score|, tolerance "
+                             f"{tol:g})")
+        return err
 
     # ---- file I/O ---------------------------------------------------------------------------
     def metadata(self) -> dict[str, str]:
-        meta = {"format": FORMAT, "version": str(VERSION), "index_topk": str(self.index_topk),
+        meta = {"format": FORMAT, "version": str(self.version), "index_topk": str(self.index_topk),
                 "block_size": str(self.block_size), "next_n": str(self.next_n)}
         if self.compress_ratio is not None:
             meta["compress_ratio"] = str(self.compress_ratio)
@@ -190,6 +325,9 @@ class SpinTrace:
             tensors["turn_start"] = self.turn_start.contiguous()
         if self.accepted is not None:
             tensors["accepted"] = self.accepted.contiguous()
+        if self.q is not None:
+            tensors.update(q=self.q.contiguous(), w=self.w.contiguous(),
+                           keys=self.keys.contiguous())
         path = Path(path)
         if not path.parent.is_dir():
             raise TraceError(f"trace {path}: cannot write (no directory {path.parent})")
@@ -205,22 +343,31 @@ class SpinTrace:
         from safetensors import safe_open
 
         where = f"trace {one_line(path, 300)}".rstrip()
-        path = check_input_file(path, where, TRACE_MAX_BYTES, TraceError)  # '' is not '.'
+        # the larger (v2) limit first; a v1 file is held to its own once its version is read
+        path = check_input_file(path, where, max(MAX_BYTES.values()), TraceError)  # '' is not '.'
 
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                names = set(f.keys())
-                tensors = {k: f.get_tensor(k) for k in names}
-        except Exception as err:  # safetensors raises its own types for truncated/garbage files
-            raise TraceError(f"{where}: not a readable safetensors file "
-                             f"({one_line(' '.join(str(err).split()), 200)})") from None
+        def read(load_tensors: bool):
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    if load_tensors:
+                        return {k: f.get_tensor(k) for k in f.keys()}
+                    return f.metadata() or {}, set(f.keys())
+            except Exception as err:  # safetensors' own types for truncated/garbage files
+                raise TraceError(f"{where}: not a readable safetensors file "
+                                 f"({one_line(' '.join(str(err).split()), 200)})") from None
+
+        meta, names = read(False)
         if meta.get("format") != FORMAT:
             raise TraceError(f"{where}: metadata format must be '{FORMAT}', "
                              f"got {shown(meta.get('format'))}")
-        if meta.get("version") != str(VERSION):
-            raise TraceError(f"{where}: unsupported version {shown(meta.get('version'))} "
-                             f"(this reader handles version {VERSION})")
+        version = meta.get("version")
+        if version not in VERSIONS:
+            raise TraceError(f"{where}: unsupported version {shown(version)} "
+                             f"(this reader handles versions {', '.join(VERSIONS)})")
+        size = path.stat().st_size
+        if size > MAX_BYTES[version]:
+            raise TraceError(f"{where}: cannot read ({size:,} bytes, over the limit of "
+                             f"{size_text(MAX_BYTES[version])} for version {version})")
         unknown_meta = sorted(set(meta) - set(REQUIRED_META) - set(OPTIONAL_META))
         if unknown_meta:
             raise TraceError(f"{where}: unknown metadata keys {shown(unknown_meta, 200)}")
@@ -231,10 +378,13 @@ class SpinTrace:
         if missing:
             raise TraceError(f"{where}: missing tensors {missing} "
                              f"(found {shown(sorted(names), 200)})")
-        unknown = sorted(names - set(REQUIRED_TENSORS) - set(OPTIONAL_TENSORS))
+        allowed = REQUIRED_TENSORS + OPTIONAL_TENSORS + (V2_TENSORS if version == "2" else ())
+        unknown = sorted(names - set(allowed))
         if unknown:
+            later = " (q, w and keys need version 2)" if set(unknown) & set(V2_TENSORS) else ""
             raise TraceError(f"{where}: unknown tensors {shown(unknown, 200)} "
-                             f"(allowed: {list(REQUIRED_TENSORS + OPTIONAL_TENSORS)})")
+                             f"(allowed in version {version}: {list(allowed)}){later}")
+        tensors = read(True)
 
         def meta_int(key: str) -> Optional[int]:
             if key not in meta:
@@ -249,7 +399,8 @@ class SpinTrace:
                     query_pos=tensors["query_pos"], index_topk=meta_int("index_topk"),
                     block_size=meta_int("block_size"), turn_start=tensors.get("turn_start"),
                     accepted=tensors.get("accepted"), compress_ratio=meta_int("compress_ratio"),
-                    source=meta.get("source"), name=str(path))
+                    source=meta.get("source"), q=tensors.get("q"), w=tensors.get("w"),
+                    keys=tensors.get("keys"), name=str(path))
         if trace.row_len.dim() == 3 and meta_int("next_n") != trace.next_n:
             raise TraceError(f"{where}: metadata next_n = {shown(meta['next_n'])} but row_len has "
                              f"{trace.next_n} rows per step")
