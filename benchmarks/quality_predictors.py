@@ -1,0 +1,93 @@
+"""Issue 17: block predictors compared at equal effective sparsity on SPIN trace v2 files.
+
+    python benchmarks/quality_predictors.py TRACE.safetensors... --json OUT [--markdown OUT]
+
+For each trace and predictor configuration (spin / probe / probe with 2 summaries / hybrid /
+quest, uniform or adaptive per-layer budget) replay runs a grid of target sparsities; miss is
+then interpolated at effective sparsities 0.3 / 0.5 / 0.7 (effective = 1 - (bytes of scored
+blocks + bytes the predictor read) / dense bytes: spin_trtllm.replay.evaluate.at_effective).
+The table gives the mean over traces of each trace's mean miss and of each trace's p99 miss;
+the oracle and random rows are the references at SPIN's own budgets (they read nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from spin_trtllm.replay.evaluate import at_effective, replay
+from spin_trtllm.replay.trace import SpinTrace
+
+CONFIGS = [  # (label, predictor, budget, summaries)
+    ("spin", "spin", "uniform", 1),
+    ("spin + adaptive", "spin", "adaptive", 1),
+    ("probe", "probe", "uniform", 1),
+    ("probe + adaptive", "probe", "adaptive", 1),
+    ("probe, 2 summaries", "probe", "uniform", 2),
+    ("hybrid", "hybrid", "uniform", 1),
+    ("hybrid + adaptive", "hybrid", "adaptive", 1),
+    ("quest", "quest", "uniform", 1),
+]
+TARGETS = [round(0.15 + 0.05 * i, 2) for i in range(15)]        # 0.15 .. 0.85
+EFFECTIVE = [0.3, 0.5, 0.7]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--markdown")
+    args = ap.parse_args(argv)
+    traces = [SpinTrace.load(p) for p in args.traces]
+    rows = []
+    for label, predictor, budget, summaries in CONFIGS:
+        per_trace = []
+        for trace in traces:
+            res = replay(trace, TARGETS, predictor=predictor, budget=budget,
+                         summaries=summaries, pearson=False)
+            per_trace.append(at_effective(res, EFFECTIVE))
+        for i, e in enumerate(EFFECTIVE):
+            vals = [pt[i] for pt in per_trace]
+            row = {"config": label, "predictor": predictor, "budget": budget,
+                   "summaries": summaries, "effective_sparsity": e, "traces": len(vals)}
+            for f in ("mean_miss", "p99_miss", "oracle_mean_miss", "random_mean_miss"):
+                got = [v[f] for v in vals if v.get(f) is not None]
+                row[f] = float(np.mean(got)) if len(got) == len(vals) else None
+            rows.append(row)
+            print(f"{label:>20} @ {e:.1f}: mean {row['mean_miss']}, p99 {row['p99_miss']}",
+                  flush=True)
+    with open(args.json, "w") as f:
+        json.dump({"traces": [t.name for t in traces], "targets": TARGETS, "rows": rows}, f,
+                  indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(rows))
+    return 0
+
+
+def pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def markdown(rows) -> str:
+    head = "| predictor | " + " | ".join(f"effective {e}: mean / p99 miss" for e in EFFECTIVE)
+    out = [head + " |", "|---" * (1 + len(EFFECTIVE)) + "|"]
+    for label, *_ in CONFIGS:
+        cells = [f"{pct(r['mean_miss'])} / {pct(r['p99_miss'])}"
+                 for e in EFFECTIVE for r in rows if r["config"] == label
+                 and r["effective_sparsity"] == e]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    ref = [r for r in rows if r["config"] == "spin"]
+    out.append("| oracle (SPIN's budget) | " + " | ".join(
+        f"{pct(r['oracle_mean_miss'])}" for r in ref) + " |")
+    out.append("| random (SPIN's budget) | " + " | ".join(
+        f"{pct(r['random_mean_miss'])}" for r in ref) + " |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
