@@ -17,6 +17,9 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
               positions (one seq_lens entry per row, next_n=1, so the lengths are exact); on
               sm_90 only "radix_cutlass" exists (CuTe-DSL "radix"/"gvr" are Blackwell+)
+  via_fi:     ops.topk with SPIN_TOPK=flashinfer: fi_varlen over counts*64 columns, then
+              spin.remap and the ascending ordering (what spin.topk runs where flashinfer is
+              installed and the rows are large)
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)
@@ -201,7 +204,8 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
         "torch.topk", lambda i: torch.topk(zs[i], k, dim=-1), args.iters, sets, errors)
     torch_vals = torch.topk(zs[0], k, dim=-1).values
     fi_pos = None
-    row.update(fi_varlen_us=None, fi_varlen_mode=None, fi_ragged_us=None, fi_ragged_mode=None,
+    row.update(fi_varlen_us=None, fi_varlen_mode=None, via_fi_us=None, via_fi_mode=None,
+               fi_ragged_us=None, fi_ragged_mode=None,
                fi_ragged_algo=None)
     if fi is not None:
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
@@ -212,6 +216,16 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
 
         row["fi_varlen_us"], row["fi_varlen_mode"] = timed(
             "flashinfer.top_k_varlen", fi_varlen, args.iters, sets, errors)
+
+        def via_flashinfer(i):   # spin.topk's flashinfer path: remap and ordering included
+            os.environ["SPIN_TOPK"] = "flashinfer"
+            try:
+                ops.topk(zs[i], ids, cnt, next_n, k, top)
+            finally:
+                os.environ["SPIN_TOPK"] = "spin"
+
+        row["via_fi_us"], row["via_fi_mode"] = timed(
+            "spin.topk via flashinfer", via_flashinfer, args.iters, sets, errors)
         if row["fi_varlen_us"] is not None:
             try:
                 fi_pos = fi.top_k_varlen(zs[0], lens, k, backend=args.fi_backend)[0].clone()
@@ -228,7 +242,7 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
                 0, True, False) else "radix"
         except Exception:  # noqa: BLE001
             pass
-    for col in ("spin", "torch", "fi_varlen", "fi_ragged"):
+    for col in ("spin", "torch", "fi_varlen", "via_fi", "fi_ragged"):
         if row[f"{col}_us"] is None and row[f"{col}_mode"] is not None:   # an error message
             row[f"{col}_error"], row[f"{col}_mode"] = row[f"{col}_mode"], None
     row["sets_eq"], row["kth_eq"], row["kth_eq_torch"] = check(
@@ -241,22 +255,24 @@ def fmt(v, spec=".1f", none="-"):
 
 
 COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | fi varlen us "
-           "| fi ragged us (algo) | torch.topk us | fi varlen / spin | sets eq | kth eq (fi, torch) |")
+           "| spin.topk via fi us | fi ragged us (algo) | torch.topk us | fi varlen / spin "
+           "| sets eq | kth eq (fi, torch) |")
 
 
 def line(r) -> str:
     ratio = (r["fi_varlen_us"] / r["spin_us"]) if r["fi_varlen_us"] and r["spin_us"] else None
     fv = fmt(r["fi_varlen_us"]) + (" eager" if r["fi_varlen_mode"] == "eager" else "")
     fr = fmt(r["fi_ragged_us"]) + (" eager" if r["fi_ragged_mode"] == "eager" else "")
+    vf = fmt(r["via_fi_us"]) + (" eager" if r["via_fi_mode"] == "eager" else "")
     return (f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
             f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
-            f"| {fv} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
+            f"| {fv} | {vf} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
             f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
             f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} |")
 
 
 def markdown(rows, head) -> str:
-    return "\n".join([head, "", COLUMNS, "|" + "---|" * 13] + [line(r) for r in rows])
+    return "\n".join([head, "", COLUMNS, "|" + "---|" * 14] + [line(r) for r in rows])
 
 
 def main() -> int:
