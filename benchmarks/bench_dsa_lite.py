@@ -25,11 +25,9 @@ import torch
 
 
 def one(spec: dict) -> dict:
-    from spin_trtllm.harness import init_weights, v4_flash_indexer
-    from spin_trtllm.harness.speed import measure
-    mtp = spec["mtp"]
-    max_new = (spec["warmup"] + spec["steps"]) * (mtp + 1)
-    cfg = v4_flash_indexer(mtp_depth=mtp, max_context=spec["context"] + max_new + mtp + 8)
+    from spin_trtllm.harness import init_weights
+    from spin_trtllm.harness.speed import measure, step_config
+    cfg = step_config(spec["context"], spec["mtp"], spec["warmup"] + spec["steps"])
     return measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
                    spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
                    spec["state_dtype"])

@@ -18,17 +18,16 @@ from collections import defaultdict
 import torch
 
 from spin_trtllm import SpinConfig
-from spin_trtllm.harness import Engine, init_weights, v4_flash_indexer
+from spin_trtllm.harness import init_weights
+from spin_trtllm.harness.speed import step_config, synthetic_engine
 
 
 def profile_mode(cfg, weights, mode, args):
     spin = None if mode == "dense" else SpinConfig(
         index_topk=cfg.index_topk, target_sparsity=float(mode), state_dtype=args.state_dtype)
-    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=args.batch,
-                    cuda_graphs=args.graphs, logits_backend=args.backend)
-    for i in range(args.batch):
-        engine.add_synthetic(i, args.context, max_new_tokens=(args.warmup + args.steps + 2)
-                             * cfg.next_n, seed=i)
+    engine = synthetic_engine(cfg, weights, spin, args.context, args.batch,
+                              args.warmup + args.steps + 2, args.backend, args.graphs,
+                              switch="spin" if spin is not None else None)
     for _ in range(args.warmup):
         engine.step()
     torch.cuda.synchronize()
@@ -78,8 +77,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("profile_step: needs a CUDA GPU", file=sys.stderr)
         return 2
-    max_new = (args.warmup + args.steps + 2) * (args.mtp + 1)
-    cfg = v4_flash_indexer(mtp_depth=args.mtp, max_context=args.context + max_new + args.mtp + 8)
+    cfg = step_config(args.context, args.mtp, args.warmup + args.steps + 2)
     weights = init_weights(cfg)
     results = []
     for mode in args.modes:

@@ -23,8 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-KEY_BYTES_PER_SLOT = 132     # 128 FP8 key bytes + a 4-byte scale per indexer slot
-BLOCK_SLOTS = 64
+from .reference import KEY_BYTES, PAGE_SLOTS as BLOCK_SLOTS
+
+KEY_BYTES_PER_SLOT = KEY_BYTES + 4    # FP8 key bytes + a 4-byte scale per indexer slot
 
 
 @dataclass(frozen=True)

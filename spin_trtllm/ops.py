@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -630,7 +631,6 @@ def _flashinfer_topk():
 
 def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional[str]:
     """"flashinfer" when spin.topk hands these rows to flashinfer's top-K, else None."""
-    import os
     choice = os.environ.get("SPIN_TOPK", "auto")
     if choice not in ("auto", "spin", "flashinfer"):
         raise SpinError(f"SPIN_TOPK must be auto, spin or flashinfer, got {choice!r}")
@@ -657,11 +657,9 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     # SM90 has one backend, radix_cutlass (flashinfer 0.7.4); "auto" picks among SM100's
     backend = "radix_cutlass" if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 \
         else "auto"
-    if row_lens is None:
-        lens = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
-    else:
-        scored = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
-        lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), scored)
+    lens = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
+    if row_lens is not None:
+        lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), lens)
     pos, vals = _flashinfer_topk()(x, lens.to(torch.int32), k, return_values=True,
                                    backend=backend)
     pos = torch.where((pos >= 0) & torch.isfinite(vals), pos, -1).to(torch.int32)

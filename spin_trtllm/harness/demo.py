@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..config import SpinConfig
+from ..costs import BLOCK_SLOTS, KEY_BYTES_PER_SLOT as K_SLOT_BYTES
 from .. import logits as logits_backends
 from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
@@ -21,8 +22,6 @@ from .engine import Engine, Request, RequestOutput, resolve_device
 from .model import init_weights, load_checkpoint
 from .pretrained import default_checkpoint
 
-BLOCK_SLOTS = 64                 # indexer slots per K-cache block (page)
-K_SLOT_BYTES = 128 + 4           # per indexer slot: 128 fp8 key bytes + an fp32 scale
 STATE_BYTES = {"float32": 4, "float16": 2}
 MB = 1e6
 
@@ -216,7 +215,7 @@ def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Opti
     """GPU: decode-step times where the indexer matters (the V4-Flash-shaped model with
     synthetic long contexts, CUDA graphs): no indexer, all-keep, and SPIN (the engine's switch).
     Runs before the other engines: engines built later in one process were slower."""
-    from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure
+    from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure, step_config
     size = opts.speed
     if size is None and opts.speed_auto:
         free, _ = torch.cuda.mem_get_info(device)
@@ -230,9 +229,7 @@ def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Opti
                         f"{batch * context * CACHE_BYTES_PER_TOKEN / 1e9:.0f} GB of caches; "
                         f"{free / 1e9:.0f} GB are free on {device} (--speed-size, --no-speed)")
     warmup, steps = 4, 12
-    cfg = v4_flash_indexer(mtp_depth=opts.mtp_depth,
-                           max_context=context + (warmup + steps) * (opts.mtp_depth + 1)
-                           + opts.mtp_depth + 8)
+    cfg = step_config(context, opts.mtp_depth, warmup + steps)
     weights = init_weights(cfg)
     sc = spin.with_overrides(index_topk=cfg.index_topk)
     runs = {}

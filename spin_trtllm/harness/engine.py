@@ -704,10 +704,10 @@ class Engine:
         if self.spin_indexer is None:
             return False
         if self.switch == "auto":
-            state_bytes = 2 if self.spin.state_dtype == "float16" else 4
             use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
                                               self.spin.target_sparsity, self.cfg.next_n,
-                                              state_bytes, running_spin=self._ran_spin)
+                                              self.pool.state.V.element_size(),
+                                              running_spin=self._ran_spin)
         else:
             use = self.switch == "spin"
         self._ran_spin = use

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import SpinConfig
-from .config import DsaLiteConfig
+from .config import DsaLiteConfig, v4_flash_indexer
 from .engine import Engine
 
 INDEXERS = ("null", "dense", "spin", "auto")
@@ -50,6 +50,24 @@ class NullIndexer:
         pass
 
 
+def step_config(context: int, mtp_depth: int, decode_steps: int) -> DsaLiteConfig:
+    """v4_flash_indexer() with room for `context` tokens and `decode_steps` decode steps."""
+    return v4_flash_indexer(mtp_depth=mtp_depth, max_context=context + decode_steps
+                            * (mtp_depth + 1) + mtp_depth + 8)
+
+
+def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], context: int,
+                     batch: int, decode_steps: int, backend: str = "native",
+                     cuda_graphs: bool = True, switch: Optional[str] = None) -> Engine:
+    """A CUDA engine with `batch` requests already decoding over `context` tokens of random
+    cache contents, each with room for `decode_steps` decode steps."""
+    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch,
+                    cuda_graphs=cuda_graphs, logits_backend=backend, switch=switch)
+    for i in range(batch):
+        engine.add_synthetic(i, context, max_new_tokens=decode_steps * cfg.next_n, seed=i)
+    return engine
+
+
 def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
             steps: int, rho: Optional[float] = None, backend: str = "native",
             state_dtype: str = "float16", spin: Optional[SpinConfig] = None) -> dict[str, Any]:
@@ -62,13 +80,11 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     elif spin is None:
         spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho, state_dtype=state_dtype)
     rho, state_dtype = (spin.target_sparsity, spin.state_dtype) if spin else (rho, state_dtype)
-    engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch, cuda_graphs=True,
-                    logits_backend=backend, switch=indexer if spin is not None else None)
+    engine = synthetic_engine(cfg, weights, spin, context, batch, warmup + steps, backend,
+                              switch=indexer if spin is not None else None)
     if indexer == "null":
         engine.indexer = NullIndexer(batch * cfg.next_n, cfg.index_topk, len(cfg.csa_layers),
                                      engine.device)
-    for i in range(batch):
-        engine.add_synthetic(i, context, max_new_tokens=(warmup + steps) * cfg.next_n, seed=i)
     torch.cuda.synchronize()
     for _ in range(warmup + steps):
         engine.step()

@@ -73,10 +73,6 @@ def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
     return {"spin": 0, "probe": summaries, "hybrid": summaries, "quest": 2}[predictor]
 
 
-def has_query_data(trace) -> bool:
-    return all(getattr(trace, name, None) is not None for name in ("q", "w", "keys"))
-
-
 # ---- block summaries --------------------------------------------------------------------------
 class BlockSummaries:
     """Per-sub-block mean / min / max of the visible keys of L layers (keys [L, S, D]).
@@ -198,9 +194,9 @@ class QueryProbe:
 
 
 def require_query_data(trace, predictor: str) -> None:
-    if predictor != "spin" and not has_query_data(trace):
+    if predictor != "spin" and trace.version < 2:
         raise SpinError(f"--predictor {predictor} needs a SPIN trace v2 (tensors q, w, keys); "
-                        f"{getattr(trace, 'name', 'the trace')} has none (v1): record it with "
+                        f"{trace.name} has none (v1): record it with "
                         f"`spin-trtllm trace`")
 
 
