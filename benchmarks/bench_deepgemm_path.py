@@ -14,6 +14,12 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
   spin (native): select / layers + spin's masked logits + top-K + update
 It also checks that SPIN through DeepGEMM and through the native kernel select the same
 blocks and the same top-K sets. Needs deep_gemm importable (tests/gpu/deepgemm_env.sh).
+
+    python benchmarks/bench_deepgemm_path.py --logits-only [--next-n 1 2 4] ...
+
+times only the dense logits, spin's native kernel against DeepGEMM's on the same inputs, and
+prints their bytes per second and ratio per shape (DeepGEMM columns are "-" where it refuses
+the shape, e.g. next_n > 2 on SM90).
 """
 
 from __future__ import annotations
@@ -106,6 +112,54 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     }
 
 
+def logits_case(inputs, n, batch, slots, next_n, iters, dg):
+    """Dense logits over every page: spin's native kernel against DeepGEMM, same inputs."""
+    sets, m_cap = len(inputs), -(-slots // 64)
+    ids = torch.arange(m_cap, dtype=torch.int32, device="cuda").repeat(batch, 1)
+    cnt = torch.full((batch,), m_cap, dtype=torch.int32, device="cuda")
+    z = torch.empty(batch * next_n, m_cap * 64, device="cuda")
+    t_native = time_ms(lambda i: ops.indexer_logits(inputs[i][2], inputs[i][0], inputs[i][3], n,
+                                                    inputs[i][1], ids, cnt, z), iters, sets)
+    gb = batch * m_cap * PAGE_BYTES / 1e9
+    row = {"batch": batch, "slots": slots, "next_n": next_n, "native_logits_us": 1e3 * t_native,
+           "native_tbs": gb / t_native, "dg_logits_us": None, "dg_tbs": None,
+           "native_over_dg": None, "max_abs_diff": None}
+    try:
+        meta = dg.dg.get_paged_mqa_logits_metadata(n, 64, dg.num_sms(torch.device("cuda")))
+
+        def dense_dg(i):
+            cache, table, q, w = inputs[i]
+            return dg.dg.fp8_paged_mqa_logits(q.view(batch, next_n, 64, 128), cache, w, n,
+                                              table, meta, slots)
+        ref = dense_dg(0)
+        ops.indexer_logits(inputs[0][2], inputs[0][0], inputs[0][3], n, inputs[0][1], ids, cnt, z)
+        visible = torch.arange(slots, device="cuda") < n.reshape(-1, 1)  # DeepGEMM leaves the rest
+        seen = visible & torch.isfinite(ref[:, :slots]) & torch.isfinite(z[:, :slots])
+        row["max_abs_diff"] = float((ref[:, :slots] - z[:, :slots])[seen].abs().max())
+        t_dg = time_ms(dense_dg, iters, sets)
+    except RuntimeError as e:  # DeepGEMM refuses the shape
+        print(f"DeepGEMM, batch {batch} slots {slots} next_n {next_n}: {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        return row
+    row.update(dg_logits_us=1e3 * t_dg, dg_tbs=gb / t_dg, native_over_dg=t_native / t_dg)
+    return row
+
+
+def logits_markdown(rows, copy_tbs) -> str:
+    lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s; dense logits over every page, "
+             "K-cache bytes (132 B per slot) per second", "",
+             "| batch | slots | next_n | native us (TB/s) | DeepGEMM us (TB/s) | native / DeepGEMM "
+             "| max abs diff |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        dg_cell = (f"{r['dg_logits_us']:.1f} ({r['dg_tbs']:.2f})" if r["dg_logits_us"] is not None
+                   else "- (refused)")
+        ratio = f"{r['native_over_dg']:.2f}" if r["native_over_dg"] is not None else "-"
+        diff = f"{r['max_abs_diff']:.2g}" if r["max_abs_diff"] is not None else "-"
+        lines.append(f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['native_logits_us']:.1f} "
+                     f"({r['native_tbs']:.2f}) | {dg_cell} | {ratio} | {diff} |")
+    return "\n".join(lines)
+
+
 def markdown(rows, copy_tbs) -> str:
     head = ("| batch | slots | next_n | target | realized | DG dense logits us (TB/s) | dense "
             "top-K us | DG schedule us | SPIN via DG: select/L + compact+DG + top-K + update us "
@@ -135,6 +189,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=2)
     ap.add_argument("--state-dtype", choices=["float32", "float16"], default="float16")
+    ap.add_argument("--logits-only", action="store_true",
+                    help="time only dense logits, native against DeepGEMM")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -148,6 +204,12 @@ def main() -> int:
     for batch, slots, next_n in itertools.product(args.batch, args.slots, args.next_n):
         seed += 1
         inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
+        if args.logits_only:
+            rows.append(logits_case(inputs, n, batch, slots, next_n, args.iters, dg))
+            print(json.dumps(rows[-1]), flush=True)
+            del inputs, n
+            torch.cuda.empty_cache()
+            continue
         for k, rho in itertools.product(args.topk, args.sparsity):
             row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers, args.iters,
                            args.state_dtype, dg)
@@ -159,7 +221,11 @@ def main() -> int:
                                "rows": rows}, f, indent=2)
         del inputs, n
         torch.cuda.empty_cache()
-    table = markdown(rows, copy_tbs)
+    table = (logits_markdown if args.logits_only else markdown)(rows, copy_tbs)
+    if args.logits_only and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
+                       "rows": rows}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")

@@ -612,11 +612,12 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 
 
 # SPIN_TOPK: auto (flashinfer where installed and measured faster), spin, or flashinfer (where
-# installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) took 0.45-0.52x
-# of spin's time at 96 rows x 128K on an H200, 0.66-0.82x at smaller shapes and lost at 8 rows
-# x 128K (benchmarks/RESULTS.md); the position -> slot remap and the ordering add a few small
-# kernels, so auto takes it only for the largest rows.
-TOPK_PEER_MIN_ENTRIES = 1 << 23
+# installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) takes 0.41-0.68x
+# of spin's kernel time at 32-96 rows x 128K on an H200, but the position -> slot remap and the
+# ascending order cost 60-70 us more: the whole path beat spin's kernel only at 96 x 128K x
+# next_n 2 (179 vs 258 us dense, 135 vs 148 at half the blocks) and lost at 12.6M entries and
+# below once half the blocks were masked (benchmarks/RESULTS.md), so auto takes >= 16M entries.
+TOPK_PEER_MIN_ENTRIES = 1 << 24
 TOPK_PEER_MIN_ROWS = 32
 
 

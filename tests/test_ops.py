@@ -372,7 +372,8 @@ def _gpu_problem(**kw):
 
 @gpu
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("R", [1, 2, 4])
+# the logits kernel takes rows in tensor-core groups of 1, 2 or 4: R 3, 5 and 8 pad or split them
+@pytest.mark.parametrize("R", [1, 2, 3, 4, 5, 8])
 def test_gpu_step_matches_reference(seed, R):
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.0)
     p_cpu, p_gpu = _gpu_problem(B=4, R=R, L=3, lens=(700, 64, 1500, 33), seed=seed, cfg=cfg,
@@ -671,9 +672,10 @@ def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
 
 
 @gpu
-def test_gpu_logits_negative_zero_and_infinite_scales():
+@pytest.mark.parametrize("R", [1, 2, 3, 6])
+def test_gpu_logits_negative_zero_and_infinite_scales(R):
     # the kernel factors a finite scale >= 0 out of the head sum; other scales take the exact path
-    p_cpu, p_gpu = _gpu_problem(B=2, R=2, L=1, lens=(500, 300), seed=17)
+    p_cpu, p_gpu = _gpu_problem(B=2, R=R, L=1, lens=(500, 300), seed=17)
     for p in (p_cpu, p_gpu):
         scales = p.cache[0].view(p.cache[0].shape[0], -1)[:, 64 * 128:].view(torch.float32)
         scales[0, 0] = -0.02

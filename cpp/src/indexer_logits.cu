@@ -3,12 +3,14 @@
 //
 // A CTA (one warpgroup, 4 warps) takes a run of selected blocks of one request. Pages stream
 // through a kStages-deep cp.async ring into shared memory in the 128-byte swizzled layout the
-// tensor cores read; each page is read once for all MTP rows. Per (page, row) the tensor cores
-// compute S[slot, head] = k_slot . q_head (M = 64 slots, N = 64 heads, K = 128 dims): on sm_90a
-// with wgmma (FP8 e4m3, m64n64k32, the four k-steps accumulated in the tensor core as in
-// DeepGEMM's FP8 MQA logits: about 1.4e-4 of the row norm from exact on random data), elsewhere
-// with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x 64 heads, so the weighted ReLU
-// sum over heads needs two shuffles and no shared memory.
+// tensor cores read; each page is read once for all MTP rows. The MTP rows go through the tensor
+// cores in groups of G = 1, 2 or 4 (the rows of a group side by side as the N dimension, as
+// DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot, (row, head)] =
+// k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is read from
+// shared memory once per group. On sm_90a with wgmma (FP8 e4m3, m64n{64,128,256}k32, the four
+// k-steps accumulated in the tensor core: about 1.4e-4 of the row norm from exact on random
+// data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so
+// the weighted ReLU sum over heads needs two shuffles and no shared memory.
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -27,18 +29,23 @@ constexpr int kMaxBlocksPerCta = 16;
 constexpr int kChunksPerThread = kPageKeyBytes / 16 / kThreads;
 static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 == 0, "page split");
 
+// Rows per MMA group: all of them up to 2, else groups of 4 (rows 3, 5..8 pad the last group
+// with zero q rows, computed and dropped).
+__host__ __device__ constexpr int group_for(int rows) { return rows <= 2 ? rows : 4; }
+
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
+// q holds q_rows = rows rounded up to the group.
 struct Smem {
-  int rows;
+  int q_rows;
   __host__ __device__ int q(int r) const { return r * kQBytes; }
-  __host__ __device__ int page(int s) const { return rows * kQBytes + s * kPageKeyBytes; }
+  __host__ __device__ int page(int s) const { return q_rows * kQBytes + s * kPageKeyBytes; }
   __host__ __device__ int scales(int s) const {
-    return rows * kQBytes + kStages * kPageKeyBytes + s * kBlockSize * 4;
+    return q_rows * kQBytes + kStages * kPageKeyBytes + s * kBlockSize * 4;
   }
   __host__ __device__ int weights(int r) const {
-    return rows * kQBytes + kStages * (kPageKeyBytes + kBlockSize * 4) + r * kHeads * 4;
+    return q_rows * kQBytes + kStages * (kPageKeyBytes + kBlockSize * 4) + r * kHeads * 4;
   }
-  __host__ __device__ int bytes() const { return weights(rows) + 1024; }  // + alignment slack
+  __host__ __device__ int bytes() const { return weights(q_rows) + 1024; }  // + alignment slack
 };
 
 // 16-byte chunk `chunk` (0..7) of 128-byte row `row` in the 128B-swizzled layout.
@@ -62,10 +69,11 @@ __device__ __forceinline__ float relu(float x) {
   return y;
 }
 
-// acc[nt * 4 + e] holds S[slot, head] with slot = 16 * warp + g (e < 2) or + 8 (e >= 2) and
-// head = 8 * nt + 2 * t + (e & 1), g = lane / 4, t = lane % 4: the accumulator layout of both
-// wgmma m64n64 and mma.sync m16n8.
-using Acc = float[32];
+// acc[32 j + nt * 4 + e] holds S[slot, head] of the group's row j with slot = 16 * warp + g
+// (e < 2) or + 8 (e >= 2) and head = 8 * nt + 2 * t + (e & 1), g = lane / 4, t = lane % 4: the
+// accumulator layout of wgmma m64nN (N index 64 j + head) and of mma.sync m16n8.
+template <int G>
+using Acc = float[32 * G];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor: K-major, 128B swizzle, 8-row groups 1024 B apart.
@@ -73,15 +81,17 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-__device__ __forceinline__ void wgmma_m64n64k32(float (&d)[32], uint64_t a, uint64_t b,
-                                                int accumulate) {
+template <int N>
+__device__ __forceinline__ void wgmma_fp8(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_fp8<64>(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred zero_init;\n"
       "setp.ne.b32 zero_init, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "%32, %33, zero_init, 1, 1;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
@@ -91,22 +101,90 @@ __device__ __forceinline__ void wgmma_m64n64k32(float (&d)[32], uint64_t a, uint
         "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(accumulate));
 }
-
+template <>
+__device__ __forceinline__ void wgmma_fp8<128>(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred zero_init;\n"
+      "setp.ne.b32 zero_init, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, zero_init, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_fp8<256>(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred zero_init;\n"
+      "setp.ne.b32 zero_init, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "
+      "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "
+      "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, "
+      "%103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, "
+      "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, zero_init, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),
+        "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]),
+        "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
+        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+        "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous MMA.
-__device__ __forceinline__ void fence_acc(Acc& acc) {
+template <int G>
+__device__ __forceinline__ void fence_acc(Acc<G>& acc) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  for (int i = 0; i < 32 * G; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-__device__ __forceinline__ void page_scores(Acc& acc, uint32_t page, uint32_t q) {
-  fence_acc(acc);
+// S for one page against the G q rows at q (one tile of 64 G rows), complete on return.
+template <int G>
+__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q) {
+  fence_acc<G>(acc);
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)  // the first k-step overwrites, the others accumulate
-    wgmma_m64n64k32(acc, smem_desc(page + ks * 32), smem_desc(q + ks * 32), ks > 0);
+    wgmma_fp8<64 * G>(acc, smem_desc(page) + ks * 2, smem_desc(q) + ks * 2, ks > 0);  // +32 B
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  fence_acc(acc);
+  fence_acc<G>(acc);
 }
 #else
 __device__ __forceinline__ void mma_e4m3(float* d, const uint32_t (&a)[4], uint32_t b0,
@@ -126,8 +204,9 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 }
 
 // Same product from the same swizzled tiles with mma.sync: the warp's 16 slots are A, the
-// 8-head groups are B (a 32-bit fragment word is 4 consecutive dims of one 16-byte chunk).
-__device__ __forceinline__ void page_scores(Acc& acc, uint32_t page, uint32_t q) {
+// 8-head groups of each row are B (a 32-bit fragment word is 4 consecutive dims of one chunk).
+template <int G>
+__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
@@ -140,7 +219,7 @@ __device__ __forceinline__ void page_scores(Acc& acc, uint32_t page, uint32_t q)
     a[2] = lds32(page + swizzled(s_lo, c1) + t * 4);
     a[3] = lds32(page + swizzled(s_hi, c1) + t * 4);
 #pragma unroll
-    for (int nt = 0; nt < kHeads / 8; ++nt) {
+    for (int nt = 0; nt < 8 * G; ++nt) {  // q rows of the group are consecutive 64-row tiles
       const int h = nt * 8 + g;
       float d[4];
       mma_e4m3(d, a, lds32(q + swizzled(h, c0) + t * 4), lds32(q + swizzled(h, c1) + t * 4));
@@ -151,12 +230,33 @@ __device__ __forceinline__ void page_scores(Acc& acc, uint32_t page, uint32_t q)
 }
 #endif
 
+// Per thread: sum over its 16 heads of w_h relu(scale * S) for its two slots (scale applied
+// only when kScaleIn; four independent sums keep the FMA chains short). w points at this
+// thread's float2 of heads 2t, 2t + 1; the next head pair of the thread is 4 float2 on.
+template <bool kScaleIn>
+__device__ __forceinline__ void weighted_relu_sum(const float* s, const float2* w, float sc_lo,
+                                                  float sc_hi, float& z_lo, float& z_hi) {
+  float zl0 = 0.0f, zl1 = 0.0f, zh0 = 0.0f, zh1 = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < kHeads / 8; ++nt) {
+    const float2 wv = w[nt * 4];  // heads 8 nt + 2 t, +1
+    zl0 = fmaf(wv.x, relu(kScaleIn ? s[nt * 4 + 0] * sc_lo : s[nt * 4 + 0]), zl0);
+    zl1 = fmaf(wv.y, relu(kScaleIn ? s[nt * 4 + 1] * sc_lo : s[nt * 4 + 1]), zl1);
+    zh0 = fmaf(wv.x, relu(kScaleIn ? s[nt * 4 + 2] * sc_hi : s[nt * 4 + 2]), zh0);
+    zh1 = fmaf(wv.y, relu(kScaleIn ? s[nt * 4 + 3] * sc_hi : s[nt * 4 + 3]), zh1);
+  }
+  z_lo = zl0 + zl1;
+  z_hi = zh0 + zh1;
+}
+
+template <int G>
 __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  const Smem lay{p.rows};
+  const int groups = (p.rows + G - 1) / G;
+  const Smem lay{groups * G};
 
   const int b = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -174,8 +274,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     return;
   }
 
-  // block id and page of each of this CTA's selected blocks, looked up once
-  __shared__ int block_s[kMaxBlocksPerCta], page_s[kMaxBlocksPerCta];
+  // block id and page of each of this CTA's selected blocks, looked up once; rows' lengths
+  __shared__ int block_s[kMaxBlocksPerCta], page_s[kMaxBlocksPerCta], ctx_s[kMaxRows];
+  if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
   if (threadIdx.x < c_end - c_begin) {
     const int c = c_begin + threadIdx.x;
     const int j = c < count ? p.block_ids[b * p.ids_stride + c] : -1;
@@ -183,6 +284,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     block_s[threadIdx.x] = j;
     page_s[threadIdx.x] = (page >= 0 && page < p.num_pages) ? page : -1;  // -1: never read
   }
+  // zero q rows padding the last group: they go through the MMA, their z is never stored
+  for (int idx = threadIdx.x; idx < (lay.q_rows - p.rows) * kQBytes / 16; idx += kThreads)
+    *reinterpret_cast<uint4*>(smem + lay.q(p.rows) + idx * 16) = make_uint4(0, 0, 0, 0);
   __syncthreads();
   auto page_of = [&](int c) { return page_s[c - c_begin]; };
   const uint32_t chunk_dst = swizzled(threadIdx.x / 8, threadIdx.x % 8);
@@ -213,11 +317,18 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     cp_async_commit();
   }
 
-  Acc acc;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  // blocks past the selection: -inf, no page read
+  const int c_last = min(c_end, count);
+  for (int idx = threadIdx.x; idx < p.rows * (c_end - c_last) * kBlockSize; idx += kThreads) {
+    const int r = idx / ((c_end - c_last) * kBlockSize), s = idx % ((c_end - c_last) * kBlockSize);
+    p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c_last * kBlockSize + s] = -CUDART_INF_F;
+  }
 
-  for (int c = c_begin; c < c_end; ++c) {
+  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
+  const int s_mine = t == 0 ? s_lo : s_hi;  // the slot whose z this lane stores (t < 2)
+  float* const out_b = p.out + static_cast<int64_t>(b) * p.rows * width + s_mine;
+  Acc<G> acc;
+  for (int c = c_begin; c < c_last; ++c) {
     const int stage = (c - c_begin) % kStages;
     cp_async_wait<kStages - 2>();  // this thread's copies of page c have landed
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -227,53 +338,49 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     issue_page(c + kStages - 1, (c - c_begin + kStages - 1) % kStages);
     cp_async_commit();
 
-    const int page = page_of(c);
-    if (page < 0) {  // past the selection or outside the cache
-      for (int idx = threadIdx.x; idx < p.rows * kBlockSize; idx += kThreads) {
-        const int r = idx / kBlockSize, s = idx % kBlockSize;
-        p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c * kBlockSize + s] = -CUDART_INF_F;
-      }
-      continue;
-    }
-    const int64_t slot0 = static_cast<int64_t>(block_s[c - c_begin]) * kBlockSize;
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
-    const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
-    for (int r = 0; r < p.rows; ++r) {
-      page_scores(acc, base + lay.page(stage), base + lay.q(r));
-      const float* w = reinterpret_cast<const float*>(smem + lay.weights(r));
-      float z_lo = 0.0f, z_hi = 0.0f;
-      auto sum_heads = [&](float scale_lo, float scale_hi) {
+    // relu(s * scale) = scale * relu(s) for a finite scale >= 0: scale once per slot
+    const bool factored =
+        sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
+    // a block outside the cache was never loaded: its stage holds stale data, dropped below
+    const int slot = page_of(c) >= 0 ? block_s[c - c_begin] * kBlockSize + s_mine : INT_MAX;
+    for (int group = 0; group < groups; ++group) {
+      page_scores<G>(acc, base + lay.page(stage), base + lay.q(group * G));
 #pragma unroll
-        for (int nt = 0; nt < kHeads / 8; ++nt) {
-          const float2 wv = *reinterpret_cast<const float2*>(w + nt * 8 + 2 * t);
-          const float* s = acc + nt * 4;
-          z_lo += wv.x * relu(s[0] * scale_lo) + wv.y * relu(s[1] * scale_lo);
-          z_hi += wv.x * relu(s[2] * scale_hi) + wv.y * relu(s[3] * scale_hi);
+      for (int j = 0; j < G; ++j) {
+        const int r = group * G + j;
+        if (r >= p.rows) break;
+        const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(r)) + t;
+        float z_lo, z_hi;
+        if (factored) {
+          weighted_relu_sum<false>(acc + 32 * j, w, 1.0f, 1.0f, z_lo, z_hi);
+          z_lo *= sc_lo;
+          z_hi *= sc_hi;
+        } else {
+          weighted_relu_sum<true>(acc + 32 * j, w, sc_lo, sc_hi, z_lo, z_hi);
         }
-      };
-      if (sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F) {
-        // relu(s * scale) = scale * relu(s) for a finite scale >= 0: scale once per slot
-        sum_heads(1.0f, 1.0f);
-        z_lo *= sc_lo;
-        z_hi *= sc_hi;
-      } else {
-        sum_heads(sc_lo, sc_hi);
-      }
-      z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
-      z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
-      z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
-      z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
-      if (t < 2) {
-        const int s = t == 0 ? s_lo : s_hi;
-        const float z = t == 0 ? z_lo : z_hi;
-        const bool visible = slot0 + s < p.context_lens[b * p.rows + r];
-        p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c * kBlockSize + s] =
-            visible ? z : -CUDART_INF_F;
+        z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
+        z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
+        z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
+        z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+        if (t < 2)
+          out_b[r * width + c * kBlockSize] =
+              slot < ctx_s[r] ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
       }
     }
   }
   cp_async_wait<0>();  // no copy may outlive the CTA's shared memory
+}
+
+template <int G>
+cudaError_t launch(const LogitsParams& p, int blocks_per_cta, cudaStream_t stream) {
+  const int smem = Smem{(p.rows + G - 1) / G * G}.bytes();
+  cudaError_t err = allow_dynamic_smem(logits_kernel<G>, smem);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
+  logits_kernel<G><<<grid, kThreads, smem, stream>>>(p, blocks_per_cta);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -284,19 +391,19 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  // Long runs of pages per CTA amortize its q load; short ones keep every SM busy when the
-  // batch is small (about 8 CTAs per SM).
+  // Long runs of pages per CTA amortize its q load and pipeline start; short ones keep every
+  // SM busy when there are few blocks. Halving the run until there are 2 CTAs per SM measured
+  // best on the H200 (8 x 32K slots: 8 blocks per CTA, 14.1 us, against 16.2 us at 2 blocks).
   int blocks_per_cta = kMaxBlocksPerCta;
   while (blocks_per_cta > 2 &&
          static_cast<int64_t>(p.batch) * ((p.m_cap + blocks_per_cta - 1) / blocks_per_cta) <
-             8ll * sms)
+             2ll * sms)
     blocks_per_cta /= 2;
-  const int smem = Smem{p.rows}.bytes();
-  cudaError_t err = allow_dynamic_smem(logits_kernel, smem);
-  if (err != cudaSuccess) return err;
-  dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
-  logits_kernel<<<grid, kThreads, smem, stream>>>(p, blocks_per_cta);
-  return cudaGetLastError();
+  switch (group_for(p.rows)) {
+    case 1: return launch<1>(p, blocks_per_cta, stream);
+    case 2: return launch<2>(p, blocks_per_cta, stream);
+    default: return launch<4>(p, blocks_per_cta, stream);
+  }
 }
 
 }  // namespace spin
