@@ -78,14 +78,15 @@ BLOCK = ref.PAGE_SLOTS
 HEADS, HEAD_DIM = 64, 128
 POOLING = {"max": 0, "mean": 1, "top4": 2}
 POLICY = {"random": 0, "staleness": 1, "age": 2}
-OPS = ("select", "indexer_logits", "topk", "update", "compact", "remap")
+OPS = ("select", "indexer_logits", "topk", "update", "compact", "remap", "summarize", "probe")
 
 _SCHEMAS = {
     "select": "select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
               "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, "
               "Tensor(a!) block_ids, Tensor(b!) counts, float target_sparsity, float exploration, "
               "int policy, int index_topk, int warmup_steps, bool keep_sink, bool keep_newest, "
-              "int pooling, bool mtp_union, int seed, int max_context_len) -> ()",
+              "int pooling, bool mtp_union, int seed, int max_context_len, "
+              "Tensor? block_scores=None, int layer=-1) -> ()",
     "indexer_logits": "indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, "
                       "Tensor context_lens, Tensor block_table, Tensor block_ids, Tensor counts, "
                       "Tensor(a!) out) -> ()",
@@ -101,6 +102,9 @@ _SCHEMAS = {
                "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()",
     "remap": "remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
              "Tensor(a!) out) -> ()",
+    "summarize": "summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()",
+    "probe": "probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
+             "Tensor block_table, Tensor(a!) out) -> ()",
 }
 
 
@@ -240,7 +244,7 @@ def _streams(state_slot: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Ten
 def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos, request_id,
                 step, block_ids, counts, target_sparsity, exploration, policy, index_topk,
                 warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                max_context_len) -> None:
+                max_context_len, block_scores=None, layer=-1) -> None:
     B, R = context_lens.shape
     L = V.shape[1]
     if B == 0:
@@ -250,6 +254,23 @@ def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_p
                      index_topk=index_topk, warmup_steps=warmup_steps, keep_sink=keep_sink,
                      keep_newest=keep_newest, pooling={v: k for k, v in POOLING.items()}[pooling],
                      mtp_mask="union" if mtp_union else "row0")
+    if block_scores is not None:       # one layer, ranked by the given block scores
+        idx = state_slot.long()
+        state = ref.SpinState(V[idx, layer], D[idx, layer], last_seen[idx, layer],
+                              decode_steps[idx, layer])
+        n = context_lens.long().clamp(max=max_context_len)
+        nb = max(math.ceil(int(n.max()) / BLOCK), 1)
+        scores = torch.full((B, R, nb), float("-inf"), device=V.device)
+        have = min(nb, block_scores.shape[2])
+        scores[:, :, :have] = block_scores[:, :, :have].float()
+        sel = ref.select_blocks(scores, None, n, state, cfg,
+                                torch.full((B,), float(target_sparsity), dtype=torch.float64,
+                                           device=V.device),
+                                request_id, torch.full((B,), layer, device=V.device), step)
+        ids, cnt = ref.block_list(sel.mask, block_ids.shape[-1], truncate=True)
+        block_ids[:, layer] = ids
+        counts[:, layer] = cnt
+        return
     Vg, Dg, ls, ds = _streams(state_slot, V, D, last_seen, decode_steps)
     state = ref.SpinState(Vg, Dg, ls, ds)
     n = context_lens.long().repeat_interleave(L, 0).clamp(max=max_context_len)
@@ -325,11 +346,26 @@ def _remap_ref(positions, block_ids, counts, next_n, out) -> None:
     out.copy_(ref.remap_positions(positions, block_ids, counts, next_n))
 
 
+def _summarize_ref(kv_cache, pages, fill, summaries) -> None:
+    live = (pages >= 0) & (pages < summaries.shape[0])
+    if not bool(live.any()):
+        return
+    rows, scale = ref.summarize_pages(kv_cache, pages[live], fill[live])
+    at = pages[live].long()
+    summaries[at, :ref.KEY_BYTES] = rows
+    summaries[at, ref.KEY_BYTES:ref.KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
+
+
+def _probe_ref(q, summaries, weights, context_lens, block_table, out) -> None:
+    out.copy_(ref.probe_scores(q, summaries, weights, context_lens, block_table,
+                               out.shape[1]).float())
+
+
 # ---- op registration ------------------------------------------------------------------------------
 def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos,
                      request_id, step, block_ids, counts, target_sparsity, exploration, policy,
                      index_topk, warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                     max_context_len) -> None:
+                     max_context_len, block_scores=None, layer=-1) -> None:
     op = "select"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -350,6 +386,15 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
                   f"got {index_topk}, {warmup_steps}, {seed}")
     _check_max_context(op, max_context_len, V.shape[2])
     _host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot, V.shape[0])
+    if block_scores is not None:
+        _tensor(op, "block_scores", block_scores, (torch.float32,), 3, dev, inner_contiguous=True)
+        if block_scores.shape[:2] != (B, R) or block_scores.shape[2] < 1:
+            _fail(op, f"block_scores must have shape [{B}, {R}, num_blocks >= 1], got "
+                      f"{list(block_scores.shape)}")
+        if not 0 <= layer < V.shape[1]:
+            _fail(op, f"layer must be in [0, {V.shape[1]}) with block_scores, got {layer}")
+    elif layer != -1:
+        _fail(op, f"layer selects one layer only with block_scores; got layer={layer} without")
 
 
 def _aligned16(op: str, **tensors) -> None:
@@ -380,12 +425,7 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
     if not 1 <= R <= 8:
         _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
     _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
-    _tensor(op, "kv_cache", kv_cache, (torch.uint8,), kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2,
-            dev, contiguous=True)
-    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
-            kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
-        _fail(op, f"kv_cache must be uint8 pages of {BLOCK} x {ref.SLOT_BYTES} bytes "
-                  f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+    _check_cache(op, kv_cache, dev)
     _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "weights", weights, (B * R, HEADS))
     _aligned16(op, q=q, kv_cache=kv_cache, weights=weights)
@@ -395,6 +435,58 @@ def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids,
     m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
     _tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "out", out, (B * R, m_cap * BLOCK))
+
+
+def _check_cache(op: str, kv_cache, dev) -> None:
+    _tensor(op, "kv_cache", kv_cache, (torch.uint8,), kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2,
+            dev, contiguous=True)
+    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
+            kv_cache[0].numel() != BLOCK * ref.SLOT_BYTES:
+        _fail(op, f"kv_cache must be uint8 pages of {BLOCK} x {ref.SLOT_BYTES} bytes "
+                  f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+
+
+def _check_summaries(op: str, summaries, dev) -> None:
+    _tensor(op, "summaries", summaries, (torch.uint8,), 2, dev, contiguous=True)
+    if summaries.shape[0] < 1 or summaries.shape[1] != ref.SUMMARY_BYTES:
+        _fail(op, f"summaries must be uint8 [num_pages >= 1, {ref.SUMMARY_BYTES}] (one row per "
+                  f"K-cache page), got shape {list(summaries.shape)}")
+    _aligned16(op, summaries=summaries)
+
+
+def _validate_summarize(kv_cache, pages, fill, summaries) -> None:
+    op = "summarize"
+    dev = kv_cache.device if isinstance(kv_cache, torch.Tensor) else torch.device("cpu")
+    _check_cache(op, kv_cache, dev)
+    _aligned16(op, kv_cache=kv_cache)
+    _tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
+    _tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
+    _shape(op, "fill", fill, tuple(pages.shape))
+    _check_summaries(op, summaries, dev)
+    if summaries.shape[0] != kv_cache.shape[0]:
+        _fail(op, f"summaries has {summaries.shape[0]} rows, the cache {kv_cache.shape[0]} pages: "
+                  "one summary per page")
+
+
+def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> None:
+    op = "probe"
+    dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    _tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
+    _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
+    B, R = context_lens.shape
+    if not 1 <= R <= 8:
+        _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
+    _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
+    _check_summaries(op, summaries, dev)
+    _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
+    _shape(op, "weights", weights, (B * R, HEADS))
+    _aligned16(op, q=q, weights=weights)
+    _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    _tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
+    if out.shape[0] != B * R or out.shape[1] < 1:
+        _fail(op, f"out must have shape [{B * R}, num_blocks >= 1], got {list(out.shape)}")
 
 
 def _validate_topk(logits, block_ids, counts, next_n, out, row_lens=None):
@@ -485,12 +577,12 @@ def _validate_remap(positions, block_ids, counts, next_n, out) -> None:
 
 def _dispatch(name: str, validate, reference):
     """Validate, then run the native kernel on CUDA tensors (when built), else the reference."""
-    def impl(*args) -> None:
-        validate(*args)
+    def impl(*args, **kwargs) -> None:
+        validate(*args, **kwargs)
         if NATIVE and args[0].is_cuda:
-            getattr(torch.ops.spin_native, name)(*args)
+            getattr(torch.ops.spin_native, name)(*args, **kwargs)
         else:
-            reference(*args)
+            reference(*args, **kwargs)
     return impl
 
 
@@ -523,7 +615,9 @@ _IMPLS = {"select": _dispatch("select", _validate_select, _select_ref),
           "update": _dispatch("update", _validate_update, _update_ref),
           "reset": _reset_impl,
           "compact": _dispatch("compact", _validate_compact, _compact_ref),
-          "remap": _dispatch("remap", _validate_remap, _remap_ref)}
+          "remap": _dispatch("remap", _validate_remap, _remap_ref),
+          "summarize": _dispatch("summarize", _validate_summarize, _summarize_ref),
+          "probe": _dispatch("probe", _validate_probe, _probe_ref)}
 for _name, _schema in _SCHEMAS.items():
     _LIB.define(_schema)
     _LIB.impl(_name, _IMPLS[_name], "CPU")
@@ -568,8 +662,15 @@ def require_supported(cfg: SpinConfig) -> None:
 
 def select(state: OpState, state_slot, context_lens, query_pos, request_id, step,
            cfg: SpinConfig, m_cap: int, max_context_len: int,
-           block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None):
+           block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
+           block_scores: Optional[torch.Tensor] = None, layer: Optional[int] = None):
+    """Every layer from SPIN's V/D prediction; or, with block_scores fp32 [B, R, >= blocks]
+    (e.g. probe's) and layer, that layer alone ranked by them (its slice of block_ids and
+    counts written; budget, forced blocks, exploration and MTP rules unchanged)."""
     require_supported(cfg)
+    if (block_scores is None) != (layer is None):
+        raise SpinError("select: block_scores and layer go together (one layer ranked by the "
+                        "given scores)")
     B, L = context_lens.shape[0], state.V.shape[1]
     dev = state.V.device
     if block_ids is None:
@@ -580,8 +681,32 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
                           step, block_ids, counts, cfg.target_sparsity, cfg.exploration,
                           POLICY[cfg.exploration_policy], cfg.index_topk, cfg.warmup_steps,
                           cfg.keep_sink, cfg.keep_newest, POOLING[cfg.pooling],
-                          cfg.mtp_mask == "union", cfg.seed, max_context_len)
+                          cfg.mtp_mask == "union", cfg.seed, max_context_len, block_scores,
+                          -1 if layer is None else layer)
     return block_ids, counts
+
+
+def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A zeroed summary table for kv_cache: one 144-byte row per page (reference.SUMMARY_BYTES)."""
+    return torch.zeros(kv_cache.shape[0], ref.SUMMARY_BYTES, dtype=torch.uint8,
+                       device=kv_cache.device)
+
+
+def summarize(kv_cache, pages, fill, summaries) -> None:
+    """Write the summary (mean key of its first fill[i] slots, as reference.summarize_pages)
+    of each page pages[i] into summaries[pages[i]]; entries outside the cache are skipped.
+    Build every page at prefill; at decode only the page of the newest slots changes."""
+    torch.ops.spin.summarize(kv_cache, pages, fill, summaries)
+
+
+def probe(q, summaries, weights, context_lens, block_table, num_blocks: int,
+          out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 [B*R, num_blocks] query-aware block scores (reference.probe_scores): each block's
+    summary scored with the current q and weights like a slot; -inf where nothing is visible."""
+    if out is None:
+        out = torch.empty(q.shape[0], num_blocks, dtype=torch.float32, device=q.device)
+    torch.ops.spin.probe(q, summaries, weights, context_lens, block_table, out)
+    return out
 
 
 def indexer_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts,

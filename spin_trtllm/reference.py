@@ -446,6 +446,63 @@ def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
     return rows.view(-1, PAGE_SLOTS, KEY_BYTES) * scales.unsqueeze(-1)
 
 
+# ---- block summaries and the probe (issue 17: query-aware block scores) ------------------------
+# One summary row per K-cache page, kept beside the cache and addressed by the same page ids:
+# the mean of the page's first `fill` dequantized keys, re-quantized like a key (e4m3, scale =
+# amax / 448), in a 144-byte row (128 fp8 bytes, the fp32 scale, 12 bytes of padding, so rows
+# stay 16-byte aligned).
+SUMMARY_BYTES = 144
+FP8_MAX = 448.0
+
+
+def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
+                    fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summaries of K-cache pages: (fp8 e4m3 keys as uint8 [P, 128], fp32 scales [P]).
+
+    Page pages[i]'s summary is mean_{s < f} k_s over its first f = clamp(fill[i], 0, 64)
+    dequantized keys (the products fp8 * scale in fp32, summed in fp64, the mean cast to fp32),
+    quantized with scale = max(amax / 448, 1e-12) (fp32) and round-to-nearest e4m3; f = 0 gives
+    a zero key."""
+    keys = dequantize_pages(kv_cache[pages.long().clamp(0, kv_cache.shape[0] - 1)])
+    f = fill.long().clamp(0, PAGE_SLOTS)
+    valid = torch.arange(PAGE_SLOTS, device=keys.device) < f.unsqueeze(-1)
+    total = torch.where(valid.unsqueeze(-1), keys.double(), 0.0).sum(1)
+    mean = (total / f.clamp(min=1).unsqueeze(-1).double()).float()
+    scale = (mean.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
+    rows = (mean / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
+    return rows, scale
+
+
+def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
+    """uint8 [P, 144] summary rows -> float32 keys [P, 128]."""
+    rows = summaries[:, :KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
+    scales = summaries[:, KEY_BYTES:KEY_BYTES + 4].contiguous().view(torch.float32)
+    return rows * scales
+
+
+def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """P[b*R + r, j] = sum_h w_h ReLU(q_h . s_j) for blocks j < num_blocks, s_j the summary of
+    page block_table[b, j] (the block's mean key, scored like a slot). -inf where block j has
+    no visible slot (64 j >= context_lens[b, r]), is past the block table, or its page is
+    outside the summaries (never read). [B*R, num_blocks]."""
+    B, R = context_lens.shape
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    j = torch.arange(num_blocks, device=q.device)
+    table = block_table.to(torch.int64)
+    if table.shape[1] == 0:
+        table = torch.full((B, 1), -1, dtype=torch.int64, device=q.device)
+    in_table = j < block_table.shape[1]
+    pages = table.gather(1, j.clamp(max=table.shape[1] - 1).expand(B, -1))
+    live = in_table & (pages >= 0) & (pages < summaries.shape[0])               # [B, J]
+    keys = dequantize_summaries(summaries)[torch.where(live, pages, 0)].to(dtype)  # [B, J, 128]
+    z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
+    visible = live.unsqueeze(1) & (j * PAGE_SLOTS < context_lens.to(torch.int64).unsqueeze(-1))
+    return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+
+
 def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                           context_lens: torch.Tensor, block_table: torch.Tensor,
                           block_ids: torch.Tensor, counts: torch.Tensor,
