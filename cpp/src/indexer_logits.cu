@@ -1,5 +1,6 @@
 // spin::indexer_logits: z[i] = sum_h w_h ReLU(q_h . k_i) over the selected blocks only, from the
-// FP8 paged indexer K cache.
+// FP8 paged indexer K cache. Also spin::summarize (a page's mean key) and spin::probe (blocks'
+// summaries scored like slots), which share the tiles, MMA and epilogue.
 //
 // A CTA (one warpgroup, 4 warps) takes a run of selected blocks of one request. Pages stream
 // through a kStages-deep cp.async ring into shared memory in the 128-byte swizzled layout the
@@ -249,6 +250,23 @@ __device__ __forceinline__ void weighted_relu_sum(const float* s, const float2* 
   z_hi = zh0 + zh1;
 }
 
+// z of the lane's two slots for one row of the tile (all lanes of a slot end with it):
+// relu(s * scale) = scale * relu(s) for a finite scale >= 0 (`factored`: scale once per slot).
+__device__ __forceinline__ void slot_scores(const float* s, const float2* w, float sc_lo,
+                                            float sc_hi, bool factored, float& z_lo, float& z_hi) {
+  if (factored) {
+    weighted_relu_sum<false>(s, w, 1.0f, 1.0f, z_lo, z_hi);
+    z_lo *= sc_lo;
+    z_hi *= sc_hi;
+  } else {
+    weighted_relu_sum<true>(s, w, sc_lo, sc_hi, z_lo, z_hi);
+  }
+  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
+  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
+  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
+  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+}
+
 template <int G>
 __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta) {
   extern __shared__ unsigned char smem_raw[];
@@ -340,7 +358,6 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
 
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
-    // relu(s * scale) = scale * relu(s) for a finite scale >= 0: scale once per slot
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
@@ -353,17 +370,7 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
         if (r >= p.rows) break;
         const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(r)) + t;
         float z_lo, z_hi;
-        if (factored) {
-          weighted_relu_sum<false>(acc + 32 * j, w, 1.0f, 1.0f, z_lo, z_hi);
-          z_lo *= sc_lo;
-          z_hi *= sc_hi;
-        } else {
-          weighted_relu_sum<true>(acc + 32 * j, w, sc_lo, sc_hi, z_lo, z_hi);
-        }
-        z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
-        z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
-        z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
-        z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+        slot_scores(acc + 32 * j, w, sc_lo, sc_hi, factored, z_lo, z_hi);
         if (t < 2)
           out_b[r * width + c * kBlockSize] =
               slot < ctx_s[r] ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
@@ -383,7 +390,151 @@ cudaError_t launch(const LogitsParams& p, int blocks_per_cta, cudaStream_t strea
   return cudaGetLastError();
 }
 
+// ---- block summaries and the probe ---------------------------------------------------------
+
+// One CTA per listed page, thread d = key dim d: the mean in the reference's arithmetic (fp32
+// products fp8 * scale, summed in fp64), amax over the 128 dims, re-quantized to e4m3.
+__global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
+  const int64_t page = p.pages[blockIdx.x];
+  if (page < 0 || page >= p.num_pages) return;
+  const int fill = min(max(p.fill[blockIdx.x], 0), kBlockSize);
+  const int d = threadIdx.x;
+  const uint8_t* src = p.kv_cache + page * kBlockSize * kSlotBytes;
+  const float* scales = reinterpret_cast<const float*>(src + kPageKeyBytes);
+  double total = 0.0;
+  for (int s = 0; s < fill; ++s) {
+    const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
+    total += static_cast<double>(__fmul_rn(static_cast<float>(key), scales[s]));
+  }
+  const float mean = static_cast<float>(total / static_cast<double>(max(fill, 1)));
+  __shared__ float warp_max[kHeadDim / 32];
+  float amax = fabsf(mean);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((d & 31) == 0) warp_max[d >> 5] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const float scale = fmaxf(__fdiv_rn(amax, 448.0f), 1e-12f);
+  uint8_t* dst = p.summaries + page * kSummaryBytes;
+  dst[d] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(mean, scale), __NV_SATFINITE, __NV_E4M3));
+  if (d == 0) *reinterpret_cast<float*>(dst + kHeadDim) = scale;
+}
+
+// One CTA per (request, 64 consecutive blocks): the blocks' summary rows, gathered through the
+// block table, make one 64-row tile scored like a K-cache page (same MMA and epilogue).
+template <int G>
+__global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  const int groups = (p.rows + G - 1) / G;
+  const int q_rows = groups * G;
+  const uint32_t tile = q_rows * kQBytes, scales_at = tile + kPageKeyBytes;
+  const uint32_t weights_at = scales_at + kBlockSize * 4;
+  const int b = blockIdx.y, j0 = blockIdx.x * kBlockSize;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  __shared__ int valid_s[kBlockSize], ctx_s[kMaxRows];
+  int max_ctx = 0;
+  for (int r = 0; r < p.rows; ++r) max_ctx = max(max_ctx, p.context_lens[b * p.rows + r]);
+  if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
+  // a row is read only for a block someone sees, inside the table and the summaries
+  auto page_of = [&](int i) -> int64_t {
+    const int j = j0 + i;
+    if (j >= p.num_blocks || j >= p.max_pages || static_cast<int64_t>(j) * kBlockSize >= max_ctx)
+      return -1;
+    const int64_t page = p.block_table[b * p.table_stride + j];
+    return page >= 0 && page < p.num_pages ? page : -1;
+  };
+  if (threadIdx.x < kBlockSize) {
+    const int64_t page = page_of(threadIdx.x);
+    valid_s[threadIdx.x] = page >= 0;
+    *reinterpret_cast<float*>(smem + scales_at + threadIdx.x * 4) =
+        page >= 0 ? *reinterpret_cast<const float*>(p.summaries + page * kSummaryBytes + kHeadDim)
+                  : 0.0f;
+  }
+  // rows t / 8 + 16 u, chunk t % 8; rows of unread blocks are zero
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int row = threadIdx.x / 8 + 16 * u, chunk = threadIdx.x % 8;
+    const int64_t page = page_of(row);
+    const uint32_t dst = tile + swizzled(row, chunk);
+    if (page >= 0)
+      cp_async16(base + dst, p.summaries + page * kSummaryBytes + chunk * 16);
+    else
+      *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
+  }
+  for (int idx = threadIdx.x; idx < p.rows * kQBytes / 16; idx += kThreads) {
+    const int r = idx / (kQBytes / 16), i = idx % (kQBytes / 16);
+    cp_async16(base + r * kQBytes + swizzled(i / 8, i % 8),
+               p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes + i * 16);
+  }
+  for (int idx = threadIdx.x; idx < (q_rows - p.rows) * kQBytes / 16; idx += kThreads)
+    *reinterpret_cast<uint4*>(smem + (p.rows * kQBytes) + idx * 16) = make_uint4(0, 0, 0, 0);
+  for (int idx = threadIdx.x; idx < p.rows * kHeads / 4; idx += kThreads)
+    cp_async16(base + weights_at + idx * 16,
+               p.weights + static_cast<int64_t>(b) * p.rows * kHeads + idx * 4);
+  cp_async_commit();
+  cp_async_wait<0>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+#endif
+  __syncthreads();
+
+  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
+  const int s_mine = t == 0 ? s_lo : s_hi;
+  const float* scales = reinterpret_cast<const float*>(smem + scales_at);
+  const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
+  const bool factored =
+      sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
+  const int j = j0 + s_mine;
+  Acc<G> acc;
+  for (int group = 0; group < groups; ++group) {
+    page_scores<G>(acc, base + tile, base + group * G * kQBytes);
+#pragma unroll
+    for (int jr = 0; jr < G; ++jr) {
+      const int r = group * G + jr;
+      if (r >= p.rows) break;
+      const float2* w = reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4) + t;
+      float z_lo, z_hi;
+      slot_scores(acc + 32 * jr, w, sc_lo, sc_hi, factored, z_lo, z_hi);
+      if (t < 2 && j < p.num_blocks) {
+        const bool visible = valid_s[s_mine] && static_cast<int64_t>(j) * kBlockSize < ctx_s[r];
+        p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
+            visible ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
+      }
+    }
+  }
+}
+
+template <int G>
+cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
+  const int q_rows = (p.rows + G - 1) / G * G;
+  const int smem = q_rows * kQBytes + kPageKeyBytes + kBlockSize * 4 + p.rows * kHeads * 4 + 1024;
+  cudaError_t err = allow_dynamic_smem(probe_kernel<G>, smem);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.num_blocks + kBlockSize - 1) / kBlockSize, p.batch);
+  probe_kernel<G><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
+  if (p.count == 0) return cudaSuccess;
+  summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
+  if (p.rows < 1 || p.rows > kMaxRows) return cudaErrorInvalidValue;
+  switch (group_for(p.rows)) {
+    case 1: return launch_probe_as<1>(p, stream);
+    case 2: return launch_probe_as<2>(p, stream);
+    default: return launch_probe_as<4>(p, stream);
+  }
+}
 
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.m_cap == 0) return cudaSuccess;

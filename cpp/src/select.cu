@@ -1,4 +1,4 @@
-// spin::select: predict block scores from V/D, apply budget, forced blocks, exploration and
+// spin::select: predict block scores from V/D (or take given ones, one layer), apply budget, forced blocks, exploration and
 // the MTP union, for every (request, layer) stream in one launch. One CTA per stream; the
 // top-m blocks come from 8-bit radix passes over the score keys, ties to the lower block id.
 #include <cfloat>
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   __shared__ int bcast[2];
   __shared__ int warp_counts[2 * kThreads / 32];
 
-  const int layer = blockIdx.x, b = blockIdx.y;
+  const int layer = p.layer >= 0 ? p.layer : blockIdx.x, b = blockIdx.y;
   const StateView& s = p.state;
   int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
   const int slot_id = p.state_slot[b];
@@ -227,9 +227,16 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
       continue;
     }
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
-    if constexpr (kVec > 0) score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+    if (p.block_scores != nullptr) {  // given scores (e.g. the probe's) instead of V/D
+      const float* given = p.block_scores + b * p.scores_stride_b + r * p.scores_stride_r;
+      for (int j = threadIdx.x; j < B; j += kThreads)
+        score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
+    } else if constexpr (kVec > 0) {
+      score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+    }
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
-    for (int j0 = warp; kVec == 0 && j0 < B; j0 += kPerStep * kWarps) {
+    for (int j0 = warp; kVec == 0 && p.block_scores == nullptr && j0 < B;
+         j0 += kPerStep * kWarps) {
       float v[kPerStep][2];
 #pragma unroll
       for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
@@ -333,7 +340,8 @@ template <bool kHalf, int kVec>
 cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
   cudaError_t err = allow_dynamic_smem(select_kernel<kHalf, kVec>, smem);
   if (err != cudaSuccess) return err;
-  select_kernel<kHalf, kVec><<<dim3(p.state.num_layers, p.batch), kThreads, smem, stream>>>(p);
+  const int layers = p.layer >= 0 ? 1 : p.state.num_layers;
+  select_kernel<kHalf, kVec><<<dim3(layers, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -341,6 +349,7 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
   const StateView& s = p.state;
+  if (p.block_scores != nullptr) return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
   if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
     return launch_select_as<true, 8>(p, smem, stream);
   if (p.pooling == kPoolMax && state_vectorizable(s, 4))

@@ -45,7 +45,8 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
             at::Tensor request_id, at::Tensor step, at::Tensor block_ids, at::Tensor counts,
             double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
             int64_t warmup_steps, bool keep_sink, bool keep_newest, int64_t pooling,
-            bool mtp_union, int64_t seed, int64_t max_context_len) {
+            bool mtp_union, int64_t seed, int64_t max_context_len,
+            const c10::optional<at::Tensor>& block_scores, int64_t layer) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::SelectParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -71,6 +72,13 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.m_cap = static_cast<int>(block_ids.size(2));
   p.max_context = static_cast<int>(max_context_len);
   p.max_blocks = static_cast<int>((max_context_len + spin::kBlockSize - 1) / spin::kBlockSize);
+  if (block_scores.has_value()) {
+    p.block_scores = block_scores->data_ptr<float>();
+    p.scores_stride_b = block_scores->stride(0);
+    p.scores_stride_r = block_scores->stride(1);
+    p.scores_width = static_cast<int>(block_scores->size(2));
+    p.layer = static_cast<int>(layer);
+  }
   check(spin::launch_select(p, c10::cuda::getCurrentCUDAStream()), "select");
 }
 
@@ -166,6 +174,37 @@ void spin_remap(at::Tensor positions, at::Tensor block_ids, at::Tensor counts, i
   check(spin::launch_remap(p, c10::cuda::getCurrentCUDAStream()), "remap");
 }
 
+void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
+  const c10::cuda::CUDAGuard guard(kv_cache.device());
+  spin::SummarizeParams p;
+  p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
+  p.pages = pages.data_ptr<int32_t>();
+  p.fill = fill.data_ptr<int32_t>();
+  p.count = static_cast<int>(pages.size(0));
+  p.num_pages = kv_cache.size(0);
+  p.summaries = summaries.data_ptr<uint8_t>();
+  check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), "summarize");
+}
+
+void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
+                at::Tensor block_table, at::Tensor out) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  spin::ProbeParams p;
+  p.q = static_cast<const uint8_t*>(q.data_ptr());
+  p.summaries = summaries.data_ptr<uint8_t>();
+  p.weights = weights.data_ptr<float>();
+  p.context_lens = context_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.num_blocks = static_cast<int>(out.size(1));
+  p.max_pages = static_cast<int>(block_table.size(1));
+  p.num_pages = summaries.size(0);
+  p.table_stride = block_table.stride(0);
+  p.out = out.data_ptr<float>();
+  check(spin::launch_probe(p, c10::cuda::getCurrentCUDAStream()), "probe");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(spin_native, m) {
@@ -173,7 +212,7 @@ TORCH_LIBRARY(spin_native, m) {
         "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
         "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
         "int warmup_steps, bool keep_sink, bool keep_newest, int pooling, bool mtp_union, int seed, "
-        "int max_context_len) -> ()");
+        "int max_context_len, Tensor? block_scores=None, int layer=-1) -> ()");
   m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
   m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
@@ -185,6 +224,9 @@ TORCH_LIBRARY(spin_native, m) {
   m.def("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()");
   m.def("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out) -> ()");
+  m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
+  m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
+        "Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
@@ -194,4 +236,6 @@ TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
   m.impl("update", &spin_update);
   m.impl("compact", &spin_compact);
   m.impl("remap", &spin_remap);
+  m.impl("summarize", &spin_summarize);
+  m.impl("probe", &spin_probe);
 }

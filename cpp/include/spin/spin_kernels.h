@@ -12,6 +12,7 @@ constexpr int kHeads = 64;       // indexer heads (DeepSeek-V3.2/V4)
 constexpr int kHeadDim = 128;    // fp8 bytes per key row
 constexpr int kSlotBytes = kHeadDim + 4;  // 128 fp8 bytes + one fp32 scale
 constexpr int kMaxRows = 8;      // MTP rows (next_n) supported
+constexpr int kSummaryBytes = 144;  // a page's summary row: 128 fp8 bytes, fp32 scale, padding
 
 enum Pooling : int { kPoolMax = 0, kPoolMean = 1, kPoolTop4 = 2 };
 enum ExplorePolicy : int { kExploreRandom = 0, kExploreStaleness = 1, kExploreAge = 2 };
@@ -47,6 +48,12 @@ struct SelectParams {
   int m_cap;
   int max_context;             // context lengths are clamped to this
   int max_blocks;              // ceil(max_context / 64); sizes shared memory
+  // optional: rank blocks by these scores [B, R, scores_width] (strides in floats) instead of
+  // V/D, for layer `layer` alone (its slice of block_ids/counts); null: every layer from V/D
+  const float* block_scores = nullptr;
+  int64_t scores_stride_b = 0, scores_stride_r = 0;
+  int scores_width = 0;
+  int layer = -1;
 };
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
 
@@ -63,6 +70,32 @@ struct LogitsParams {
   float* out;                  // [B*R, m_cap * 64]
 };
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
+
+// Block summaries: summaries[pages[i]] = the mean of page pages[i]'s first fill[i] keys,
+// re-quantized (reference.summarize_pages); pages outside [0, num_pages) are skipped.
+struct SummarizeParams {
+  const uint8_t* kv_cache;     // [num_pages, 64 * 132]
+  const int32_t* pages;        // [count]
+  const int32_t* fill;         // [count]
+  int count;
+  int64_t num_pages;
+  uint8_t* summaries;          // [num_pages, kSummaryBytes]
+};
+cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
+
+// The probe: out[b*R + r, j] = sum_h w_h ReLU(q_h . summary(block_table[b, j])) for blocks j
+// with a visible slot (64 j < context_lens[b, r]) and a page inside the summaries, else -inf.
+struct ProbeParams {
+  const uint8_t* q;            // fp8 e4m3 [B*R, 64, 128]
+  const uint8_t* summaries;    // [num_pages, kSummaryBytes]
+  const float* weights;        // [B*R, 64]
+  const int32_t* context_lens; // [B, R]
+  const int32_t* block_table;  // [B, table_stride], max_pages valid columns
+  int batch, rows, num_blocks, max_pages;
+  int64_t num_pages, table_stride;
+  float* out;                  // [B*R, num_blocks]
+};
+cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream);
 
 struct TopKParams {
   const float* logits;         // [B*R, >= m_cap * 64], rows logits_stride apart (m_cap*64 read)

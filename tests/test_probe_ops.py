@@ -1,0 +1,243 @@
+"""spin::summarize, spin::probe and select with given block scores (issue 17's query-aware
+probe): the reference against brute force on the CPU, the kernels against the reference on a
+GPU, argument checks."""
+
+import math
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig, ops
+from spin_trtllm import reference as ref
+from spin_trtllm.errors import SpinError
+
+from test_ops import Problem, gpu, make_cache
+
+
+def _summaries(cache, gen, fills=None):
+    """Summaries of every page, with page fills drawn from edge values unless given."""
+    P = cache.shape[0]
+    if fills is None:
+        fills = torch.tensor([(0, 1, 37, 63, 64, 70, -3)[i % 7] for i in range(P)],
+                             dtype=torch.int32)
+    S = ops.summaries_like(cache)
+    ops.summarize(cache, torch.arange(P, dtype=torch.int32).to(cache.device), fills.to(cache.device),
+                  S)
+    return S, fills
+
+
+# ---- CPU: the reference against brute force --------------------------------------------------
+def test_summary_is_the_mean_key_requantized():
+    gen = torch.Generator().manual_seed(0)
+    cache = make_cache(9, gen)
+    S, fills = _summaries(cache, gen)
+    keys = ref.dequantize_pages(cache).double()
+    got = ref.dequantize_summaries(S).double()
+    for p in range(9):
+        f = min(max(int(fills[p]), 0), 64)
+        mean = keys[p, :f].mean(0) if f else torch.zeros(128, dtype=torch.float64)
+        amax = float(mean.abs().max())
+        # e4m3 keeps 3 mantissa bits: each entry within half a step (1/16 relative) of the mean,
+        # steps measured against the row's scale for the subnormal range
+        tol = torch.maximum(mean.abs() / 16, torch.full_like(mean, amax / 448 * 2 ** -9)) + 1e-12
+        assert bool(((got[p] - mean).abs() <= tol).all()), p
+        assert int(S[p, 132:].count_nonzero()) == 0          # padding untouched (zeroed table)
+
+
+def test_summarize_skips_pages_outside_the_cache():
+    gen = torch.Generator().manual_seed(1)
+    cache = make_cache(4, gen)
+    S = ops.summaries_like(cache)
+    ops.summarize(cache, torch.tensor([-1, 4, 99, 2], dtype=torch.int32),
+                  torch.tensor([64, 64, 64, 5], dtype=torch.int32), S)
+    assert int(S[[0, 1, 3]].count_nonzero()) == 0
+    assert int(S[2].count_nonzero()) > 0
+
+
+def test_probe_reference_matches_a_loop():
+    gen = torch.Generator().manual_seed(2)
+    P, B, R = 10, 3, 2
+    cache = make_cache(P, gen)
+    S, _ = _summaries(cache, gen, torch.full((P,), 64, dtype=torch.int32))
+    table = torch.tensor([[3, 1, 7, -1], [0, 12, 2, 5], [9, 8, 4, 6]], dtype=torch.int32)
+    ctx = torch.tensor([[130, 131], [1, 2], [256, 257]], dtype=torch.int32)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen)
+    num_blocks = 6                                  # past the table's 4 columns
+    got = ops.probe(q, S, w, ctx, table, num_blocks)
+    keys = ref.dequantize_summaries(S).double()
+    for b in range(B):
+        for r in range(R):
+            for j in range(num_blocks):
+                page = int(table[b, j]) if j < table.shape[1] else -1
+                row = got[b * R + r, j]
+                if page < 0 or page >= P or 64 * j >= int(ctx[b, r]):
+                    assert row == float("-inf"), (b, r, j)
+                    continue
+                dots = q[b * R + r].double() @ keys[page]
+                want = float((dots.relu() * w[b * R + r].double()).sum())
+                assert abs(float(row) - want) <= 1e-4 * (1 + abs(want)), (b, r, j)
+
+
+def test_select_with_spins_own_scores_equals_select():
+    """Given SPIN's own V/D block prediction as block_scores, one layer's selection must be
+    what the all-layer select chose for it (same budget, forced blocks, exploration, MTP)."""
+    for R, policy in ((1, "random"), (3, "staleness"), (2, "age")):
+        cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.2,
+                         exploration_policy=policy)
+        p = Problem(B=4, R=R, L=3, lens=(700, 64, 1500, 33), seed=R, cfg=cfg,
+                    warm=(False, True, False, False))
+        ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx)
+        layer = 1
+        idx = p.slot.long()
+        state = ref.SpinState(p.state.V[idx, layer], p.state.D[idx, layer],
+                              p.state.last_seen[idx, layer], p.state.decode_steps[idx, layer])
+        scores, _ = ref.predict_blocks(state, p.n.long(), p.q.long(), cfg, int(p.n.max()))
+        ids2 = torch.full_like(ids, -7)
+        cnt2 = torch.full_like(cnt, -7)
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   ids2, cnt2, block_scores=scores.float().contiguous(), layer=layer)
+        assert torch.equal(ids2[:, layer], ids[:, layer]) and torch.equal(cnt2[:, layer], cnt[:, layer])
+        others = [l for l in range(3) if l != layer]
+        assert bool((ids2[:, others] == -7).all())          # other layers untouched
+
+
+def test_select_follows_the_given_scores():
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0, keep_sink=False,
+                     keep_newest=False)
+    p = Problem(B=1, R=1, L=1, lens=(640,), seed=3, cfg=cfg)
+    scores = torch.full((1, 1, 10), -1.0)
+    scores[0, 0, [2, 5, 7, 8, 9]] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                          block_scores=scores, layer=0)
+    assert int(cnt[0, 0]) == 5
+    assert ids[0, 0, :5].tolist() == [2, 5, 7, 8, 9]
+
+
+@pytest.mark.parametrize("case", ["cache", "summaries", "q", "table", "out"])
+def test_probe_and_summarize_reject_bad_arguments(case):
+    gen = torch.Generator().manual_seed(4)
+    cache = make_cache(4, gen)
+    S = ops.summaries_like(cache)
+    q = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)
+    w = torch.randn(2, 64)
+    ctx = torch.tensor([[100], [64]], dtype=torch.int32)
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    out = torch.empty(2, 2)
+    pages = torch.arange(4, dtype=torch.int32)
+    if case == "cache":
+        with pytest.raises(SpinError, match="kv_cache must be uint8 pages"):
+            ops.summarize(cache.view(4, -1)[:, :100].contiguous(), pages, pages, S)
+    elif case == "summaries":
+        with pytest.raises(SpinError, match="summaries must be uint8"):
+            ops.summarize(cache, pages, pages, torch.zeros(4, 132, dtype=torch.uint8))
+        with pytest.raises(SpinError, match="one summary per page"):
+            ops.summarize(cache, pages, pages, torch.zeros(5, 144, dtype=torch.uint8))
+    elif case == "q":
+        with pytest.raises(SpinError, match="q must be float8_e4m3fn"):
+            ops.probe(q.float(), S, w, ctx, table, 2, out)
+    elif case == "table":
+        with pytest.raises(SpinError, match="block_table has 1 rows"):
+            ops.probe(q, S, w, ctx, table[:1], 2, out)
+    else:
+        with pytest.raises(SpinError, match="out must have shape"):
+            ops.probe(q, S, w, ctx, table, 2, torch.empty(3, 2))
+
+
+def test_select_rejects_scores_of_the_wrong_shape_or_a_layer_alone():
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5)
+    p = Problem(B=2, R=1, L=2, lens=(300,), seed=5, cfg=cfg)
+    with pytest.raises(SpinError, match="block_scores must have shape"):
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   block_scores=torch.zeros(2, 2, 5), layer=0)
+    with pytest.raises(SpinError, match="layer must be in"):
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   block_scores=torch.zeros(2, 1, 5), layer=2)
+    with pytest.raises(SpinError, match="block_scores and layer go together"):
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   block_scores=torch.zeros(2, 1, 5))
+
+
+# ---- GPU: the kernels against the reference ----------------------------------------------------
+@gpu
+def test_gpu_summarize_equals_reference_bytes():
+    gen = torch.Generator().manual_seed(6)
+    cache = make_cache(40, gen)
+    cache.view(40, -1)[3, :128] = 0                      # an all-zero key row
+    S_cpu, fills = _summaries(cache, gen)
+    S_gpu, _ = _summaries(cache.cuda(), gen, fills)
+    assert torch.equal(S_gpu.cpu(), S_cpu)
+
+
+@gpu
+@pytest.mark.parametrize("R", [1, 2, 3, 5])
+def test_gpu_probe_matches_reference(R):
+    gen = torch.Generator().manual_seed(7 + R)
+    B, P = 3, 90
+    cache = make_cache(P, gen)
+    S, _ = _summaries(cache, gen, torch.full((P,), 64, dtype=torch.int32))
+    lens = (1, 2000, 4100)
+    ctx = torch.tensor([[l + r for r in range(R)] for l in lens], dtype=torch.int32)
+    table = torch.randint(-1, P + 2, (B, 70), generator=gen, dtype=torch.int32)   # -1, outside
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen)
+    num_blocks = 75                                       # past the table; ragged last tile
+    want = ops.probe(q, S, w, ctx, table, num_blocks)
+    got = ops.probe(q.cuda(), S.cuda(), w.cuda(), ctx.cuda(), table.cuda(), num_blocks).cpu()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert int(fin.sum()) > 50
+    err = (got[fin].double() - want[fin].double()).norm() / want[fin].double().norm()
+    assert err < 5e-4, err
+
+
+@gpu
+@pytest.mark.parametrize("policy,R", [("random", 1), ("staleness", 2), ("age", 4)])
+def test_gpu_select_with_block_scores_matches_reference(policy, R):
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2,
+                     exploration_policy=policy)
+    p_cpu = Problem(B=4, R=R, L=3, lens=(700, 64, 1500, 33), seed=8, cfg=cfg,
+                    warm=(False, True, False, False))
+    p_gpu = Problem(B=4, R=R, L=3, lens=(700, 64, 1500, 33), seed=8, cfg=cfg,
+                    warm=(False, True, False, False), device="cuda")
+    gen = torch.Generator().manual_seed(9)
+    nb = math.ceil(p_cpu.max_ctx / 64)
+    scores = torch.randn(4, R, nb + 3, generator=gen)
+    scores[0, 0, 3] = scores[0, 0, 4]                     # a tie: the lower id wins
+    out = []
+    for p, s in ((p_cpu, scores), (p_gpu, scores.cuda())):
+        out.append([t.cpu() for t in ops.select(p.state, p.slot, p.n, p.q, p.request, p.step,
+                                                cfg, p.m_cap, p.max_ctx, block_scores=s,
+                                                layer=2)])
+    assert torch.equal(out[0][0][:, 2], out[1][0][:, 2])
+    assert torch.equal(out[0][1][:, 2], out[1][1][:, 2])
+
+
+@gpu
+def test_gpu_probe_and_select_capture_in_a_cuda_graph():
+    gen = torch.Generator().manual_seed(10)
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5)
+    p = Problem(B=2, R=2, L=1, lens=(900, 300), seed=11, cfg=cfg, device="cuda")
+    S = ops.summaries_like(p.cache[0])
+    pages = p.table.flatten().contiguous()
+    fills = torch.full_like(pages, 64)
+    nb = p.m_cap
+    scores = torch.empty(2 * 2, nb, device="cuda")
+    ids = torch.empty(2, 1, p.m_cap, dtype=torch.int32, device="cuda")
+    cnt = torch.empty(2, 1, dtype=torch.int32, device="cuda")
+
+    def step():
+        ops.summarize(p.cache[0], pages, fills, S)
+        ops.probe(p.qfp8, S, p.weights, p.n, p.table, nb, scores)
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   ids, cnt, block_scores=scores.view(2, 2, nb), layer=0)
+    step()
+    eager = (scores.clone(), ids.clone(), cnt.clone())
+    S.zero_()
+    scores.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(scores, eager[0]) and torch.equal(ids, eager[1]) and torch.equal(cnt, eager[2])
