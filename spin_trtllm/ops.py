@@ -1,4 +1,5 @@
-"""SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap}.
+"""SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap,
+summarize, probe}.
 
 The schemas live here (one place). Every op validates its arguments in Python (shapes,
 dtypes, devices, contiguity, config ranges: clear errors before any launch), then runs:
@@ -50,6 +51,18 @@ Contracts (DESIGN.md):
   -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos < min(count, m_cap)*64
   with that id >= 0, else -1, order kept (row r is request r // next_n). out may be positions
   itself (in place), otherwise it must not overlap it.
+- summarize (the probe predictor's block summaries, kept beside the K cache with the same page
+  ids): kv_cache as indexer_logits reads it, pages int32 [P], fill int32 [P] -> summaries uint8
+  [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding) row pages[i] = the
+  mean of that page's first clamp(fill[i], 0, 64) dequantized keys, re-quantized e4m3 with scale
+  amax / 448 (reference.summarize_pages; the kernel's bytes equal the reference's). Pages
+  outside [0, num_pages) are skipped.
+- probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries ->
+  out fp32 [B*R, num_blocks]: sum_h w_h ReLU(q_h . summary(block_table[b, j])) per block j, -inf
+  where the block has no visible slot, is past the table or its page is outside the summaries.
+- select with block_scores fp32 [B, R, >= 1] (last dim contiguous) and layer: that layer alone,
+  ranked by the given scores instead of V/D (columns past the scores count as -inf); budget,
+  forced blocks, exploration, warm-up and MTP rules as for V/D. Other layers are not written.
 - Device values are checked on CPU (state slots in range and distinct, context lengths within
   max_context_len). On CUDA the kernels clamp context lengths to max_context_len and skip a
   request whose state slot is out of range (counts 0, ids -1), so no check needs a sync.
