@@ -3,14 +3,16 @@
 Each engine is measured in a fresh process (spin_trtllm/harness/speed.py says why), one case at
 a time: the no-indexer step ("null"), all-keep, SPIN at each target sparsity every step, and
 SPIN with the cost-model switch ("auto": all-keep where SPIN would not pay), with the native
-logits kernel and, when deep_gemm imports, with DeepGEMM's (what TensorRT-LLM runs). Columns:
+logits kernel and, when deep_gemm imports, with DeepGEMM's (what TensorRT-LLM runs). With
+--predictor spin probe, the SPIN and auto rows run once per predictor (probe: blocks ranked by
+their summaries scored with the current query; rows labelled "probe 0.5 (native)"). Columns:
   step ms      wall time of Engine.step() (host scheduling, verification and drafting included)
   forward ms   GPU time of the captured step (select + all layers), CUDA events
   indexer ms   forward ms minus the null step's
   speedups     against the fastest all-keep of the same case (any backend)
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
-             [--state-dtype float16] [--json F] [--markdown F]
+             [--state-dtype float16] [--predictor spin probe] [--json F] [--markdown F]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def one(spec: dict) -> dict:
     cfg = step_config(spec["context"], spec["mtp"], spec["warmup"] + spec["steps"])
     return measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
                    spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
-                   spec["state_dtype"])
+                   spec["state_dtype"], predictor=spec.get("predictor", "spin"))
 
 
 def in_fresh_process(spec: dict) -> dict:
@@ -54,7 +56,8 @@ def backends_here() -> list[str]:
 def label(r) -> str:
     name = {"null": "no indexer", "dense": "all-keep"}.get(r["indexer"])
     if name is None:
-        name = f"SPIN {r['rho']}" + (" auto" if r["indexer"] == "auto" else "")
+        pred = "SPIN" if r.get("predictor", "spin") == "spin" else r["predictor"]
+        name = f"{pred} {r['rho']}" + (" auto" if r["indexer"] == "auto" else "")
     return f"{name} ({r['backend']})"
 
 
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", choices=["native", "deepgemm"],
                     help="logits backends to run (default: native, and deepgemm if it imports)")
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")
+    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe"], default=["spin"],
+                    help="block predictors of the SPIN/auto rows (default: spin)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -93,10 +98,12 @@ def main(argv=None) -> int:
                             steps=args.steps, state_dtype=args.state_dtype)
                 specs = [dict(indexer="null", backend="native")]
                 specs += [dict(indexer="dense", backend=b) for b in usable]
-                specs += [dict(indexer="spin", rho=s, backend=b) for s in args.sparsity
-                          for b in usable]
+                for p in args.predictor:
+                    specs += [dict(indexer="spin", rho=s, backend=b, predictor=p)
+                              for s in args.sparsity for b in usable]
                 if not args.no_auto:
-                    specs += [dict(indexer="auto", rho=s, backend="native") for s in args.sparsity]
+                    specs += [dict(indexer="auto", rho=s, backend="native", predictor=p)
+                              for p in args.predictor for s in args.sparsity]
                 null, dense = None, []
                 for spec in specs:
                     t0 = time.time()

@@ -10,6 +10,13 @@ Everything after prepare() writes into buffers allocated once, so select/layer/f
 captured in a CUDA graph per batch size. It takes the metadata TensorRT-LLM's indexer has:
 indexer-slot lengths per MTP row, query positions, the indexer K-cache block table, request ids
 and accepted draft counts.
+
+predictor="probe" ranks each layer's blocks by their summaries (mean key per 64-slot page, one
+144-byte row per page beside the K cache) scored with the current query, instead of SPIN's V/D
+history: layer() then summarizes the pages of this step's newest slots, probes and selects that
+layer itself; select() only acts for keep_all steps. The V/D update still runs (warm-up and
+exploration ages come from it). The caller builds the summaries of prompt pages with
+summarize_context() after prefill (see its docstring).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .state import StatePool
 
 
 PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
+PREDICTORS = ("spin", "probe")
 
 
 def _backend(backend, device, page_slots: int = ops.BLOCK) -> "logits_backends.LogitsBackend":
@@ -48,11 +56,14 @@ def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
-                 page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None):
+                 page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None,
+                 predictor: str = "spin"):
         """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
         page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
-        several draft lengths share one allocation)."""
+        several draft lengths share one allocation).
+        predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
+        with the current query (64-slot pages only; summary tables kept in self.summaries)."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -60,6 +71,14 @@ class SpinIndexer:
         if page_slots not in PAGE_SIZES:
             raise SpinError(f"SpinIndexer: page_slots must be one of {PAGE_SIZES}, got "
                             f"{page_slots}")
+        if predictor not in PREDICTORS:
+            raise SpinError(f"SpinIndexer: predictor must be one of {', '.join(PREDICTORS)}, "
+                            f"got {predictor!r}")
+        if predictor == "probe" and page_slots != ops.BLOCK:
+            # a summary row belongs to one page; a 64-slot block of two pages has no single row
+            raise SpinError(f"SpinIndexer: predictor='probe' needs {ops.BLOCK}-slot pages, got "
+                            f"page_slots={page_slots}")
+        self.predictor = predictor
         self.cfg, self.pool = cfg, pool
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
@@ -100,6 +119,16 @@ class SpinIndexer:
         # the layer (inside a captured graph too), so a layer the engine skipped learns nothing
         self.ran_counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
         self.batch = 0
+        self.keep_all = False
+        # probe: layer -> uint8 [num_pages, 144] summary table of that layer's K cache, and the
+        # cache it belongs to; the pages holding each request's newest slots (at most 2 for
+        # next_n <= 64), -1 padded, and their fill; the block scores of one layer
+        self.summaries: dict[int, torch.Tensor] = {}
+        self._summary_cache: dict[int, tuple] = {}
+        if predictor == "probe":
+            self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
+            self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
+            self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
                 query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
@@ -130,11 +159,80 @@ class SpinIndexer:
         self.query_pos[:B].copy_(query_pos)
         _copy_table(self.block_table, block_table, B)
         self.ran_counts[:B] = 0
+        if self.predictor == "probe":
+            self._newest_pages(context_lens, B)
+
+    def _newest_pages(self, context_lens: torch.Tensor, B: int) -> None:
+        """The pages this step writes: slots n - R .. n - 1 of each request, n the last row's
+        length (with a compress ratio the last row may also write slot n, a partial group no
+        row sees yet: it is summarized once it is visible). Fill = slots below n in the page;
+        the earlier rows share the page's summary (the newest block is forced anyway)."""
+        R = self.next_n
+        n = context_lens[:, R - 1].to(torch.int64).clamp(0, self.max_context)
+        first = (n - R).clamp(min=0) // ops.BLOCK
+        last = (n - 1).clamp(min=0) // ops.BLOCK
+        cols = torch.stack([first, last], 1)                                  # [B, 2]
+        fill = (n.unsqueeze(1) - cols * ops.BLOCK).clamp(max=ops.BLOCK)
+        use = torch.stack([n > 0, (n > 0) & (last > first)], 1)
+        dev = self.block_table.device
+        cols, fill, use = cols.to(dev), fill.to(dev), use.to(dev)
+        pages = torch.where(use, self.block_table[:B].gather(1, cols), -1)
+        self.new_pages[:2 * B].copy_(pages.view(-1))
+        self.new_pages[2 * B:] = -1
+        self.new_fill[:2 * B].copy_(torch.where(use, fill, 0).view(-1))
+
+    def summary_table(self, layer: int, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The summary table of indexer layer `layer`, made (zeroed) the first time its K cache
+        is seen (summarize_context or an eager step, before any CUDA-graph capture); the
+        layer's K cache may not change afterwards (the rows describe its pages)."""
+        key = (kv_cache.data_ptr(), kv_cache.shape[0], kv_cache.device)
+        table = self.summaries.get(layer)
+        if table is None:
+            if not 0 <= layer < self.pool.num_layers:
+                raise SpinError(f"SpinIndexer: layer {layer} outside [0, "
+                                f"{self.pool.num_layers})")
+            table = self.summaries[layer] = ops.summaries_like(kv_cache)
+            self._summary_cache[layer] = key
+        elif self._summary_cache[layer] != key:
+            raise SpinError(f"SpinIndexer: layer {layer}'s K cache changed (pointer or page "
+                            f"count) since its summaries were made")
+        return table
+
+    def summarize_context(self, layer: int, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          context_lens) -> None:
+        """predictor="probe": build the summaries of every visible page of some requests in
+        layer `layer`'s table, from their keys in kv_cache. block_table int32 [N, pages] (or
+        one request's row [pages]); context_lens [N] visible indexer slots per request. Call it
+        after prefill writes a request's keys, and whenever a request's cache was written
+        while this indexer did not run (dense steps, a restart): decode steps only re-summarize
+        the pages of their newest slots. Eager, outside CUDA graphs (the lengths are read on
+        the host). Does nothing with predictor="spin"."""
+        if self.predictor != "probe":
+            return
+        table = self.summary_table(layer, kv_cache)
+        rows = block_table.view(1, -1) if block_table.dim() == 1 else block_table
+        n = torch.as_tensor(context_lens).to("cpu", torch.int64).view(-1).clamp(min=0)
+        if n.numel() != rows.shape[0]:
+            raise SpinError(f"SpinIndexer.summarize_context: {rows.shape[0]} block-table rows "
+                            f"but {n.numel()} context lengths")
+        width = min(-(-int(n.max()) // ops.BLOCK), rows.shape[1]) if n.numel() else 0
+        if width == 0:
+            return
+        fill = (n.unsqueeze(1) - torch.arange(width) * ops.BLOCK).clamp(0, ops.BLOCK)
+        fill = fill.to(kv_cache.device, torch.int32)
+        pages = torch.where(fill > 0, rows[:, :width].to(kv_cache.device, torch.int32), -1)
+        ops.summarize(kv_cache, pages.reshape(-1).contiguous(), fill.reshape(-1).contiguous(),
+                      table)
 
     def select(self, keep_all: bool = False) -> None:
         """keep_all: every visible block (a step the engine runs dense: a CUDA graph captured
-        with SPIN still computes the dense indexer's rows on replay)."""
+        with SPIN still computes the dense indexer's rows on replay). With predictor="probe"
+        each layer() selects its own layer, so this does nothing unless keep_all (a host flag:
+        a graph captured with it replays that choice)."""
         B = self.batch
+        self.keep_all = keep_all
+        if self.predictor == "probe" and not keep_all:
+            return
         cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
             else self.cfg
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
@@ -153,10 +251,28 @@ class SpinIndexer:
         `backend` overrides the indexer's for this call (TensorRT-LLM: the engine's own
         kernel call, with its q layout)."""
         B, R = self.batch, self.next_n
+        if self.predictor == "probe":
+            self._probe_select(layer, q, weights, kv_cache)
         out = self.logits[layer if R > 1 else 0, :B * R] if self.logits is not None else None
         return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
                                              self.block_table[:B], self.block_ids[:B, layer],
                                              self.counts[:B, layer], out)
+
+    def _probe_select(self, layer: int, q, weights: torch.Tensor, kv_cache: torch.Tensor) -> None:
+        """Summaries of this step's newest pages (written by this layer's forward just before),
+        then the layer's blocks ranked by their probe scores (keep_all: select() chose all)."""
+        B, R = self.batch, self.next_n
+        table = self.summary_table(layer, kv_cache)
+        ops.summarize(kv_cache, self.new_pages[:2 * B], self.new_fill[:2 * B], table)
+        if self.keep_all:
+            return
+        scores = self.block_scores[:B * R]
+        ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
+                  out=scores)
+        ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
+                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self._max_len(),
+                   self.block_ids[:B], self.counts[:B],
+                   block_scores=scores.view(B, R, self.m_cap), layer=layer)
 
     def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:

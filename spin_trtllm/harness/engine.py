@@ -22,7 +22,7 @@ from .. import costs
 from .. import reference as ref
 from ..config import SpinConfig
 from ..errors import SpinConfigError, SpinError
-from ..indexer import DenseIndexer, SpinIndexer
+from ..indexer import PREDICTORS, DenseIndexer, SpinIndexer
 from ..replay.trace import SpinTrace
 from ..state import StatePool
 from .config import DsaLiteConfig
@@ -244,7 +244,8 @@ class Engine:
                  time_indexer: bool = False,
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
                  state_initial_capacity: int = 1024, logits_backend: str = "native",
-                 switch: Optional[str] = None, cost_model: Optional[costs.CostModel] = None):
+                 switch: Optional[str] = None, cost_model: Optional[costs.CostModel] = None,
+                 predictor: str = "spin"):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
         (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
@@ -255,7 +256,10 @@ class Engine:
         "auto" picks per step from `cost_model` (spin_trtllm.costs; default H200 constants)
         whether SPIN beats all-keep for the batch, so it is never the slower of the two. Steps
         run all-keep do not update SPIN's state; a request SPIN takes over again restarts
-        warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there)."""
+        warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there).
+        predictor (with SPIN): "spin" ranks blocks by SPIN's history, "probe" by each block's
+        summary (mean key) scored with the current query (SpinIndexer); the summaries are
+        built after every prefill and rebuilt for requests SPIN takes over again."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -279,6 +283,11 @@ class Engine:
         if switch not in SWITCHES:
             raise SpinError(f"switch must be one of {', '.join(SWITCHES)}, got {switch!r}")
         self.switch = switch
+        if predictor not in PREDICTORS:
+            raise SpinError(f"predictor must be one of {', '.join(PREDICTORS)}, got {predictor!r}")
+        if predictor != "spin" and spin is None:
+            raise SpinError(f"predictor={predictor!r} needs a SpinConfig (spin=None runs all-keep)")
+        self.predictor = predictor
         self.cost_model = cost_model or costs.H200
         self._ran_spin = True
         self.spin_indexer: Optional[SpinIndexer] = None
@@ -288,7 +297,7 @@ class Engine:
                 initial_capacity=min(state_initial_capacity, cfg.index_slots + R),
                 max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
-                                            logits_backend=logits_backend)
+                                            logits_backend=logits_backend, predictor=predictor)
         else:
             self.pool = None
         self.dense_indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,
@@ -432,6 +441,7 @@ class Engine:
                       * 0.01 + 0.001).view(torch.uint8)
             kv.view(kv.shape[0], -1)[pages.long()] = torch.cat([keys, scales], 1)
         live.context = [0] * context_tokens
+        self._summarize([live])
         live.pending = 1
         live.drafts = [0] * cfg.mtp_depth
         live.hidden = torch.zeros(cfg.hidden, dtype=self.model.dtype, device=self.device)
@@ -516,6 +526,7 @@ class Engine:
             logits, hidden = self.model.forward(torch.tensor([chunk], device=dev), pos, slot,
                                                 table, self.caches, self.prefill_indexer)
         live.context += tokens
+        self._summarize([live])                   # every page: a new turn rewrote some
         live.pending = self._target(live, logits[0, -1].cpu(), 0, len(live.context))
         live.hidden = hidden[0, -1]
         if self.pool is not None and live.turn > 0:
@@ -525,6 +536,17 @@ class Engine:
         self._draft([live])
         self._sync()
         self.prefill_seconds += time.perf_counter() - t0
+
+    def _summarize(self, lives: list[_Live]) -> None:
+        """predictor="probe": the block summaries of every visible page of these requests, in
+        every indexer layer (eager; decode steps keep only the newest pages up to date)."""
+        if self.spin_indexer is None or self.predictor != "probe" or not lives:
+            return
+        slots = torch.tensor([live.slot for live in lives], dtype=torch.int64, device=self.device)
+        table = self.caches.block_table[slots]
+        n = [len(live.context) // self.cfg.index_ratio for live in lives]
+        for ci, kv in enumerate(self.caches.index):
+            self.spin_indexer.summarize_context(ci, kv, table, n)
 
     def _target(self, live: _Live, logits: torch.Tensor, ahead: int, position: int) -> int:
         """The target row's token: the forced one (teacher forcing, its log-prob recorded) or
@@ -704,6 +726,8 @@ class Engine:
         if self.spin_indexer is None:
             return False
         if self.switch == "auto":
+            # probe is costed like SPIN: its summaries add 144 B per 64-slot block read (~1.7%
+            # of the K-cache bytes) and one probe + select per layer, small beside the savings
             use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
                                               self.spin.target_sparsity, self.cfg.next_n,
                                               self.pool.state.V.element_size(),
@@ -716,6 +740,7 @@ class Engine:
             if stale:
                 self.pool.reset([live.rid for live in stale],
                                 torch.tensor([live.step for live in stale], dtype=torch.int64))
+                self._summarize(stale)             # their newest pages went unsummarized
                 for live in stale:
                     live.spin_stale = False
             self.indexer = self.spin_indexer

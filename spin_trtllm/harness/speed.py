@@ -10,6 +10,8 @@ indexer:
   "dense"  the all-keep indexer
   "spin"   SPIN at target sparsity `rho` every step
   "auto"   SPIN where the cost model says it beats all-keep, all-keep elsewhere
+predictor (spin and auto): "spin" (SPIN's history) or "probe" (block summaries scored with the
+current query, SpinIndexer(predictor="probe")).
 Engines built one after another in one process got slower (H200, 2026-12-01: from the fourth
 engine on every step took 2.3 ms longer, the no-indexer engine too), so the benchmark measures
 each engine in a fresh process.
@@ -58,11 +60,13 @@ def step_config(context: int, mtp_depth: int, decode_steps: int) -> DsaLiteConfi
 
 def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], context: int,
                      batch: int, decode_steps: int, backend: str = "native",
-                     cuda_graphs: bool = True, switch: Optional[str] = None) -> Engine:
+                     cuda_graphs: bool = True, switch: Optional[str] = None,
+                     predictor: str = "spin") -> Engine:
     """A CUDA engine with `batch` requests already decoding over `context` tokens of random
     cache contents, each with room for `decode_steps` decode steps."""
     engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch,
-                    cuda_graphs=cuda_graphs, logits_backend=backend, switch=switch)
+                    cuda_graphs=cuda_graphs, logits_backend=backend, switch=switch,
+                    predictor=predictor if spin is not None else "spin")
     for i in range(batch):
         engine.add_synthetic(i, context, max_new_tokens=decode_steps * cfg.next_n, seed=i)
     return engine
@@ -70,7 +74,8 @@ def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], co
 
 def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
             steps: int, rho: Optional[float] = None, backend: str = "native",
-            state_dtype: str = "float16", spin: Optional[SpinConfig] = None) -> dict[str, Any]:
+            state_dtype: str = "float16", spin: Optional[SpinConfig] = None,
+            predictor: str = "spin") -> dict[str, Any]:
     """Median step and forward times of one engine (see the module docstring). SPIN runs
     `spin` when given, else SpinConfig(target_sparsity=rho, state_dtype=state_dtype)."""
     if indexer not in INDEXERS:
@@ -80,8 +85,9 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     elif spin is None:
         spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho, state_dtype=state_dtype)
     rho, state_dtype = (spin.target_sparsity, spin.state_dtype) if spin else (rho, state_dtype)
+    predictor = predictor if spin is not None else "spin"
     engine = synthetic_engine(cfg, weights, spin, context, batch, warmup + steps, backend,
-                              switch=indexer if spin is not None else None)
+                              switch=indexer if spin is not None else None, predictor=predictor)
     if indexer == "null":
         engine.indexer = NullIndexer(batch * cfg.next_n, cfg.index_topk, len(cfg.csa_layers),
                                      engine.device)
@@ -96,7 +102,8 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    return {"indexer": indexer, "rho": rho, "backend": backend, "state_dtype": state_dtype,
+    return {"indexer": indexer, "predictor": predictor, "rho": rho, "backend": backend,
+            "state_dtype": state_dtype,
             "context_tokens": context, "indexer_slots": context // cfg.index_ratio,
             "batch": batch, "next_n": cfg.next_n, "steps": len(hist),
             "step_ms": 1e3 * statistics.median(s.seconds for s in hist),

@@ -1,0 +1,324 @@
+"""SpinIndexer(predictor="probe") and dsa-lite's Engine(predictor=...): the block summaries the
+indexer keeps beside the K cache, the probe-ranked selection of each layer, the engine wiring."""
+
+import math
+
+import pytest
+import torch
+
+from spin_trtllm import SpinConfig, SpinError
+from spin_trtllm import ops
+from spin_trtllm import reference as ref
+from spin_trtllm.costs import CostModel
+from spin_trtllm.harness import Engine, Request, init_weights, tiny
+from spin_trtllm.indexer import SpinIndexer
+from spin_trtllm.state import StatePool
+
+L, PAGES, NUM_PAGES = 2, 8, 40           # indexer layers, pages per request, pages in the cache
+TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
+
+
+def spin_cfg(**kw):
+    return SpinConfig(**{"index_topk": 64, "target_sparsity": 0.5, "exploration": 0.2, **kw})
+
+
+def random_keys(g, count):
+    """`count` random slots: fp8 rows [count, 128] as uint8 and fp32 scales as uint8 [count, 4]."""
+    rows = (torch.randn(count, ref.KEY_BYTES, generator=g) * 2).to(torch.float8_e4m3fn)
+    scales = torch.rand(count, generator=g) * 0.02 + 0.005
+    return rows.view(torch.uint8), scales.view(torch.uint8).view(count, 4)
+
+
+def write_slots(kv, table_row, slots, g):
+    """Write fresh random keys into request slots `slots` (what a forward pass does)."""
+    rows, scales = random_keys(g, len(slots))
+    flat = kv.view(kv.shape[0], -1)
+    for i, s in enumerate(slots):
+        page, off = int(table_row[s // 64]), s % 64
+        flat[page, off * ref.KEY_BYTES:(off + 1) * ref.KEY_BYTES] = rows[i]
+        base = 64 * ref.KEY_BYTES + off * 4
+        flat[page, base:base + 4] = scales[i]
+
+
+def expected_summary(kv, page, fill):
+    """The summary row of one page, from the dequantized keys: mean of the first `fill` keys
+    (fp64 sum, mean cast to fp32), then e4m3 with scale max(amax / 448, 1e-12)."""
+    keys = ref.dequantize_pages(kv[page:page + 1])[0, :fill]           # fp32 products
+    mean = (keys.double().sum(0) / fill).float()
+    scale = (mean.abs().amax() / 448.0).clamp(min=1e-12)
+    row = torch.zeros(ref.SUMMARY_BYTES, dtype=torch.uint8)
+    row[:ref.KEY_BYTES] = (mean / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+    row[ref.KEY_BYTES:ref.KEY_BYTES + 4] = scale.view(1).view(torch.uint8)
+    return row
+
+
+def expected_table(kv, tables, lens):
+    """From scratch: every visible page of every request (block_table rows, lengths)."""
+    out = torch.zeros(kv.shape[0], ref.SUMMARY_BYTES, dtype=torch.uint8)
+    for row, n in zip(tables, lens):
+        for j in range(math.ceil(int(n) / 64)):
+            out[int(row[j])] = expected_summary(kv, int(row[j]), min(int(n) - 64 * j, 64))
+    return out
+
+
+def check_table(table, kv, tables, lens):
+    want = expected_table(kv, tables, lens)
+    # the building block agrees with the independent reference (one call over every page)
+    scratch = ops.summaries_like(kv)
+    pages = torch.cat([row[:math.ceil(int(n) / 64)] for row, n in zip(tables, lens)])
+    fill = torch.cat([(int(n) - 64 * torch.arange(math.ceil(int(n) / 64))).clamp(max=64)
+                      for n in lens]).to(torch.int32)
+    ops.summarize(kv, pages.contiguous(), fill.contiguous(), scratch)
+    used = pages.long()
+    assert torch.equal(scratch[used], want[used])
+    assert torch.equal(table[used], want[used]), "a visible page's summary is stale"
+
+
+class Sim:
+    """Drives a probe SpinIndexer the way a model does: each step writes this step's slots of
+    every layer just before that layer's indexer call."""
+
+    def __init__(self, R, lengths, cfg=None, seed=0):
+        self.R, self.cfg = R, cfg or spin_cfg()
+        self.g = torch.Generator().manual_seed(seed)
+        self.pool = StatePool(L, max_requests=4, cfg=self.cfg, initial_capacity=64)
+        self.idx = SpinIndexer(self.cfg, self.pool, max_batch=4, next_n=R,
+                               max_context=PAGES * 64, predictor="probe")
+        self.kv = [torch.zeros(NUM_PAGES, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
+                   for _ in range(L)]
+        perm = torch.randperm(NUM_PAGES, generator=self.g)
+        self.rids = list(lengths)
+        self.table = {r: perm[i * PAGES:(i + 1) * PAGES].to(torch.int32)
+                      for i, r in enumerate(self.rids)}
+        self.length = dict(lengths)                # committed slots (prompt + accepted)
+        self.seen = dict(lengths)                  # the last row's length at its last step
+        self.step_no = {r: 0 for r in self.rids}
+        for r in self.rids:
+            self.pool.admit(r)
+            for l in range(L):
+                write_slots(self.kv[l], self.table[r], range(self.length[r]), self.g)
+                self.idx.summarize_context(l, self.kv[l], self.table[r], [self.length[r]])
+
+    def step(self, batch, accepted=None, on_layer=None, keep_all=False):
+        R, idx = self.R, self.idx
+        n = torch.tensor([[self.length[r] + 1 + j for j in range(R)] for r in batch],
+                         dtype=torch.int32)        # rows see their own slot, drafts after
+        table = torch.stack([self.table[r] for r in batch])
+        idx.prepare(batch, n, n - 1, [self.step_no[r] for r in batch], table)
+        idx.select(keep_all=keep_all)
+        for l in range(L):
+            for b, r in enumerate(batch):
+                write_slots(self.kv[l], self.table[r], range(int(n[b, 0]) - 1, int(n[b, -1])),
+                            self.g)
+            q = (torch.randn(len(batch) * R, 64, 128, generator=self.g)).to(torch.float8_e4m3fn)
+            w = torch.randn(len(batch) * R, 64, generator=self.g) * 0.1
+            if on_layer is not None:
+                on_layer(l, batch, n, table, q, w)
+            idx.layer(l, q, w, self.kv[l])
+        acc = torch.tensor([0 if accepted is None else accepted(r) for r in batch],
+                           dtype=torch.int32)
+        idx.finish(acc if R > 1 else None)
+        for b, r in enumerate(batch):
+            self.length[r] += 1 + int(acc[b])
+            self.step_no[r] += 1
+            self.seen[r] = int(n[b, -1])
+        return n
+
+    def check(self):
+        for l in range(L):
+            check_table(self.idx.summaries[l], self.kv[l], [self.table[r] for r in self.rids],
+                        [self.seen[r] for r in self.rids])
+
+
+@pytest.mark.parametrize("R", [1, 3])
+def test_summaries_follow_the_cache_through_decode(R):
+    # 61 slots: the first page fills up within a few steps; 190: crosses into page 3;
+    # 300: a page in the middle
+    sim = Sim(R, {5: 61, 6: 190, 7: 300})
+    sim.check()
+    crossed = set()
+    for t in range(8):
+        batch = [5, 6, 7] if t % 3 else [7, 5]      # a request sits out some steps
+        n = sim.step(batch, accepted=lambda r: (r + t) % R)
+        for b, r in enumerate(batch):
+            # this step's slots reach a page past the one of the last committed slot
+            if (int(n[b, -1]) - 1) // 64 != (int(n[b, 0]) - 2) // 64:
+                crossed.add(r)
+        # the cache as of each request's last step: its draft rows' slots written too
+        sim.check()
+    assert 5 in crossed and 6 in crossed           # pages filled up during decode
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_probe_layer_selects_by_the_probe_scores(R):
+    cfg = spin_cfg(exploration=0.25)
+    sim = Sim(R, {1: 400, 2: 260, 3: 470}, cfg, seed=3)
+    idx = sim.idx
+    seen = {"sparse": 0, "differs": 0, "layers": 0}
+
+    def on_layer(l, batch, n, table, q, w):
+        # independently: the summaries after this layer's writes, the reference probe, and
+        # select on a copy of the state as it is before the layer runs
+        B = len(batch)
+        lens = [int(n[b, -1]) for b in range(B)]
+        summaries = expected_table(sim.kv[l], list(table), lens)
+        scores = ref.probe_scores(q, summaries, w, n, table, idx.m_cap).float()
+        state = ops.OpState(*(t.clone() for t in sim.pool.state.tensors()))
+        slots = sim.pool.slots(batch)
+        req = torch.tensor(batch, dtype=torch.int64)
+        steps = torch.tensor([sim.step_no[r] for r in batch], dtype=torch.int64)
+        max_len = min(idx.max_context, sim.pool.capacity)
+        ids, cnt = ops.select(state, slots, n, n - 1, req, steps, cfg, idx.m_cap, max_len,
+                              block_scores=scores.view(B, R, -1).contiguous(), layer=l)
+        spin_ids, spin_cnt = ops.select(state, slots, n, n - 1, req, steps, cfg, idx.m_cap,
+                                        max_len)
+        seen["want"] = (ids[:, l].clone(), cnt[:, l].clone(), spin_ids[:, l], spin_cnt[:, l])
+
+    orig_layer = idx.layer
+
+    def checked_layer(l, q, w, kv):
+        top = orig_layer(l, q, w, kv)
+        B = idx.batch
+        ids, cnt, spin_ids, spin_cnt = seen.pop("want")
+        assert torch.equal(idx.counts[:B, l], cnt)
+        assert torch.equal(idx.block_ids[:B, l], ids)
+        visible = torch.tensor([math.ceil(int(x) / 64) for x in idx.context_lens[:B, -1]])
+        seen["sparse"] += int((cnt.long() < visible).sum())
+        seen["differs"] += int(not torch.equal(ids, spin_ids))
+        seen["layers"] += 1
+        return top
+
+    idx.layer = checked_layer
+    for t in range(6):
+        sim.step([1, 2, 3] if t != 3 else [3, 1], accepted=lambda r: (r + t) % R,
+                 on_layer=on_layer)
+    assert seen["layers"] == 6 * L
+    assert seen["sparse"] > 0                      # past warm-up the layers really select
+    assert seen["differs"] > 0                     # and not as SPIN's history would
+
+
+def test_keep_all_selects_every_block_and_still_summarizes():
+    sim = Sim(1, {4: 130, 9: 250})
+    sim.step([4, 9])                               # warm-up
+    sim.step([4, 9])
+    idx = sim.idx
+    assert (idx.counts[:2] < torch.tensor([[3], [4]])).any()    # sparse by now
+    sim.step([4, 9], keep_all=True)                # slots 130 and 250
+    assert idx.counts[:2].tolist() == [[3, 3], [4, 4]]
+    assert idx.block_ids[0, 0, :3].tolist() == [0, 1, 2]
+    assert idx.block_ids[1, 1, :4].tolist() == [0, 1, 2, 3]
+    sim.check()
+
+
+def test_bad_predictor_and_page_size():
+    cfg = spin_cfg()
+    pool = StatePool(L, max_requests=2, cfg=cfg)
+    with pytest.raises(SpinError, match="predictor must be one of spin, probe"):
+        SpinIndexer(cfg, pool, 1, 1, 256, predictor="quest")
+    with pytest.raises(SpinError, match="needs 64-slot pages"):
+        SpinIndexer(cfg, pool, 1, 1, 256, page_slots=32, predictor="probe")
+    idx = SpinIndexer(cfg, pool, 1, 1, 256, predictor="probe")
+    kv = torch.zeros(4, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
+    idx.summarize_context(0, kv, torch.arange(4, dtype=torch.int32), [100])
+    with pytest.raises(SpinError, match="K cache changed"):
+        idx.summarize_context(0, torch.zeros_like(kv), torch.arange(4, dtype=torch.int32), [1])
+    with pytest.raises(SpinError, match="outside"):
+        idx.summary_table(L, kv)
+    with pytest.raises(SpinError, match="predictor must be one of"):
+        Engine(tiny(), cfg, predictor="Probe")
+    with pytest.raises(SpinError, match="needs a SpinConfig"):
+        Engine(tiny(), None, predictor="probe")
+
+
+# ---- dsa-lite -------------------------------------------------------------------------------
+def engine_check(e):
+    """The engine's summary tables equal from-scratch summaries of the batch's visible pages
+    (the last step's lengths: its draft rows' slots are in the cache too)."""
+    idx = e.spin_indexer
+    B = idx.batch
+    for ci, kv in enumerate(e.caches.index):
+        check_table(idx.summaries[ci], kv, list(idx.block_table[:B]),
+                    idx.context_lens[:B, -1].tolist())
+
+
+def selections(cfg, w, predictor, **kw):
+    e = Engine(cfg, spin_cfg(exploration=0.0), weights=w, predictor=predictor, **kw)
+    e.submit(Request(TEXT[:900], max_new_tokens=10, request_id=1))
+    e.submit(Request(TEXT[40:700], max_new_tokens=7, request_id=2))
+    picks, tokens = [], {}
+    while not e.idle:
+        before = len(e.history)
+        finished = e.step()
+        for o in finished:
+            tokens[o.request_id] = o.tokens
+        if len(e.history) > before and e.history[-1].spin:
+            B = e.spin_indexer.batch
+            picks.append(e.spin_indexer.block_ids[:B].clone())
+            if predictor == "probe" and not finished:      # finished: pages given back
+                engine_check(e)
+    return e, picks, tokens
+
+
+def test_engine_probe_decodes_and_selects_differently():
+    cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
+    w = init_weights(cfg)
+    spin, spin_picks, spin_tokens = selections(cfg, w, "spin")
+    probe, probe_picks, probe_tokens = selections(cfg, w, "probe")
+    assert probe.spin_indexer.predictor == "probe" and spin.spin_indexer.predictor == "spin"
+    assert sorted(probe_tokens) == [1, 2]
+    assert len(probe_tokens[1]) == 10 and len(probe_tokens[2]) == 7
+    assert any(s.selected_blocks < s.visible_blocks for s in probe.history)
+    assert len(probe_picks) == len(spin_picks) > 1
+    assert any(not torch.equal(a, b) for a, b in zip(spin_picks, probe_picks))
+    assert spin.spin_indexer.summaries == {}      # spin keeps no summaries
+
+
+def test_engine_probe_summaries_with_mtp_and_compressed_slots():
+    # C4A (4 tokens per slot: the last row writes a partial group no row sees yet), MTP rows
+    cfg = tiny().with_overrides(mtp_depth=2)
+    w = init_weights(cfg)
+    e = Engine(cfg, spin_cfg(), weights=w, predictor="probe")
+    e.submit(Request(TEXT[:1010], max_new_tokens=40, request_id=0,
+                     turns=[TEXT[5:60]]))             # a second turn: prefill again
+    checked = turns = 0
+    while not e.idle:
+        before = len(e.history)
+        turn = e.running[0].turn if e.running else 0
+        finished = e.step()
+        if finished or len(e.history) == before:
+            continue
+        live = e.running[0]
+        if live.turn == turn:
+            engine_check(e)
+            checked += 1
+        else:                  # the new turn's prefill rebuilt every page of its context
+            n = len(live.context) // cfg.index_ratio
+            for ci, kv in enumerate(e.caches.index):
+                check_table(e.spin_indexer.summaries[ci], kv,
+                            [e.caches.block_table[live.slot]], [n])
+            turns += 1
+    assert checked > 10 and turns == 1
+
+
+class Scheduled(CostModel):
+    def __init__(self, plan):
+        super().__init__()
+        object.__setattr__(self, "plan", list(plan))
+
+    def prefer_spin(self, *args, **kwargs):
+        return self.plan.pop(0) if self.plan else True
+
+
+def test_engine_rebuilds_summaries_after_all_keep_steps():
+    # DSA (1 token per slot), prompt of 126: step 0 writes slot 126 (SPIN), the all-keep steps
+    # 1-3 write 127 (completing page 1), 128 and 129; step 4 (SPIN) writes 130 only, so page 1
+    # is right only if the engine rebuilt the summaries when SPIN took over again
+    cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
+    e = Engine(cfg, spin_cfg(), weights=init_weights(cfg), switch="auto", predictor="probe",
+               cost_model=Scheduled([True, False, False, False, True, True]))
+    e.submit(Request(list(TEXT[:126]), max_new_tokens=8, request_id=0))
+    for _ in range(7):                                # prefill, then decode steps 0-5
+        e.step()
+    assert [s.spin for s in e.history] == [True, False, False, False, True, True]
+    engine_check(e)
+    assert int(e.spin_indexer.context_lens[0, 0]) == 132
