@@ -32,14 +32,14 @@ def arrivals():
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mtp", [0, 2])
-@pytest.mark.parametrize("spin", [True, False])
-def test_cuda_graph_replay_equals_eager(mtp, spin):
+@pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (False, "spin")])
+def test_cuda_graph_replay_equals_eager(mtp, spin, predictor):
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)
     sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1) if spin else None
     # a small initial state capacity: the pool grows mid-run and the graphs are captured again
     kw = dict(weights=w, device="cuda", max_batch=3, state_initial_capacity=64,
-              switch="spin" if spin else None)
+              switch="spin" if spin else None, predictor=predictor)
     eager_engine = Engine(cfg, sc, cuda_graphs=False, **kw)
     graph_engine = Engine(cfg, sc, cuda_graphs=True, **kw)
     eager = schedule_run(eager_engine, arrivals())
