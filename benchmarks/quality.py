@@ -41,10 +41,12 @@ def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
 
 
 def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=False,
-               measure_miss=False):
+               measure_miss=False, predictor="spin"):
+    # switch="spin": SPIN (or the probe) on every step, as the quality question asks
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=len(texts),
                     trace_request=list(range(len(texts))) if trace else None,
-                    measure_miss=measure_miss)
+                    measure_miss=measure_miss, predictor=predictor,
+                    switch="spin" if spin is not None else None)
     reqs = [Request(t[:prompt_tokens], max_new_tokens=steps, request_id=i,
                     forced=list(t[prompt_tokens:prompt_tokens + steps]))
             for i, t in enumerate(texts)]
@@ -52,32 +54,7 @@ def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=Fa
     return engine, outs
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--checkpoint")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--mtp-prompts", type=int, default=2)
-    ap.add_argument("--prompt-tokens", type=int, default=8192)
-    ap.add_argument("--steps", type=int, default=256)
-    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = args.checkpoint or default_checkpoint()
-    if ckpt is None:
-        print("quality: no checkpoint (run spin-trtllm train-tiny)", file=sys.stderr)
-        return 2
-    cfg0, weights = load_checkpoint(ckpt)
-    length = args.prompt_tokens + args.steps + 1
-    cfg = cfg0.with_overrides(mtp_depth=0, max_context=max(cfg0.max_context, length + 16))
-    corpus = stdlib_corpus()
-    texts = slices(corpus.held_out, args.prompts + args.mtp_prompts, length)
-    report: dict = {"checkpoint": str(ckpt), "device": str(args.device),
-                    "prompt_tokens": args.prompt_tokens, "steps": args.steps,
-                    "corpus": corpus.source}
-    t0 = time.time()
+def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
     # 1. traces (all-keep decoding: the dense indexer's own scores)
     engine, _ = run_forced(cfg, weights, args.device, None, texts[:args.prompts],
                            args.prompt_tokens, args.steps, trace=True)
@@ -103,25 +80,69 @@ def main(argv=None) -> int:
     print(f"traces: {len(traces)} + {len(mtp_traces)} MTP, {traces[0].max_slots} slots, "
           f"{traces[0].num_steps} steps [{time.time() - t0:.0f} s]", flush=True)
 
+    return traces, mtp_traces
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--mtp-prompts", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--sparsity", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
+    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe"], default=["spin"],
+                    help="block predictors of the bits-per-byte rows (probe: the query-aware "
+                         "block summaries, spin_trtllm.indexer)")
+    ap.add_argument("--bpb-only", action="store_true",
+                    help="only the bits-per-byte rows (no traces, replays or plots)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = args.checkpoint or default_checkpoint()
+    if ckpt is None:
+        print("quality: no checkpoint (run spin-trtllm train-tiny)", file=sys.stderr)
+        return 2
+    cfg0, weights = load_checkpoint(ckpt)
+    length = args.prompt_tokens + args.steps + 1
+    cfg = cfg0.with_overrides(mtp_depth=0, max_context=max(cfg0.max_context, length + 16))
+    corpus = stdlib_corpus()
+    texts = slices(corpus.held_out, args.prompts + args.mtp_prompts, length)
+    report: dict = {"checkpoint": str(ckpt), "device": str(args.device),
+                    "prompt_tokens": args.prompt_tokens, "steps": args.steps,
+                    "corpus": corpus.source}
+    t0 = time.time()
+    if not args.bpb_only:
+        traces, mtp_traces = record_traces(args, cfg, cfg0, weights, texts, out, report, t0)
     # 3. bits per byte with SPIN-masked top-K vs all-keep (teacher forcing)
     t1 = time.time()
     bpb = []
-    for rho in [None] + args.sparsity:
+    runs = [(None, "spin")] + [(rho, p) for p in args.predictor for rho in args.sparsity]
+    for rho, predictor in runs:
         spin = None if rho is None else SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho)
         engine, outs = run_forced(cfg, weights, args.device, spin, texts[:args.prompts],
-                                  args.prompt_tokens, args.steps, measure_miss=spin is not None)
+                                  args.prompt_tokens, args.steps, measure_miss=spin is not None,
+                                  predictor=predictor)
         lp = [x for o in outs.values() for x in o.logprobs]
         hist = engine.history
         sel = sum(s.selected_blocks for s in hist)
         vis = sum(s.visible_blocks for s in hist)
         miss = [m for s in hist for m in s.miss]
-        bpb.append({"target_sparsity": rho, "bpb": -sum(lp) / len(lp) / math.log(2),
+        bpb.append({"target_sparsity": rho, "predictor": predictor if rho is not None else None,
+                    "bpb": -sum(lp) / len(lp) / math.log(2),
                     "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
                     "mean_miss": sum(miss) / len(miss) if miss else None})
-        print(f"bpb {'all-keep' if rho is None else rho}: {bpb[-1]['bpb']:.4f} "
-              f"(realized {bpb[-1]['realized_sparsity']:.3f})", flush=True)
+        miss_txt = "" if bpb[-1]["mean_miss"] is None else f", mean miss {bpb[-1]['mean_miss']:.3f}"
+        print(f"bpb {'all-keep' if rho is None else f'{predictor} {rho}'}: {bpb[-1]['bpb']:.4f} "
+              f"(realized {bpb[-1]['realized_sparsity']:.3f}{miss_txt})", flush=True)
     report["bpb"] = bpb
     report["bpb_seconds"] = time.time() - t1
+    if args.bpb_only:
+        (out / "quality.json").write_text(json.dumps(report, indent=1, default=float))
+        print(f"wrote {out / 'quality.json'} [{time.time() - t0:.0f} s]")
+        return 0
 
     # 2. replays (CPU)
     t2 = time.time()
