@@ -9,10 +9,11 @@ import torch
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm import ops
 from spin_trtllm import reference as ref
-from spin_trtllm.costs import CostModel
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.indexer import SpinIndexer
 from spin_trtllm.state import StatePool
+
+from test_switch import Scheduled
 
 L, PAGES, NUM_PAGES = 2, 8, 40           # indexer layers, pages per request, pages in the cache
 TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
@@ -298,15 +299,6 @@ def test_engine_probe_summaries_with_mtp_and_compressed_slots():
                             [e.caches.block_table[live.slot]], [n])
             turns += 1
     assert checked > 10 and turns == 1
-
-
-class Scheduled(CostModel):
-    def __init__(self, plan):
-        super().__init__()
-        object.__setattr__(self, "plan", list(plan))
-
-    def prefer_spin(self, *args, **kwargs):
-        return self.plan.pop(0) if self.plan else True
 
 
 def test_engine_rebuilds_summaries_after_all_keep_steps():
