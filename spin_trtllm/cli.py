@@ -276,6 +276,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        measure_miss=args.measure_miss, dump_trace=args.dump_trace,
                        cuda_graphs=args.cuda_graphs, progress=not args.quiet,
                        logits_backend=args.logits_backend, switch=args.switch,
+                       predictor=args.predictor,
                        speed=tuple(args.speed_size) if args.speed_size else None,
                        speed_auto=not args.no_speed)
     if args.speed_size:
@@ -614,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SPIN engine's indexer per step: auto (all-keep where the cost model says "
                         "SPIN would not pay), spin, dense. Default: spin for the quality run, "
                         "auto for the GPU step timing")
+    p.add_argument("--predictor", choices=["spin", "probe"], default="spin",
+                   help="SPIN engine's block predictor in the quality run: spin (V/D history) "
+                        "or probe (each block's mean key scored with the current query)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--speed-size", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                    help="GPU: the step timing's batch and context tokens (default: the largest "

@@ -28,11 +28,14 @@ def test_indexer_bytes_by_hand():
     assert indexer_bytes(2, 3, "float16") == (16896, 768 + 1536)
     # all-keep reads the K cache of every visible block and has no state
     assert indexer_bytes(3, 3) == (192 * 132, 0)
+    # the probe reads one 144-byte summary row per visible block and no V/D in select
+    assert indexer_bytes(2, 3, "float32", "probe") == (16896 + 3 * 144, 2 * 64 * 20)
     assert indexer_bytes(0, 0, "float32") == (0, 0)
 
 
 def _engine(spin, steps):
-    return SimpleNamespace(history=steps, spin=spin, time_indexer=True, prefill_seconds=1.0)
+    return SimpleNamespace(history=steps, spin=spin, time_indexer=True, prefill_seconds=1.0,
+                           predictor="spin")
 
 
 def test_summarize_per_step_traffic_and_tokens_per_step():

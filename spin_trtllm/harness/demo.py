@@ -17,6 +17,7 @@ from ..config import SpinConfig
 from ..costs import BLOCK_SLOTS, KEY_BYTES_PER_SLOT as K_SLOT_BYTES
 from .. import logits as logits_backends
 from ..errors import SpinError
+from ..reference import SUMMARY_BYTES
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, Request, RequestOutput, resolve_device
 from .model import init_weights, load_checkpoint
@@ -42,6 +43,7 @@ class DemoOptions:
     progress: bool = True
     logits_backend: str = "native"
     switch: Optional[str] = None              # SPIN engine: auto / spin / dense (Engine default)
+    predictor: str = "spin"                   # SPIN engine's block predictor: spin / probe
     speed: Optional[tuple[int, int]] = None   # (batch, context tokens) of the GPU step timing;
     speed_auto: bool = True                   # None + speed_auto: the largest size that fits
 
@@ -102,6 +104,7 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
     eager = opts.measure_miss or opts.dump_trace or not opts.cuda_graphs
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=opts.max_batch,
                     switch=(opts.switch or "spin") if spin is not None else None,
+                    predictor=opts.predictor if spin is not None else "spin",
                     measure_miss=opts.measure_miss and spin is not None,
                     trace_request=0 if (opts.dump_trace and spin is not None) else None,
                     time_indexer=bool(eager), cuda_graphs=False if eager else None,
@@ -139,7 +142,7 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
 
 
 def indexer_bytes(selected_blocks: int, visible_blocks: int,
-                  state_dtype: Optional[str] = None) -> tuple[int, int]:
+                  state_dtype: Optional[str] = None, predictor: str = "spin") -> tuple[int, int]:
     """(K-cache bytes, SPIN state bytes) the decode indexer reads and writes, counted from the
     kernels' access pattern (not measured), for blocks summed over requests and indexer layers.
 
@@ -150,13 +153,17 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int,
     visible slot, 2 s bytes; update reads and writes V and D of every scored slot and reads
     its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest block as 64
     slots); one update pass per step (MTP rows up to the accepted draft share it); the logits
-    and top-K traffic that SPIN and all-keep both have is not counted."""
+    and top-K traffic that SPIN and all-keep both have is not counted.
+    predictor "probe": the K-cache figure adds one summary row (SUMMARY_BYTES) per visible
+    block, which the probe reads, and select reads no V/D (update still does)."""
     k_cache = selected_blocks * BLOCK_SLOTS * K_SLOT_BYTES
     if state_dtype is None:
         return k_cache, 0
     s = STATE_BYTES[state_dtype]
-    state = visible_blocks * BLOCK_SLOTS * 2 * s + selected_blocks * BLOCK_SLOTS * (4 * s + 4)
-    return k_cache, state
+    state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
+    if predictor == "probe":
+        return k_cache + visible_blocks * SUMMARY_BYTES, state
+    return k_cache, state + visible_blocks * BLOCK_SLOTS * 2 * s
 
 
 def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> dict[str, Any]:
@@ -170,7 +177,9 @@ def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> di
     # records it: an engine that may switch to all-keep for a step)
     traffic = [indexer_bytes(s.selected_blocks, s.visible_blocks,
                              engine.spin.state_dtype if engine.spin is not None
-                             and getattr(s, "spin", True) else None) for s in hist]
+                             and getattr(s, "spin", True) else None,
+                             engine.predictor)
+               for s in hist]
     k_bytes, state_bytes = sum(t[0] for t in traffic), sum(t[1] for t in traffic)
     miss = np.array([m for s in hist for m in s.miss])
     drafted = sum(o.drafted for o in outs.values())
@@ -264,7 +273,7 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
                 opts.checkpoint or default_checkpoint()) else str(opts.checkpoint or
                                                                   default_checkpoint()),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "spin_config": spin.model_dump(mode="json"),
+            "spin_config": spin.model_dump(mode="json"), "predictor": opts.predictor,
             "logits_backend": opts.logits_backend,
             "spin": summarize(spin_engine, spin_out, spin.warmup_steps),
             "all_keep": summarize(dense_engine, dense_out, 0),
@@ -302,10 +311,11 @@ def bytes_line(res: dict[str, Any]) -> str:
     if s["indexer_mb_per_step"] is None or d["indexer_mb_per_step"] is None:
         return "indexer bytes read+written per decode step: - (no decode steps)"
     ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
-    return (f"indexer bytes read+written per decode step (mean): SPIN "
-            f"{s['indexer_mb_per_step']:.3f} MB (K cache {s['kcache_mb_per_step']:.3f} MB + "
-            f"state {s['state_mb_per_step']:.3f} MB) vs all-keep "
-            f"{d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
+    probe = res.get("predictor", "spin") == "probe"
+    return (f"indexer bytes read+written per decode step (mean): {'probe' if probe else 'SPIN'} "
+            f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if probe else ''} "
+            f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB) vs "
+            f"all-keep {d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
@@ -354,14 +364,22 @@ def format_report(res: dict[str, Any]) -> str:
              f"logits: {res['logits_backend']}",
              *(speed_lines(res["speed"]) if res.get("speed") else []),
              bytes_line(res)]
-    lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
-                   f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "
-                   f"{res['spin_config']['state_dtype']} V/D state read by select over the "
-                   f"visible slots, read and written by update over the scored slots)")
+    if res.get("predictor", "spin") == "probe":
+        lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
+                       f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block and one "
+                       f"{SUMMARY_BYTES}-byte summary row per visible block, which the probe "
+                       f"reads; the {res['spin_config']['state_dtype']} V/D state read and "
+                       f"written by update over the scored slots)")
+    else:
+        lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
+                       f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "
+                       f"{res['spin_config']['state_dtype']} V/D state read by select over the "
+                       f"visible slots, read and written by update over the scored slots)")
     if cpu:
         lines += _wrap("(CPU: the step times below come from reference ops in plain PyTorch "
                        "and are not the point; the bytes figure is what carries over to a GPU)")
-    lines += table(("", f"SPIN @ {sp:.2f}", "all-keep"), rows)
+    name = "SPIN" if res.get("predictor", "spin") == "spin" else "probe"
+    lines += table(("", f"{name} @ {sp:.2f}", "all-keep"), rows)
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
                  f"{res['identical_requests']}/{res['requests']} requests identical")
     lines += _wrap("* tokens the decode steps emitted, all requests together (each turn's first "
