@@ -34,6 +34,18 @@ from spin_trtllm import ops
 PAGE_BYTES = 64 * 132
 
 
+def cannot_run(tool: str) -> bool:
+    """Say on stderr why `tool` cannot run here (no CUDA GPU, or no native library); True if
+    so (the caller exits 2)."""
+    if not torch.cuda.is_available():
+        print(f"{tool}: needs a CUDA GPU", file=sys.stderr)
+        return True
+    if not ops.NATIVE:
+        print(f"{tool}: native library not built (./build.sh)", file=sys.stderr)
+        return True
+    return False
+
+
 def median_event_ms(run, iters: int) -> float:
     """Median milliseconds of run(i), i = 0..iters-1, each timed with CUDA events."""
     times = []
@@ -305,11 +317,7 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_decode_indexer: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if not ops.NATIVE:
-        print("bench_decode_indexer: native library not built (./build.sh)", file=sys.stderr)
+    if cannot_run("bench_decode_indexer"):
         return 2
     if args.profile:
         inputs, n = make_inputs(args.batch[0], args.slots[0], args.next_n[0], 1, 1)

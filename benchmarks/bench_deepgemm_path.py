@@ -35,8 +35,8 @@ from spin_trtllm import ops
 from spin_trtllm.logits import DeepGemmLogits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode_indexer import (PAGE_BYTES, copy_bandwidth, gpu_clocks, make_inputs,  # noqa: E402
-                                  spin_case, time_ms)
+from bench_decode_indexer import (PAGE_BYTES, cannot_run, copy_bandwidth,  # noqa: E402
+                                  gpu_clocks, make_inputs, spin_case, time_ms)
 
 
 def same_sets(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -194,8 +194,7 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or not ops.NATIVE:
-        print("bench_deepgemm_path: needs a CUDA GPU and the native library", file=sys.stderr)
+    if cannot_run("bench_deepgemm_path"):
         return 2
     dg = DeepGemmLogits()
     copy_tbs = copy_bandwidth(args.iters)

@@ -19,10 +19,11 @@ import sys
 
 import torch
 
-from spin_trtllm import SpinConfig, ops
+from spin_trtllm import ops
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode_indexer import PAGE_BYTES, make_inputs, spin_case, time_ms  # noqa: E402
+from bench_decode_indexer import (PAGE_BYTES, cannot_run, make_inputs, spin_case,  # noqa: E402
+                                  time_ms)
 
 
 def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
@@ -71,8 +72,7 @@ def main() -> int:
     ap.add_argument("--sets", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or not ops.NATIVE:
-        print("bench_probe: needs a CUDA GPU and the native library", file=sys.stderr)
+    if cannot_run("bench_probe"):
         return 2
     rows = []
     print("| batch | slots | next_n | summarize us | probe us (TB/s) | select by probe us | "

@@ -292,14 +292,9 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_topk: needs a CUDA GPU", file=sys.stderr)
+    from bench_decode_indexer import cannot_run, gpu_clocks, make_inputs
+    if cannot_run("bench_topk"):
         return 2
-    from spin_trtllm import ops
-    if not ops.NATIVE:
-        print("bench_topk: native library not built (./build.sh)", file=sys.stderr)
-        return 2
-    from bench_decode_indexer import gpu_clocks, make_inputs
 
     gpu = torch.cuda.get_device_name()
     cc = torch.cuda.get_device_capability()

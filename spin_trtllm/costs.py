@@ -23,9 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .reference import KEY_BYTES, PAGE_SLOTS as BLOCK_SLOTS
-
-KEY_BYTES_PER_SLOT = KEY_BYTES + 4    # FP8 key bytes + a 4-byte scale per indexer slot
+from .reference import PAGE_SLOTS as BLOCK_SLOTS
+from .reference import SLOT_BYTES as KEY_BYTES_PER_SLOT   # FP8 key bytes + a 4-byte scale
 
 
 @dataclass(frozen=True)

@@ -160,23 +160,27 @@ class SpinIndexer:
         _copy_table(self.block_table, block_table, B)
         self.ran_counts[:B] = 0
         if self.predictor == "probe":
-            self._newest_pages(context_lens, B)
+            self._newest_pages(context_lens, block_table, B)
 
-    def _newest_pages(self, context_lens: torch.Tensor, B: int) -> None:
+    def _newest_pages(self, context_lens: torch.Tensor, block_table: torch.Tensor,
+                      B: int) -> None:
         """The pages this step writes: slots n - R .. n - 1 of each request, n the last row's
         length (with a compress ratio the last row may also write slot n, a partial group no
         row sees yet: it is summarized once it is visible). Fill = slots below n in the page;
         the earlier rows share the page's summary (the newest block is forced anyway)."""
         R = self.next_n
-        n = context_lens[:, R - 1].to(torch.int64).clamp(0, self.max_context)
+        # computed where the caller's metadata lives (the CPU, normally): no device work here
+        table = block_table.to(torch.int64)
+        n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context)
         first = (n - R).clamp(min=0) // ops.BLOCK
         last = (n - 1).clamp(min=0) // ops.BLOCK
         cols = torch.stack([first, last], 1)                                  # [B, 2]
         fill = (n.unsqueeze(1) - cols * ops.BLOCK).clamp(max=ops.BLOCK)
-        use = torch.stack([n > 0, (n > 0) & (last > first)], 1)
-        dev = self.block_table.device
-        cols, fill, use = cols.to(dev), fill.to(dev), use.to(dev)
-        pages = torch.where(use, self.block_table[:B].gather(1, cols), -1)
+        width = min(table.shape[1], self.block_table.shape[1])   # the columns prepare() keeps
+        use = torch.stack([n > 0, (n > 0) & (last > first)], 1) & (cols < width)
+        pages = torch.full_like(cols, -1)
+        if width:
+            pages = torch.where(use, table.gather(1, cols.clamp(max=width - 1)), -1)
         self.new_pages[:2 * B].copy_(pages.view(-1))
         self.new_pages[2 * B:] = -1
         self.new_fill[:2 * B].copy_(torch.where(use, fill, 0).view(-1))

@@ -429,22 +429,30 @@ def _check_logits(op: str, logits, dev, rows: int, m_cap: int) -> None:
                   f"load 16 B), got row stride {logits.stride(0)}")
 
 
-def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
-    op = "indexer_logits"
-    dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+def _check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[int, int]:
+    """What indexer_logits and probe both read: q fp8 [B*R, 64, 128], weights fp32 [B*R, 64],
+    context_lens int32 [B, R], block_table int32 [B, max_pages]. Returns (B, R)."""
     _tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
     _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
     B, R = context_lens.shape
     if not 1 <= R <= 8:
         _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
     _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
-    _check_cache(op, kv_cache, dev)
     _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "weights", weights, (B * R, HEADS))
-    _aligned16(op, q=q, kv_cache=kv_cache, weights=weights)
+    _aligned16(op, q=q, weights=weights)
     _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
         _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    return B, R
+
+
+def _validate_logits(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out):
+    op = "indexer_logits"
+    dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    B, R = _check_query(op, q, weights, context_lens, block_table, dev)
+    _check_cache(op, kv_cache, dev)
+    _aligned16(op, kv_cache=kv_cache)
     m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
     _tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
     _shape(op, "out", out, (B * R, m_cap * BLOCK))
@@ -484,19 +492,8 @@ def _validate_summarize(kv_cache, pages, fill, summaries) -> None:
 def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> None:
     op = "probe"
     dev = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    _tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
-    _tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
-    B, R = context_lens.shape
-    if not 1 <= R <= 8:
-        _fail(op, f"next_n (context_lens.shape[1]) must be 1..8, got {R}")
-    _shape(op, "q", q, (B * R, HEADS, HEAD_DIM))
+    B, R = _check_query(op, q, weights, context_lens, block_table, dev)
     _check_summaries(op, summaries, dev)
-    _tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
-    _shape(op, "weights", weights, (B * R, HEADS))
-    _aligned16(op, q=q, weights=weights)
-    _tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
-    if block_table.shape[0] != B:
-        _fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
     _tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
     if out.shape[0] != B * R or out.shape[1] < 1:
         _fail(op, f"out must have shape [{B * R}, num_blocks >= 1], got {list(out.shape)}")

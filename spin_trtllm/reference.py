@@ -455,6 +455,19 @@ SUMMARY_BYTES = 144
 FP8_MAX = 448.0
 
 
+def table_pages(block_table: torch.Tensor, ids: torch.Tensor,
+                num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages of block ids [B, J] through block_table int32 [B, max_pages]: (int64 [B, J] page,
+    0 where not live; bool [B, J] live: the id is a table column and its page lies in
+    [0, num_pages), so it may be read)."""
+    table = block_table.to(torch.int64)
+    if table.shape[1] == 0:                        # no pages at all: nothing is read
+        table = torch.full((ids.shape[0], 1), -1, dtype=torch.int64, device=ids.device)
+    pages = table.gather(1, ids.clamp(0, table.shape[1] - 1))
+    live = (ids >= 0) & (ids < block_table.shape[1]) & (pages >= 0) & (pages < num_pages)
+    return torch.where(live, pages, 0), live
+
+
 def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
                     fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summaries of K-cache pages: (fp8 e4m3 keys as uint8 [P, 128], fp32 scales [P]).
@@ -491,13 +504,8 @@ def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
     w = weights.to(dtype).view(B, R, -1)
     j = torch.arange(num_blocks, device=q.device)
-    table = block_table.to(torch.int64)
-    if table.shape[1] == 0:
-        table = torch.full((B, 1), -1, dtype=torch.int64, device=q.device)
-    in_table = j < block_table.shape[1]
-    pages = table.gather(1, j.clamp(max=table.shape[1] - 1).expand(B, -1))
-    live = in_table & (pages >= 0) & (pages < summaries.shape[0])               # [B, J]
-    keys = dequantize_summaries(summaries)[torch.where(live, pages, 0)].to(dtype)  # [B, J, 128]
+    pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
+    keys = dequantize_summaries(summaries)[pages].to(dtype)                        # [B, J, 128]
     z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
     visible = live.unsqueeze(1) & (j * PAGE_SLOTS < context_lens.to(torch.int64).unsqueeze(-1))
     return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
@@ -519,13 +527,8 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     w = weights.to(dtype).view(B, R, -1)
     c = torch.arange(m_cap, device=q.device)
     ids = block_ids.to(torch.int64)
-    live = (c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)) & (ids >= 0) \
-        & (ids < block_table.shape[1])
-    table = block_table.to(torch.int64)
-    if table.shape[1] == 0:                        # no pages at all: nothing is read
-        table = torch.full((B, 1), -1, dtype=torch.int64, device=q.device)
-    pages = table.gather(1, ids.clamp(0, table.shape[1] - 1))
-    live &= (pages >= 0) & (pages < num_pages)
+    pages, live = table_pages(block_table, ids, num_pages)
+    live &= c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)
     pages = torch.where(live, pages, 0)
     out = torch.zeros(B, R, m_cap, PAGE_SLOTS, dtype=dtype, device=q.device)
     # only the pages of live blocks are read and dequantized, chunk by chunk (on the CPU the

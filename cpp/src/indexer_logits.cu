@@ -35,10 +35,9 @@ static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 
 __host__ __device__ constexpr int group_for(int rows) { return rows <= 2 ? rows : 4; }
 
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
-// q holds q_rows = rows rounded up to the group.
+// q (row r at r * kQBytes) holds q_rows = rows rounded up to the group.
 struct Smem {
   int q_rows;
-  __host__ __device__ int q(int r) const { return r * kQBytes; }
   __host__ __device__ int page(int s) const { return q_rows * kQBytes + s * kPageKeyBytes; }
   __host__ __device__ int scales(int s) const {
     return q_rows * kQBytes + kStages * kPageKeyBytes + s * kBlockSize * 4;
@@ -267,14 +266,53 @@ __device__ __forceinline__ void slot_scores(const float* s, const float2* w, flo
   z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
 }
 
+// The rows' q (swizzled, q_rows * 8 KB from `base`, rows past `rows` zeroed: they pad the
+// last MMA group and their z is never stored) and weights (at weights_at) of request b. The
+// copies are issued, not committed.
+__device__ __forceinline__ void load_queries(const uint8_t* q, const float* weights, int b,
+                                             int rows, int q_rows, uint32_t base,
+                                             unsigned char* smem, uint32_t weights_at) {
+  for (int idx = threadIdx.x; idx < rows * kQBytes / 16; idx += kThreads) {
+    const int r = idx / (kQBytes / 16), i = idx % (kQBytes / 16);
+    cp_async16(base + r * kQBytes + swizzled(i / 8, i % 8),
+               q + (static_cast<int64_t>(b) * rows + r) * kQBytes + i * 16);
+  }
+  for (int idx = threadIdx.x; idx < (q_rows - rows) * kQBytes / 16; idx += kThreads)
+    *reinterpret_cast<uint4*>(smem + rows * kQBytes + idx * 16) = make_uint4(0, 0, 0, 0);
+  for (int idx = threadIdx.x; idx < rows * kHeads / 4; idx += kThreads)
+    cp_async16(base + weights_at + idx * 16,
+               weights + static_cast<int64_t>(b) * rows * kHeads + idx * 4);
+}
+
+// Every row's z for the 64-row tile at `tile`: the rows in MMA groups of G, then
+// store(r, z) on the lanes with t < 2 (z of slot s_lo for t == 0, s_hi for t == 1).
+template <int G, typename Store>
+__device__ __forceinline__ void score_tile(Acc<G>& acc, uint32_t tile, uint32_t base,
+                                           const unsigned char* smem, uint32_t weights_at,
+                                           int rows, float sc_lo, float sc_hi, bool factored,
+                                           Store store) {
+  const int t = threadIdx.x & 3;
+  for (int group = 0; group * G < rows; ++group) {
+    page_scores<G>(acc, tile, base + group * G * kQBytes);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int r = group * G + j;
+      if (r >= rows) break;
+      const float2* w = reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4) + t;
+      float z_lo, z_hi;
+      slot_scores(acc + 32 * j, w, sc_lo, sc_hi, factored, z_lo, z_hi);
+      if (t < 2) store(r, t == 0 ? z_lo : z_hi);
+    }
+  }
+}
+
 template <int G>
 __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  const int groups = (p.rows + G - 1) / G;
-  const Smem lay{groups * G};
+  const Smem lay{(p.rows + G - 1) / G * G};
 
   const int b = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -302,9 +340,6 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     block_s[threadIdx.x] = j;
     page_s[threadIdx.x] = (page >= 0 && page < p.num_pages) ? page : -1;  // -1: never read
   }
-  // zero q rows padding the last group: they go through the MMA, their z is never stored
-  for (int idx = threadIdx.x; idx < (lay.q_rows - p.rows) * kQBytes / 16; idx += kThreads)
-    *reinterpret_cast<uint4*>(smem + lay.q(p.rows) + idx * 16) = make_uint4(0, 0, 0, 0);
   __syncthreads();
   auto page_of = [&](int c) { return page_s[c - c_begin]; };
   const uint32_t chunk_dst = swizzled(threadIdx.x / 8, threadIdx.x % 8);
@@ -320,15 +355,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
       cp_async16(base + lay.scales(stage) + threadIdx.x * 16, src + kPageKeyBytes);
   };
 
-  // q and weights of every row, with the first page (group 0).
-  for (int idx = threadIdx.x; idx < p.rows * kQBytes / 16; idx += kThreads) {
-    const int r = idx / (kQBytes / 16), i = idx % (kQBytes / 16);
-    cp_async16(base + lay.q(r) + swizzled(i / 8, i % 8),
-               p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes + i * 16);
-  }
-  for (int idx = threadIdx.x; idx < p.rows * kHeads / 4; idx += kThreads)
-    cp_async16(base + lay.weights(0) + idx * 16,
-               p.weights + static_cast<int64_t>(b) * p.rows * kHeads + idx * 4);
+  // q and weights of every row, with the first page (group 0); the zero padding rows are
+  // ordered before the first MMA by the page loop's barrier
+  load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     issue_page(c_begin + s, s);
@@ -362,20 +391,10 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
     const int slot = page_of(c) >= 0 ? block_s[c - c_begin] * kBlockSize + s_mine : INT_MAX;
-    for (int group = 0; group < groups; ++group) {
-      page_scores<G>(acc, base + lay.page(stage), base + lay.q(group * G));
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int r = group * G + j;
-        if (r >= p.rows) break;
-        const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(r)) + t;
-        float z_lo, z_hi;
-        slot_scores(acc + 32 * j, w, sc_lo, sc_hi, factored, z_lo, z_hi);
-        if (t < 2)
-          out_b[r * width + c * kBlockSize] =
-              slot < ctx_s[r] ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
-      }
-    }
+    score_tile<G>(acc, base + lay.page(stage), base, smem, lay.weights(0), p.rows, sc_lo, sc_hi,
+                  factored, [&](int r, float z) {
+                    out_b[r * width + c * kBlockSize] = slot < ctx_s[r] ? z : -CUDART_INF_F;
+                  });
   }
   cp_async_wait<0>();  // no copy may outlive the CTA's shared memory
 }
@@ -427,8 +446,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  const int groups = (p.rows + G - 1) / G;
-  const int q_rows = groups * G;
+  const int q_rows = (p.rows + G - 1) / G * G;
   const uint32_t tile = q_rows * kQBytes, scales_at = tile + kPageKeyBytes;
   const uint32_t weights_at = scales_at + kBlockSize * 4;
   const int b = blockIdx.y, j0 = blockIdx.x * kBlockSize;
@@ -464,16 +482,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
     else
       *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
   }
-  for (int idx = threadIdx.x; idx < p.rows * kQBytes / 16; idx += kThreads) {
-    const int r = idx / (kQBytes / 16), i = idx % (kQBytes / 16);
-    cp_async16(base + r * kQBytes + swizzled(i / 8, i % 8),
-               p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes + i * 16);
-  }
-  for (int idx = threadIdx.x; idx < (q_rows - p.rows) * kQBytes / 16; idx += kThreads)
-    *reinterpret_cast<uint4*>(smem + (p.rows * kQBytes) + idx * 16) = make_uint4(0, 0, 0, 0);
-  for (int idx = threadIdx.x; idx < p.rows * kHeads / 4; idx += kThreads)
-    cp_async16(base + weights_at + idx * 16,
-               p.weights + static_cast<int64_t>(b) * p.rows * kHeads + idx * 4);
+  load_queries(p.q, p.weights, b, p.rows, q_rows, base, smem, weights_at);
   cp_async_commit();
   cp_async_wait<0>();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -489,22 +498,14 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
       sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
   const int j = j0 + s_mine;
   Acc<G> acc;
-  for (int group = 0; group < groups; ++group) {
-    page_scores<G>(acc, base + tile, base + group * G * kQBytes);
-#pragma unroll
-    for (int jr = 0; jr < G; ++jr) {
-      const int r = group * G + jr;
-      if (r >= p.rows) break;
-      const float2* w = reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4) + t;
-      float z_lo, z_hi;
-      slot_scores(acc + 32 * jr, w, sc_lo, sc_hi, factored, z_lo, z_hi);
-      if (t < 2 && j < p.num_blocks) {
-        const bool visible = valid_s[s_mine] && static_cast<int64_t>(j) * kBlockSize < ctx_s[r];
-        p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
-            visible ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
-      }
-    }
-  }
+  score_tile<G>(acc, base + tile, base, smem, weights_at, p.rows, sc_lo, sc_hi, factored,
+                [&](int r, float z) {
+                  if (j >= p.num_blocks) return;
+                  const bool visible =
+                      valid_s[s_mine] && static_cast<int64_t>(j) * kBlockSize < ctx_s[r];
+                  p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
+                      visible ? z : -CUDART_INF_F;
+                });
 }
 
 template <int G>
