@@ -49,8 +49,11 @@ Contracts (DESIGN.md):
 - remap: positions int32 [B*next_n, K] (compact positions as a top-K over compact logits gives
   them, e.g. TensorRT-LLM's indexer_topk_decode: request-local, -1 padded; row stride allowed)
   -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos < min(count, m_cap)*64
-  with that id >= 0, else -1, order kept (row r is request r // next_n). out may be positions
-  itself (in place), otherwise it must not overlap it.
+  with that id >= 0, else -1, order kept (row r is request r // next_n). Optional values fp32
+  [B*next_n, K] (the top-K's scores): a non-finite value makes its entry -1. ascending (K <=
+  4096): each row's ids sorted ascending, -1 last, which turns a peer's unordered top-K
+  (flashinfer's) into topk's output in one launch. out may be positions itself (in place),
+  otherwise it must not overlap it.
 - summarize (the probe predictor's block summaries, kept beside the K cache with the same page
   ids): kv_cache as indexer_logits reads it, pages int32 [P], fill int32 [P] -> summaries uint8
   [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding) row pages[i] = the
@@ -88,6 +91,7 @@ from .errors import SpinError
 log = logging.getLogger("spin_trtllm")
 
 BLOCK = ref.PAGE_SLOTS
+MAX_SORTED_K = 4096          # remap(ascending=True): one CTA sorts a row (cpp kMaxSortedK)
 HEADS, HEAD_DIM = 64, 128
 POOLING = {"max": 0, "mean": 1, "top4": 2}
 POLICY = {"random": 0, "staleness": 1, "age": 2}
@@ -114,7 +118,7 @@ _SCHEMAS = {
     "compact": "compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
                "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()",
     "remap": "remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
-             "Tensor(a!) out) -> ()",
+             "Tensor(a!) out, Tensor? values=None, bool ascending=False) -> ()",
     "summarize": "summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()",
     "probe": "probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
              "Tensor block_table, Tensor(a!) out) -> ()",
@@ -355,8 +359,8 @@ def _compact_ref(block_ids, counts, context_lens, block_table, page_slots, compa
     compact_lens.copy_(lens)
 
 
-def _remap_ref(positions, block_ids, counts, next_n, out) -> None:
-    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n))
+def _remap_ref(positions, block_ids, counts, next_n, out, values=None, ascending=False) -> None:
+    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n, values, ascending))
 
 
 def _summarize_ref(kv_cache, pages, fill, summaries) -> None:
@@ -566,7 +570,8 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + span * t.element_size()
 
 
-def _validate_remap(positions, block_ids, counts, next_n, out) -> None:
+def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
+                    ascending=False) -> None:
     op = "remap"
     dev = positions.device if isinstance(positions, torch.Tensor) else torch.device("cpu")
     _tensor(op, "positions", positions, I32, 2, dev, inner_contiguous=True)
@@ -579,6 +584,12 @@ def _validate_remap(positions, block_ids, counts, next_n, out) -> None:
                   f"{list(positions.shape)}")
     _tensor(op, "out", out, I32, 2, dev, contiguous=True)
     _shape(op, "out", out, tuple(positions.shape))
+    if values is not None:
+        _tensor(op, "values", values, (torch.float32,), 2, dev, inner_contiguous=True)
+        _shape(op, "values", values, tuple(positions.shape))
+    if ascending and positions.shape[1] > MAX_SORTED_K:
+        _fail(op, f"ascending sorts rows of at most {MAX_SORTED_K} entries, got K = "
+                  f"{positions.shape[1]}")
     same = out.data_ptr() == positions.data_ptr() and out.stride() == positions.stride()
     (a0, a1), (b0, b1) = _byte_range(out), _byte_range(positions)
     if not same and a0 < b1 and b0 < a1:
@@ -749,9 +760,10 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # SPIN_TOPK: auto (flashinfer where installed and measured faster), spin, or flashinfer (where
 # installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) takes 0.41-0.68x
 # of spin's kernel time at 32-96 rows x 128K on an H200, but the position -> slot remap and the
-# ascending order cost 60-70 us more: the whole path beat spin's kernel only at 96 x 128K x
-# next_n 2 (179 vs 258 us dense, 135 vs 148 at half the blocks) and lost at 12.6M entries and
-# below once half the blocks were masked (benchmarks/RESULTS.md), so auto takes >= 16M entries.
+# ascending order, then torch ops, cost 60-70 us more: the whole path beat spin's kernel only at
+# 96 x 128K x next_n 2 (179 vs 258 us dense, 135 vs 148 at half the blocks) and lost at 12.6M
+# entries and below once half the blocks were masked (benchmarks/RESULTS.md), so auto takes >= 16M
+# entries. One remap(ascending=True) launch now does both; the threshold awaits its measurement.
 TOPK_PEER_MIN_ENTRIES = 1 << 24
 TOPK_PEER_MIN_ROWS = 32
 
@@ -771,7 +783,7 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
     if choice not in ("auto", "spin", "flashinfer"):
         raise SpinError(f"SPIN_TOPK must be auto, spin or flashinfer, got {choice!r}")
     if choice == "spin" or _flashinfer_topk() is None or block_ids.dim() != 2 \
-            or logits.dim() != 2 or block_ids.shape[1] * BLOCK < k \
+            or logits.dim() != 2 or block_ids.shape[1] * BLOCK < k or k > MAX_SORTED_K \
             or torch.compiler.is_compiling() or logits.device.type == "meta":
         return None
     if choice == "auto":
@@ -798,11 +810,8 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
         lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), lens)
     pos, vals = _flashinfer_topk()(x, lens.to(torch.int32), k, return_values=True,
                                    backend=backend)
-    pos = torch.where((pos >= 0) & torch.isfinite(vals), pos, -1).to(torch.int32)
-    slots = remap(pos, block_ids, counts, next_n)
-    last = torch.iinfo(torch.int32).max
-    ordered = torch.where(slots < 0, last, slots).sort(-1).values
-    out.copy_(torch.where(ordered == last, -1, ordered))
+    remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, values=vals.float(),
+          ascending=True)
 
 
 def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
@@ -834,9 +843,11 @@ def compact(block_ids, counts, context_lens, block_table, page_slots: int = BLOC
 
 
 def remap(positions, block_ids, counts, next_n: int,
-          out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Compact positions -> request-local slot ids (out may be positions: in place)."""
+          out: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None,
+          ascending: bool = False) -> torch.Tensor:
+    """Compact positions -> request-local slot ids (out may be positions: in place); with
+    values, entries of non-finite value become -1; ascending sorts each row, -1 last."""
     if out is None:
         out = torch.empty(tuple(positions.shape), dtype=torch.int32, device=positions.device)
-    torch.ops.spin.remap(positions, block_ids, counts, next_n, out)
+    torch.ops.spin.remap(positions, block_ids, counts, next_n, out, values, ascending)
     return out

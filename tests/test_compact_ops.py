@@ -1,6 +1,8 @@
 """torch.ops.spin.compact / remap and the logits row stride of topk/update: the reference
 against brute-force loops and properties (CPU), the kernels against the reference (GPU)."""
 
+import math
+
 import pytest
 import torch
 
@@ -197,6 +199,64 @@ def test_remap_edge_cases():
     assert torch.equal(ops.remap(wide[:, :6], ids, counts, 1), out)
 
 
+def brute_sorted_remap(pos, vals, ids, counts, next_n):
+    """brute_remap, then -1 where the value is not finite, then each row ascending, -1 last."""
+    slots = brute_remap(pos, ids, counts, next_n)
+    rows = []
+    for row in range(pos.shape[0]):
+        kept = sorted(int(s) for s, v in zip(slots[row], vals[row])
+                      if s >= 0 and math.isfinite(float(v)))
+        rows.append(kept + [-1] * (pos.shape[1] - len(kept)))
+    return torch.tensor(rows, dtype=torch.int32).view(pos.shape)
+
+
+def random_values(seed, shape):
+    gen = torch.Generator().manual_seed(seed + 1000)
+    vals = torch.randn(shape, generator=gen)
+    pick = torch.rand(shape, generator=gen)
+    vals[pick < 0.1] = float("-inf")                        # a peer's padding
+    vals[(pick >= 0.1) & (pick < 0.13)] = float("nan")
+    vals[(pick >= 0.13) & (pick < 0.15)] = float("inf")
+    return vals
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_remap_values_and_ascending_match_brute_force(seed):
+    ids, counts, _, _ = random_case(seed)
+    R = 1 + seed % 4
+    for l in range(ids.shape[1]):
+        pos = random_positions(seed, ids[:, l], counts[:, l], R, 37)
+        vals = random_values(seed, pos.shape)
+        want = brute_sorted_remap(pos, vals, ids[:, l], counts[:, l], R)
+        got = ops.remap(pos, ids[:, l], counts[:, l], R, values=vals, ascending=True)
+        assert torch.equal(got, want)
+        inplace = pos.clone()
+        ops.remap(inplace, ids[:, l], counts[:, l], R, out=inplace, values=vals, ascending=True)
+        assert torch.equal(inplace, want)
+        # each option alone
+        unsorted = brute_remap(pos, ids[:, l], counts[:, l], R)
+        assert torch.equal(ops.remap(pos, ids[:, l], counts[:, l], R, values=vals),
+                           torch.where(torch.isfinite(vals), unsorted, -1))
+        assert torch.equal(ops.remap(pos, ids[:, l], counts[:, l], R, ascending=True),
+                           brute_sorted_remap(pos, torch.zeros(pos.shape), ids[:, l],
+                                              counts[:, l], R))
+
+
+def test_remap_ascending_edge_cases():
+    ids = torch.tensor([[1, 4, -1], [0, 2, 3]], dtype=torch.int32)
+    counts = torch.tensor([2, 5], dtype=torch.int32)
+    pos = torch.tensor([[128, 63, -1, 127, 0, 64], [2 ** 31 - 1, 191, 5, 192, -7, 129]],
+                       dtype=torch.int32)
+    vals = torch.tensor([[1.0, float("-inf"), 0.0, 2.0, 3.0, float("nan")],
+                         [0.0] * 6])
+    out = ops.remap(pos, ids, counts, 1, values=vals, ascending=True)
+    assert out.tolist() == [[64, 319, -1, -1, -1, -1], [5, 193, 255, -1, -1, -1]]
+    nothing = ops.remap(pos, ids, torch.zeros(2, dtype=torch.int32), 1, ascending=True)
+    assert (nothing == -1).all()                                # no block scored
+    one = ops.remap(pos[:, :1], ids, counts, 1, ascending=True)  # K = 1
+    assert one.tolist() == [[-1], [-1]]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_topk_equals_remap_of_plain_topk_positions(seed):
     gen = torch.Generator().manual_seed(seed)
@@ -318,6 +378,14 @@ def test_remap_rejects_bad_arguments():
         ops.remap(buf[:4], ids, cnt, 2, buf[1:])
     with pytest.raises(SpinError, match="counts must be int32"):
         ops.remap(pos, ids, cnt.long(), 2)
+    with pytest.raises(SpinError, match="values must be float32"):
+        ops.remap(pos, ids, cnt, 2, values=torch.zeros(4, 5, dtype=torch.float16))
+    with pytest.raises(SpinError, match=r"values must have shape \[4, 5\]"):
+        ops.remap(pos, ids, cnt, 2, values=torch.zeros(4, 6))
+    wide = torch.zeros(4, ops.MAX_SORTED_K + 1, dtype=torch.int32)
+    ops.remap(wide, ids, cnt, 2)                               # order kept: any K
+    with pytest.raises(SpinError, match="ascending sorts rows of at most 4096 entries, got K = 4097"):
+        ops.remap(wide, ids, cnt, 2, ascending=True)
 
 
 @gpu
@@ -370,6 +438,27 @@ def test_gpu_compact_and_remap_match_reference(seed, page_slots):
         inplace = pos.cuda()
         ops.remap(inplace, ig, cg, R, inplace)
         assert torch.equal(inplace.cpu(), want_r)
+
+
+@gpu
+@pytest.mark.parametrize("k", [1, 37, 256, 257, 512, 1000, 2048, 4096])
+def test_gpu_remap_values_ascending_match_reference(k):
+    for seed in range(3):
+        ids, counts, _, _ = random_case(seed, B=6, R=2, m_cap=90, layers=2)
+        R = 1 + seed
+        for l in range(ids.shape[1]):                 # strided layer views
+            pos = random_positions(seed, ids[:, l], counts[:, l], R, k)
+            vals = random_values(seed, pos.shape)
+            want = ops.remap(pos, ids[:, l], counts[:, l], R, values=vals, ascending=True)
+            ig, cg = ids.cuda()[:, l], counts.cuda()[:, l]
+            ps, vs = _strided(pos, 3, -5).cuda()[:, :k], _strided(vals, 5, 0.0).cuda()[:, :k]
+            got = ops.remap(ps, ig, cg, R, values=vs, ascending=True)
+            assert torch.equal(got.cpu(), want)
+            assert torch.equal(ops.remap(pos.cuda(), ig, cg, R, ascending=True).cpu(),
+                               ops.remap(pos, ids[:, l], counts[:, l], R, ascending=True))
+            inplace = pos.cuda()
+            ops.remap(inplace, ig, cg, R, inplace, values=vals.cuda(), ascending=True)
+            assert torch.equal(inplace.cpu(), want)
 
 
 @gpu

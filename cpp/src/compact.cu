@@ -7,7 +7,11 @@
 // and (table, lens) given to the external kernel as (block table, context lengths) yield SPIN's
 // compact masked logits.
 // remap: compact positions of a top-K over those logits -> request-local slot ids, one thread
-// per element (in place allowed).
+// per element (in place allowed); ascending: one CTA per row sorts the row's ids (CUB block
+// radix sort), so a peer's unordered top-K (flashinfer's) becomes spin::topk's output in one
+// launch.
+#include <cub/block/block_radix_sort.cuh>
+
 #include "common.cuh"
 
 namespace spin {
@@ -16,6 +20,7 @@ namespace {
 constexpr int kCompactThreads = 256;
 constexpr int kCompactWarps = kCompactThreads / 32;
 constexpr int kRemapThreads = 256;
+static_assert(16 * kRemapThreads == kMaxSortedK, "remap_sorted_kernel<16> covers kMaxSortedK");
 
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams p) {
   __shared__ long long partial[kMaxRows][kCompactWarps];
@@ -71,21 +76,48 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
   }
 }
 
+// The slot id of element col of row, or -1 (past the scored blocks, a padded id, or a
+// non-finite value).
+__device__ __forceinline__ int32_t remap_slot(const RemapParams& p, int64_t row, int64_t col) {
+  const int64_t b = row / p.rows;
+  const int pos = p.positions[row * p.positions_stride + col];
+  const int count = min(p.counts[b * p.counts_stride], p.m_cap);
+  if (pos < 0 || static_cast<int64_t>(pos) >= static_cast<int64_t>(count) * kBlockSize) return -1;
+  if (p.values != nullptr && !isfinite(p.values[row * p.values_stride + col])) return -1;
+  const int j = p.block_ids[b * p.ids_stride + pos / kBlockSize];
+  return j >= 0 ? j * kBlockSize + pos % kBlockSize : -1;
+}
+
 __global__ void __launch_bounds__(kRemapThreads) remap_kernel(RemapParams p) {
   const int64_t total = static_cast<int64_t>(p.batch) * p.rows * p.k;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kRemapThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kRemapThreads + threadIdx.x; i < total;
        i += step) {
-    const int64_t row = i / p.k, col = i - row * p.k;
-    const int64_t b = row / p.rows;
-    const int pos = p.positions[row * p.positions_stride + col];
-    const int count = min(p.counts[b * p.counts_stride], p.m_cap);
-    int32_t slot = -1;
-    if (pos >= 0 && static_cast<int64_t>(pos) < static_cast<int64_t>(count) * kBlockSize) {
-      const int j = p.block_ids[b * p.ids_stride + pos / kBlockSize];
-      if (j >= 0) slot = j * kBlockSize + pos % kBlockSize;
-    }
-    p.out[i] = slot;
+    const int64_t row = i / p.k;
+    p.out[i] = remap_slot(p, row, i - row * p.k);
+  }
+}
+
+// One CTA per row: the ids as unsigned keys (-1 -> UINT32_MAX sorts last), loaded striped,
+// block radix sorted and stored striped. Every read precedes the sort's barriers and every
+// write follows them, so out may be positions.
+template <int kItems>
+__global__ void __launch_bounds__(kRemapThreads) remap_sorted_kernel(RemapParams p) {
+  using Sort = cub::BlockRadixSort<uint32_t, kRemapThreads, kItems>;
+  __shared__ typename Sort::TempStorage scratch;
+  const int64_t row = blockIdx.x;
+  uint32_t keys[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int col = i * kRemapThreads + threadIdx.x;
+    keys[i] = col < p.k ? static_cast<uint32_t>(remap_slot(p, row, col)) : 0xffffffffu;
+  }
+  Sort(scratch).SortBlockedToStriped(keys);
+  int32_t* out = p.out + row * p.k;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int col = i * kRemapThreads + threadIdx.x;
+    if (col < p.k) out[col] = static_cast<int32_t>(keys[i]);   // UINT32_MAX is -1 again
   }
 }
 
@@ -100,8 +132,19 @@ cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_remap(const RemapParams& p, cudaStream_t stream) {
-  const int64_t total = static_cast<int64_t>(p.batch) * p.rows * p.k;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
+  const int64_t total = rows * p.k;
   if (total == 0) return cudaSuccess;
+  if (p.ascending) {
+    if (p.k > kMaxSortedK || rows > 0x7fffffff) return cudaErrorInvalidValue;
+    const unsigned grid = static_cast<unsigned>(rows);
+    if (p.k <= kRemapThreads) remap_sorted_kernel<1><<<grid, kRemapThreads, 0, stream>>>(p);
+    else if (p.k <= 2 * kRemapThreads) remap_sorted_kernel<2><<<grid, kRemapThreads, 0, stream>>>(p);
+    else if (p.k <= 4 * kRemapThreads) remap_sorted_kernel<4><<<grid, kRemapThreads, 0, stream>>>(p);
+    else if (p.k <= 8 * kRemapThreads) remap_sorted_kernel<8><<<grid, kRemapThreads, 0, stream>>>(p);
+    else remap_sorted_kernel<16><<<grid, kRemapThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   const int64_t blocks = (total + kRemapThreads - 1) / kRemapThreads;
   remap_kernel<<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)), kRemapThreads, 0,
                  stream>>>(p);

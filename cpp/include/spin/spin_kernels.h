@@ -153,14 +153,20 @@ struct CompactParams {
 cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream);
 
 // Compact positions (top-K over compact logits, -1 padded) -> request-local slot ids:
-// ids[pos / 64] * 64 + pos % 64 for 0 <= pos < min(count, m_cap) * 64 with ids[pos / 64] >= 0,
-// else -1. Row r belongs to request r / next_n. out may be positions (in place).
+// ids[pos / 64] * 64 + pos % 64 for 0 <= pos < min(count, m_cap) * 64 with ids[pos / 64] >= 0
+// and, when values are given, a finite value; else -1. Row r belongs to request r / next_n.
+// ascending: each row's ids sorted ascending, -1 last (spin::topk's output contract from a
+// peer's unordered top-K; k <= kMaxSortedK, one CTA per row); otherwise the order is kept.
+// out may be positions (in place).
+constexpr int kMaxSortedK = 4096;
 struct RemapParams {
   const int32_t* positions;    // [B*R, positions_stride], k used
+  const float* values;         // [B*R, values_stride] or null
   const int32_t* block_ids;    // [B, ids_stride]
   const int32_t* counts;       // [B] with counts_stride
   int batch, rows, m_cap, k;
-  int64_t positions_stride, ids_stride, counts_stride;
+  int64_t positions_stride, values_stride, ids_stride, counts_stride;
+  bool ascending;
   int32_t* out;                // [B*R, k]
 };
 cudaError_t launch_remap(const RemapParams& p, cudaStream_t stream);
