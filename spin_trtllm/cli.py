@@ -536,10 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     _int(p, "--mask-layer", 0, INT32_MAX, default=0)
     _int(p, "--mask-slots", 1, INT32_MAX, help="slots shown in --mask-plot (default all)")
     # replay.probe.PREDICTORS / BUDGETS (not imported here: it pulls in torch)
-    p.add_argument("--predictor", choices=["spin", "probe", "hybrid", "quest"], default="spin",
+    p.add_argument("--predictor", choices=["spin", "probe", "hybrid", "quest", "gauss"],
+                   default="spin",
                    help="block scores selection ranks by: spin (V/D history), or, with a trace "
                         "v2, probe (block mean keys x query), hybrid (probe + history), quest "
-                        "(min/max bound)")
+                        "(min/max bound), gauss (mean key and per-dim spread: the expected "
+                        "slot score through the ReLU)")
     p.add_argument("--budget", choices=["uniform", "adaptive"], default="uniform",
                    help="per-layer blocks: uniform, or adaptive (same total per step)")
     p.add_argument("--summaries", type=int, choices=[1, 2], default=1,

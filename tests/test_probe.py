@@ -41,6 +41,21 @@ def brute_block_scores(trace, t, layer, r, kind, parts=1):
                 best = max(best, sum(float(w[h]) * max(float(q[h] @ mean), 0.0)
                                      for h in range(q.shape[0])))
             out.append(best)
+        elif kind == "gauss":
+            blk = keys[j * b:min((j + 1) * b, n)]
+            mean, var = blk.mean(0), blk.var(0, unbiased=False)
+            total = 0.0
+            for h in range(q.shape[0]):
+                mu = float(q[h] @ mean)
+                sd = math.sqrt(float((q[h] ** 2) @ var))
+                if sd == 0:
+                    e = max(mu, 0.0)
+                else:                   # E[relu(X)], X ~ N(mu, sd^2), by the closed form
+                    a = mu / sd
+                    e = mu * 0.5 * (1 + math.erf(a / math.sqrt(2))) \
+                        + sd * math.exp(-a * a / 2) / math.sqrt(2 * math.pi)
+                total += float(w[h]) * e
+            out.append(total)
         else:
             blk = keys[j * b:min((j + 1) * b, n)]
             kmin, kmax = blk.min(0).values, blk.max(0).values
@@ -55,11 +70,11 @@ def brute_block_scores(trace, t, layer, r, kind, parts=1):
     return torch.tensor(out, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("kind,parts", [("probe", 1), ("probe", 2), ("quest", 1)])
-def test_probe_and_quest_match_brute_force(kind, parts):
+@pytest.mark.parametrize("kind,parts", [("probe", 1), ("probe", 2), ("quest", 1), ("gauss", 1)])
+def test_probe_quest_and_gauss_match_brute_force(kind, parts):
     # MTP rows see different lengths, so the partial newest block differs per row
     trace = random_v2_trace(steps=4, next_n=2, start=37, block_size=8)
-    qp = P.QueryProbe(trace, kind if kind == "quest" else "probe", 8, summaries=parts)
+    qp = P.QueryProbe(trace, kind, 8, summaries=parts)
     for t in range(trace.num_steps):
         n = trace.row_len[t]
         nb = math.ceil(int(n.max()) / 8)
@@ -108,6 +123,28 @@ def test_quest_bounds_every_blocks_true_max():
         vis = torch.isfinite(true_max)
         assert (bound[vis] >= true_max[vis] - 1e-4 * (1 + true_max[vis].abs())).all()
         assert torch.isneginf(bound[~vis]).all()
+
+
+def test_gauss_is_the_probe_plus_the_spread_through_the_relu():
+    trace = random_v2_trace(steps=3, next_n=1, start=40, block_size=8, seed=7, negative_w=False)
+    gauss = P.QueryProbe(trace, "gauss", 8)
+    probe = P.QueryProbe(trace, "probe", 8)
+    for t in range(trace.num_steps):
+        n = trace.row_len[t]
+        nb = math.ceil(int(n.max()) / 8)
+        g, p = gauss.scores(t, n, nb), probe.scores(t, n, nb)
+        vis = torch.isfinite(p)
+        assert torch.equal(vis, torch.isfinite(g))
+        # Jensen: E relu(X) >= relu(E X) per head, so with w >= 0 the block scores only grow
+        assert (g[vis] >= p[vis] - 1e-5 * (1 + p[vis].abs())).all()
+        assert (g[vis] > p[vis] + 1e-3).any()
+    # identical keys in every block: no spread, gauss equals the probe
+    flat = random_v2_trace(steps=2, next_n=1, start=39, block_size=8, seed=8)
+    flat.keys = flat.keys.view(flat.keys.shape[0], -1, 8, flat.keys.shape[-1])[:, :, :1] \
+        .expand(-1, -1, 8, -1).reshape(flat.keys.shape).contiguous()
+    g = P.QueryProbe(flat, "gauss", 8).scores(1, flat.row_len[1], 5)
+    p = P.QueryProbe(flat, "probe", 8).scores(1, flat.row_len[1], 5)
+    assert torch.allclose(g, p, rtol=1e-5, atol=1e-5)
 
 
 def test_summaries_depend_only_on_their_own_visible_keys():
@@ -247,10 +284,10 @@ def test_probe_bytes_and_effective_sparsity():
     out = {}
     for name, kw in (("spin", {}), ("probe", {"predictor": "probe"}),
                      ("probe2", {"predictor": "probe", "summaries": 2}),
-                     ("quest", {"predictor": "quest"})):
+                     ("quest", {"predictor": "quest"}), ("gauss", {"predictor": "gauss"})):
         (r,) = replay(trace, [0.5], **kw, keep_masks_for_layer=0)
         out[name] = r
-        rows = {"spin": 0, "probe": 1, "probe2": 2, "quest": 2}[name]
+        rows = {"spin": 0, "probe": 1, "probe2": 2, "quest": 2, "gauss": 2}[name]
         assert r["probe_bytes_fraction"] == pytest.approx(rows * blocks / dense)
         # layer 0 by hand: visible slots of the scored blocks + summary rows
         scored = 0

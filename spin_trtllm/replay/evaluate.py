@@ -127,7 +127,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     """Replay SPIN at each target sparsity; one result dict per sparsity. desc: the progress
     bar's label (default "replay TRACE").
 
-    predictor: spin (V/D history), or probe / hybrid / quest (need a trace v2: q, w, keys;
+    predictor: spin (V/D history), or probe / hybrid / quest / gauss (need a trace v2: q, w, keys;
     spin_trtllm.replay.probe), which only change the block scores selection ranks by;
     summaries: summary keys per block of probe/hybrid. budget: uniform (m from the target
     sparsity in every layer) or adaptive (probe.AdaptiveBudget: the same total per step,

@@ -11,6 +11,7 @@ Block summaries (how they are kept). With c summaries per block (c in {1, 2, ...
 size b divisible by c), block j has c sub-blocks of b/c slots; sub-block u covers slots
 [u b/c, (u+1) b/c). A sub-block's summary depends only on its own visible keys:
   mean_u = mean of k_i over its visible slots i < n,
+  var_u[d] = mean of (k_i[d] - mean_u[d])^2 over the same slots,
   kmin_u[d] = min of k_i[d], kmax_u[d] = max of k_i[d] over the same slots.
 So the summaries of complete sub-blocks are built once (at prefill, and once more each time
 decode completes a sub-block) and never change; at decode only the newest, partial
@@ -25,6 +26,10 @@ Formulas (row r of one layer, visible blocks j < B; -inf for blocks that are not
             U_h = sum_d max(q_hd kmin_jd, q_hd kmax_jd),  L_h = sum_d min(q_hd kmin_jd, q_hd kmax_jd)
           (the Quest min/max bound; for w >= 0 it is sum_h w_h relu(sum_d max(...)));
           Q[j] >= max_{i in block j, i < n} z[i]: an upper bound of the block's true max.
+  gauss   G[j] = sum_h w_h E[relu(X_h)],  X_h ~ Normal(mu_h, s_h^2),  mu_h = q_h . mean_j,
+            s_h^2 = sum_d q_hd^2 var_jd,  E[relu(X)] = mu Phi(mu/s) + s phi(mu/s) (relu(mu) at s = 0)
+          (the block's keys modelled as independent per-dim Gaussians: an estimate of the
+          block's mean slot score that, unlike P, counts the keys' spread through the ReLU)
   hybrid  H[j] = max(rank(P)[j], rank(S)[j]), S = SPIN's V/D block prediction, and
             rank(X)[j] = #{visible j' : X[j'] < X[j]} / max(B - 1, 1)  in [0, 1]
           (share of visible blocks that block j beats: the top block of either predictor
@@ -32,7 +37,8 @@ Formulas (row r of one layer, visible blocks j < B; -inf for blocks that are not
           leaves the ranking to the probe).
 
 K-cache rows the predictor reads per visible block (one row counted as one 132-byte slot):
-spin 0 (V/D state is not K cache), probe and hybrid c, quest 2 (kmin and kmax).
+spin 0 (V/D state is not K cache), probe and hybrid c, quest 2 (kmin and kmax), gauss 2 (mean
+and per-dim spread).
 
 Adaptive budget (--budget adaptive; AdaptiveBudget): per step and per target sparsity, the
 global budget M = sum over layers of the uniform m_l (row 0). Each layer first gets its
@@ -55,6 +61,7 @@ it on dense (warm-up or periodic audit) steps.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -63,19 +70,19 @@ from ..config import SpinConfig
 from ..errors import SpinError
 from ..reference import NEG_INF, block_budget
 
-PREDICTORS = ("spin", "probe", "hybrid", "quest")
+PREDICTORS = ("spin", "probe", "hybrid", "quest", "gauss")
 BUDGETS = ("uniform", "adaptive")
 _ADAPT_DECAY = 0.8
 
 
 def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
     """K-cache rows (one slot each) the predictor reads per visible block."""
-    return {"spin": 0, "probe": summaries, "hybrid": summaries, "quest": 2}[predictor]
+    return {"spin": 0, "probe": summaries, "hybrid": summaries, "quest": 2, "gauss": 2}[predictor]
 
 
 # ---- block summaries --------------------------------------------------------------------------
 class BlockSummaries:
-    """Per-sub-block mean / min / max of the visible keys of L layers (keys [L, S, D]).
+    """Per-sub-block mean / variance / min / max of the visible keys of L layers (keys [L, S, D]).
 
     The complete sub-blocks are cached; `at(n, count)` adds the partial newest one per row."""
 
@@ -88,12 +95,13 @@ class BlockSummaries:
         full = (S // sub) * sub
         blocks = self.keys[:, :full].view(L, S // sub, sub, D)
         self.mean = blocks.mean(2)
+        self.var = blocks.var(2, unbiased=False)
         self.kmin = blocks.amin(2)
         self.kmax = blocks.amax(2)
 
     def at(self, n: torch.Tensor, count: int) -> dict[str, torch.Tensor]:
         """Summaries seen by rows with n visible slots (n int [L, R]) for sub-blocks 0..count-1:
-        mean, kmin, kmax float32 [L, R, count, D] and visible bool [L, R, count]."""
+        mean, var, kmin, kmax float32 [L, R, count, D] and visible bool [L, R, count]."""
         L, S, D = self.keys.shape
         sub = self.sub
         n = n.to(torch.int64)
@@ -109,12 +117,15 @@ class BlockSummaries:
         rows = rows.view(L, R, sub, D)
         cnt = seen.sum(-1, keepdim=True).clamp(min=1)
         seen4 = seen.unsqueeze(-1)
-        part = {"mean": torch.where(seen4, rows, 0.0).sum(2) / cnt,
+        part_mean = torch.where(seen4, rows, 0.0).sum(2) / cnt
+        part = {"mean": part_mean,
+                "var": torch.where(seen4, (rows - part_mean.unsqueeze(2)) ** 2, 0.0).sum(2) / cnt,
                 "kmin": torch.where(seen4, rows, torch.inf).amin(2),
                 "kmax": torch.where(seen4, rows, -torch.inf).amax(2)}
         is_partial = (u == (n // sub).unsqueeze(-1)) & visible & ~complete
         out = {"visible": visible}
-        for name, cached in (("mean", self.mean), ("kmin", self.kmin), ("kmax", self.kmax)):
+        for name, cached in (("mean", self.mean), ("var", self.var), ("kmin", self.kmin),
+                             ("kmax", self.kmax)):
             have = min(cached.shape[1], count)
             full = torch.zeros(L, count, D)
             full[:, :have] = cached[:, :have]
@@ -152,6 +163,21 @@ def quest_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
     return z.masked_fill(~s["visible"], NEG_INF)
 
 
+def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
+                 n_blocks: int) -> torch.Tensor:
+    """fp32 [L, R, n_blocks]: G[j] = sum_h w_h E[relu(X_h)] (module docstring) from each block's
+    mean key and per-dim variance; -inf for blocks with nothing visible."""
+    s = summaries.at(n, n_blocks)
+    qf = q.float()
+    mu = torch.einsum("lrhd,lrud->lruh", qf, s["mean"])
+    sd = torch.einsum("lrhd,lrud->lruh", qf * qf, s["var"]).clamp(min=0).sqrt()
+    a = mu / sd.clamp(min=1e-30)
+    expected = mu * torch.special.ndtr(a) + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+    expected = torch.where(sd > 0, expected, mu.relu())
+    z = (expected * w.float().unsqueeze(2)).sum(-1)
+    return z.masked_fill(~s["visible"], NEG_INF)
+
+
 def rank_share(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """fp32 [..., NB]: #{visible j' : x[j'] < x[j]} / max(B - 1, 1) for visible j, -inf
     elsewhere (B = visible count)."""
@@ -181,15 +207,17 @@ class QueryProbe:
             raise SpinError(f"summaries per block ({summaries}) must be >= 1 and divide the "
                             f"block size ({block_size})")
         self.trace, self.predictor, self.b = trace, predictor, block_size
-        self.parts = 1 if predictor == "quest" else summaries
+        self.parts = 1 if predictor in ("quest", "gauss") else summaries
         self.summaries = BlockSummaries(trace.keys, block_size // self.parts)
 
     def scores(self, t: int, n: torch.Tensor, n_blocks: int) -> torch.Tensor:
-        """fp32 [L, R, n_blocks] of step t (n [L, R]): probe P or quest Q; for hybrid the probe
-        part P (merge with hybrid_scores)."""
+        """fp32 [L, R, n_blocks] of step t (n [L, R]): probe P, quest Q or gauss G; for hybrid
+        the probe part P (merge with hybrid_scores)."""
         q, w = self.trace.q[t], self.trace.w[t]
         if self.predictor == "quest":
             return quest_scores(q, w, self.summaries, n, n_blocks)
+        if self.predictor == "gauss":
+            return gauss_scores(q, w, self.summaries, n, n_blocks)
         return probe_scores(q, w, self.summaries, n, n_blocks, self.parts)
 
 
