@@ -13,7 +13,7 @@ any estimate of it can reach:
 against the predictors' estimates (probe, gauss: spin_trtllm.replay.probe). Simplified
 selection, the same for every ranking: row 0 of every non-warm-up step (t >= 8) and layer,
 sink and newest blocks forced, m = ceil((1 - rho) B) blocks in all, no exploration; a
-predictor that reads r summary rows per block gives up round((r - 1) (B - 1) / 64) blocks
+predictor that reads r summary rows per block gives up round((r - 1) (B - 1) / b) blocks
 (equal bytes with the one-row probe). Miss = share of the row's true top-K outside the
 selected blocks. The replay tables (quality_predictors.py) are the full rule; this isolates the
 ranking.
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                     ranks[name] = e[layer, 0, :full]
                 for name, score in ranks.items():
                     rows = rows_read_per_block(name) if name in probes else 1
-                    take = m - 2 - round((rows - 1) * full / 64)
+                    take = m - 2 - round((rows - 1) * full / b)   # a row is 1/b of a block
                     take = max(0, min(take, full - 1))
                     pick = score[1:].topk(take).indices + 1 if take else torch.empty(0).long()
                     got = float(hits[0]) + newest_hits + float(hits[pick].sum())
