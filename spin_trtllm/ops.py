@@ -758,14 +758,13 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 
 
 # SPIN_TOPK: auto (flashinfer where installed and measured faster), spin, or flashinfer (where
-# installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) takes 0.41-0.68x
-# of spin's kernel time at 32-96 rows x 128K on an H200, but the position -> slot remap and the
-# ascending order, then torch ops, cost 60-70 us more: the whole path beat spin's kernel only at
-# 96 x 128K x next_n 2 (179 vs 258 us dense, 135 vs 148 at half the blocks) and lost at 12.6M
-# entries and below once half the blocks were masked (benchmarks/RESULTS.md), so auto takes >= 16M
-# entries. One remap(ascending=True) launch now does both; the threshold awaits its measurement.
-TOPK_PEER_MIN_ENTRIES = 1 << 24
-TOPK_PEER_MIN_ROWS = 32
+# installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) plus one
+# remap(ascending=True) launch against spin's kernel, same run on an H200 (benchmarks/RESULTS.md,
+# 24 shapes): the flashinfer path won at 96+ rows of >= 64K compact slots (88.7 vs 137.8 us at
+# 96 x 128K dense, 62.1 vs 67.7 at half the blocks, 136.4 vs 257.2 with next_n 2) and lost
+# everywhere else (by 1.4 us at 32 x 128K dense, by 17 us at 8 x 32K).
+TOPK_PEER_MIN_ROWS = 96
+TOPK_PEER_MIN_WIDTH = 1 << 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -789,8 +788,7 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
     if choice == "auto":
         rows, width = logits.shape[0], block_ids.shape[1] * BLOCK
         # rows with a stride (DeepGEMM's) would need a copy of the whole logits first
-        if not logits.is_cuda or rows < TOPK_PEER_MIN_ROWS or \
-                rows * width < TOPK_PEER_MIN_ENTRIES or \
+        if not logits.is_cuda or rows < TOPK_PEER_MIN_ROWS or width < TOPK_PEER_MIN_WIDTH or \
                 not logits[:, :width].is_contiguous():
             return None
     return "flashinfer"

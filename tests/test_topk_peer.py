@@ -141,3 +141,23 @@ def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, outs[0])
+
+
+@gpu
+@pytest.mark.gpu
+def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
+    ops._flashinfer_topk.cache_clear()
+    if ops._flashinfer_topk() is None:
+        pytest.skip("flashinfer is not installed")
+    monkeypatch.setenv("SPIN_TOPK", "auto")
+    blocks = ops.TOPK_PEER_MIN_WIDTH // BLOCK
+    for rows, m_cap, want in ((ops.TOPK_PEER_MIN_ROWS, blocks, "flashinfer"),
+                              (ops.TOPK_PEER_MIN_ROWS - 1, blocks, None),
+                              (ops.TOPK_PEER_MIN_ROWS, blocks - 1, None)):
+        logits = torch.zeros(rows, m_cap * BLOCK, device="cuda")
+        ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
+        assert ops.topk_peer(logits, ids, 512) == want
+    wide = torch.zeros(ops.TOPK_PEER_MIN_ROWS, blocks * BLOCK + 4, device="cuda")
+    ids = torch.zeros(ops.TOPK_PEER_MIN_ROWS, blocks, dtype=torch.int32, device="cuda")
+    assert ops.topk_peer(wide, ids, 512) is None            # a row stride: spin's kernel
+    assert ops.topk_peer(wide[:, :blocks * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
