@@ -1,6 +1,6 @@
 """Issue 17: block predictors compared at equal effective sparsity on SPIN trace v2 files.
 
-    python benchmarks/quality_predictors.py TRACE.safetensors... --json OUT [--markdown OUT]
+    python benchmarks/quality_predictors.py TRACE.safetensors... --json OUT [--markdown OUT] [--jobs N]
 
 For each trace and predictor configuration (spin / probe / probe with 2 summaries / hybrid /
 quest / gauss, uniform or adaptive per-layer budget) replay runs a grid of target sparsities; miss is
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 
 import numpy as np
+import torch
 
 from spin_trtllm.replay.evaluate import at_effective, replay
 from spin_trtllm.replay.trace import SpinTrace
@@ -37,21 +39,36 @@ TARGETS = [round(0.15 + 0.05 * i, 2) for i in range(15)]        # 0.15 .. 0.85
 EFFECTIVE = [0.3, 0.5, 0.7]
 
 
+def _replay_one(task):
+    """One (config, trace) replay, interpolated at EFFECTIVE (a worker of --jobs)."""
+    (label, predictor, budget, summaries), path = task
+    torch.set_num_threads(1)
+    res = replay(SpinTrace.load(path), TARGETS, predictor=predictor, budget=budget,
+                 summaries=summaries, pearson=False)
+    return at_effective(res, EFFECTIVE)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--json", required=True)
     ap.add_argument("--markdown")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="replays run in this many processes (one per config x trace)")
     args = ap.parse_args(argv)
-    traces = [SpinTrace.load(p) for p in args.traces]
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    names = [SpinTrace.load(p).name for p in args.traces]      # every file checked first
+    tasks = [(config, path) for config in CONFIGS for path in args.traces]
+    if args.jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            done = pool.map(_replay_one, tasks, chunksize=1)
+    else:
+        done = [_replay_one(task) for task in tasks]
     rows = []
-    for label, predictor, budget, summaries in CONFIGS:
-        per_trace = []
-        for trace in traces:
-            res = replay(trace, TARGETS, predictor=predictor, budget=budget,
-                         summaries=summaries, pearson=False)
-            per_trace.append(at_effective(res, EFFECTIVE))
+    for c, (label, predictor, budget, summaries) in enumerate(CONFIGS):
+        per_trace = done[c * len(args.traces):(c + 1) * len(args.traces)]
         for i, e in enumerate(EFFECTIVE):
             vals = [pt[i] for pt in per_trace]
             row = {"config": label, "predictor": predictor, "budget": budget,
@@ -62,8 +79,9 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{label:>20} @ {e:.1f}: mean {row['mean_miss']}, p99 {row['p99_miss']}",
                   flush=True)
+    traces = names
     with open(args.json, "w") as f:
-        json.dump({"traces": [t.name for t in traces], "targets": TARGETS, "rows": rows}, f,
+        json.dump({"traces": traces, "targets": TARGETS, "rows": rows}, f,
                   indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
