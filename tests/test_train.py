@@ -1,5 +1,6 @@
 """Training forward == decode engine, and a short training run that learns."""
 
+import json
 import math
 
 import pytest
@@ -125,6 +126,24 @@ def test_shipped_checkpoint_loads_and_decodes():
     text = out.text()
     # a model that learned Python emits mostly printable ASCII
     assert sum(c.isprintable() or c in "\n\t" for c in text) >= 20
+
+
+def test_shipped_8k_checkpoint_covers_the_8k_evaluations():
+    import re
+
+    from spin_trtllm.harness.model import load_checkpoint
+    from spin_trtllm.harness.pretrained import STDLIB_8K_CHECKPOINT
+
+    cfg, w = load_checkpoint(STDLIB_8K_CHECKPOINT)
+    assert cfg.index_ratio == 1 and cfg.index_topk == 256 and cfg.max_context >= 8704
+    card = (STDLIB_8K_CHECKPOINT.parent / "MODEL_CARD_8k.md").read_text()
+    report = json.loads(re.search(r"<!-- report: (.*) -->", card).group(1))
+    # QUALITY.md runs 8,192-byte prompts plus 256 decode steps through it
+    assert report["train"]["seq_len"] >= 8192 + 256 + 1
+    prompt = b"import os\nimport sys\n\n\ndef main(argv):\n    "
+    out = Engine(cfg.with_overrides(max_context=1024), None, weights=w).run(
+        [Request(prompt * 3, max_new_tokens=16)])[0]
+    assert len(out.tokens) == 16
 
 
 def test_train_tiny_and_trace_commands(tmp_path, capsys):

@@ -12,6 +12,8 @@ from .config import DsaLiteConfig
 DATA = Path(__file__).resolve().parent.parent / "data"
 STDLIB_CHECKPOINT = DATA / "dsa_lite_stdlib.safetensors"          # indexer ratio 1 (V3.2 DSA)
 STDLIB_C4A_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a.safetensors"  # indexer ratio 4 (V4 C4A)
+# ratio 1 trained on 8,704-byte sequences: covers QUALITY.md's 8K-prompt runs (--checkpoint)
+STDLIB_8K_CHECKPOINT = DATA / "dsa_lite_stdlib_8k.safetensors"
 MODEL_CARD = DATA / "MODEL_CARD.md"
 
 
