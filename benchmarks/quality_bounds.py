@@ -25,11 +25,13 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from spin_trtllm.replay.probe import QueryProbe, rows_read_per_block
+from spin_trtllm.errors import SpinError
 from spin_trtllm.replay.trace import SpinTrace
 
 WARMUP_STEPS = 8
@@ -102,4 +104,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SpinError as err:            # bad trace files: one line, exit 2
+        print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -16,11 +16,14 @@ import argparse
 import json
 import multiprocessing
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from spin_trtllm.replay.evaluate import at_effective, replay
+from spin_trtllm.replay.probe import require_query_data
+from spin_trtllm.errors import SpinError
 from spin_trtllm.replay.trace import SpinTrace
 
 CONFIGS = [  # (label, predictor, budget, summaries)
@@ -59,7 +62,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
-    names = [SpinTrace.load(p).name for p in args.traces]      # every file checked first
+    names = []
+    for path in args.traces:                # every file checked before the long work
+        trace = SpinTrace.load(path)
+        for _label, predictor, _budget, _summaries in CONFIGS:
+            require_query_data(trace, predictor)
+        names.append(trace.name)
     tasks = [(config, path) for config in CONFIGS for path in args.traces]
     if args.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
@@ -110,4 +118,8 @@ def markdown(rows) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SpinError as err:            # bad trace files: one line, exit 2
+        print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
+        sys.exit(2)

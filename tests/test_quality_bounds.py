@@ -50,3 +50,23 @@ def test_oracle_is_never_beaten(tmp_path):
     best = rows["oracle"]["mean_miss"]
     assert all(r["mean_miss"] >= best - 1e-12 for r in rows.values())
     assert 0.0 <= best < rows["probe"]["mean_miss"] <= 1.0
+
+
+def test_scripts_refuse_bad_traces_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    v1 = planted_v2_trace(steps=3, start=100, block_size=16, index_topk=32)
+    v1.q = v1.w = v1.keys = None                          # a v1 trace: no q, w, keys
+    path = v1.save(tmp_path / "v1.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a trace")
+    root = _PATH.parents[1]
+    for script in ("quality_bounds.py", "quality_predictors.py"):
+        for bad, message in ((path, "needs a SPIN trace v2"), (junk, "not a readable safetensors")):
+            run = subprocess.run([sys.executable, str(root / "benchmarks" / script), str(bad),
+                                  "--json", str(tmp_path / "out.json")],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 2, (script, run.stderr)
+            lines = run.stderr.strip().splitlines()
+            assert len(lines) == 1 and message in lines[0] and lines[0].startswith(script)
