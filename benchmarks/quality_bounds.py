@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spin_trtllm._inputs import exit_code_of
 from spin_trtllm.replay.probe import QueryProbe, rows_read_per_block
-from spin_trtllm.errors import SpinError
 from spin_trtllm.replay.trace import SpinTrace
 
 WARMUP_STEPS = 8
@@ -79,13 +79,12 @@ def main(argv=None) -> int:
                 ranks = block_rankings(dense[layer, 0], n, k, b)
                 hits = ranks["oracle"]
                 full = hits.shape[0]
-                top = dense[layer, 0, :n].float().topk(k).indices
-                newest_hits = int((top >= full * b).sum())
+                newest_hits = k - float(hits.sum())    # the rest sit in the newest block
                 for name, e in est.items():
                     ranks[name] = e[layer, 0, :full]
                 for name, score in ranks.items():
-                    rows = rows_read_per_block(name) if name in probes else 1
-                    take = m - 2 - round((rows - 1) * full / b)   # a row is 1/b of a block
+                    summary_rows = rows_read_per_block(name) if name in probes else 1
+                    take = m - 2 - round((summary_rows - 1) * full / b)  # a row: 1/b of a block
                     take = max(0, min(take, full - 1))
                     pick = score[1:].topk(take).indices + 1 if take else torch.empty(0).long()
                     got = float(hits[0]) + newest_hits + float(hits[pick].sum())
@@ -104,8 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SpinError as err:            # bad trace files: one line, exit 2
-        print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spin_trtllm._inputs import exit_code_of
 from spin_trtllm.replay.evaluate import at_effective, replay
 from spin_trtllm.replay.probe import require_query_data
-from spin_trtllm.errors import SpinError
 from spin_trtllm.replay.trace import SpinTrace
 
 CONFIGS = [  # (label, predictor, budget, summaries)
@@ -45,7 +45,6 @@ EFFECTIVE = [0.3, 0.5, 0.7]
 def _replay_one(task):
     """One (config, trace) replay, interpolated at EFFECTIVE (a worker of --jobs)."""
     (label, predictor, budget, summaries), path = task
-    torch.set_num_threads(1)
     res = replay(SpinTrace.load(path), TARGETS, predictor=predictor, budget=budget,
                  summaries=summaries, pearson=False)
     return at_effective(res, EFFECTIVE)
@@ -70,7 +69,9 @@ def main(argv=None) -> int:
         names.append(trace.name)
     tasks = [(config, path) for config in CONFIGS for path in args.traces]
     if args.jobs > 1:
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        # one thread per worker: the workers share the cores
+        with multiprocessing.get_context("spawn").Pool(
+                args.jobs, initializer=torch.set_num_threads, initargs=(1,)) as pool:
             done = pool.map(_replay_one, tasks, chunksize=1)
     else:
         done = [_replay_one(task) for task in tasks]
@@ -118,8 +119,4 @@ def markdown(rows) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SpinError as err:            # bad trace files: one line, exit 2
-        print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

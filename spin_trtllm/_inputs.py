@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import yaml
 
@@ -295,3 +296,13 @@ def check_device(name: Optional[str], flag: str = "--device") -> str:
             raise SpinError(f"{flag} {name}: there are {torch.cuda.device_count()} CUDA "
                             f"devices (cuda:0..cuda:{torch.cuda.device_count() - 1})")
     return name
+
+
+def exit_code_of(main: Callable[[], int], prog: str) -> int:
+    """A script's main() with bad input (SpinError: files, values) as one line and exit 2, the
+    CLI's contract (benchmarks that read user files use it)."""
+    try:
+        return main()
+    except SpinError as err:
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return 2
