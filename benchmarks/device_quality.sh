@@ -28,7 +28,7 @@ for i in 0 1 2 3; do
     --prompt-tokens "$prompt" --steps "$steps" --device "$device" --quiet 2>&1 | tail -n 2
 done
 echo "traces: $((SECONDS - t0)) s"
-python3 benchmarks/quality_predictors.py "$out"/held?.safetensors --json "$out/predictors.json" \
+python3 benchmarks/quality_predictors.py "$out"/held?.safetensors --jobs "$(nproc)" --json "$out/predictors.json" \
   --markdown "$out/predictors.md" 2>&1 | tail -n 3
 cat "$out/predictors.md" 2>/dev/null
 echo "done: $((SECONDS - t0)) s"
