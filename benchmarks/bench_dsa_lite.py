@@ -4,15 +4,16 @@ Each engine is measured in a fresh process (spin_trtllm/harness/speed.py says wh
 a time: the no-indexer step ("null"), all-keep, SPIN at each target sparsity every step, and
 SPIN with the cost-model switch ("auto": all-keep where SPIN would not pay), with the native
 logits kernel and, when deep_gemm imports, with DeepGEMM's (what TensorRT-LLM runs). With
---predictor spin probe, the SPIN and auto rows run once per predictor (probe: blocks ranked by
-their summaries scored with the current query; rows labelled "probe 0.5 (native)"). Columns:
+--predictor spin probe hybrid, the SPIN and auto rows run once per predictor (probe: blocks
+ranked by their summaries scored with the current query, hybrid: by the max of the rank shares of
+those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
   step ms      wall time of Engine.step() (host scheduling, verification and drafting included)
   forward ms   GPU time of the captured step (select + all layers), CUDA events
   indexer ms   forward ms minus the null step's
   speedups     against the fastest all-keep of the same case (any backend)
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
-             [--state-dtype float16] [--predictor spin probe] [--json F] [--markdown F]
+             [--state-dtype float16] [--predictor spin probe hybrid] [--json F] [--markdown F]
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", choices=["native", "deepgemm"],
                     help="logits backends to run (default: native, and deepgemm if it imports)")
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")
-    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe"], default=["spin"],
+    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--json")

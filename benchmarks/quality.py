@@ -93,9 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--sparsity", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
-    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe"], default=["spin"],
+    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"],
+                    default=["spin"],
                     help="block predictors of the bits-per-byte rows (probe: the query-aware "
-                         "block summaries, spin_trtllm.indexer)")
+                         "block summaries, hybrid: those merged with SPIN's history; "
+                         "spin_trtllm.indexer)")
     ap.add_argument("--bpb-only", action="store_true",
                     help="only the bits-per-byte rows (no traces, replays or plots)")
     args = ap.parse_args(argv)

@@ -617,9 +617,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SPIN engine's indexer per step: auto (all-keep where the cost model says "
                         "SPIN would not pay), spin, dense. Default: spin for the quality run, "
                         "auto for the GPU step timing")
-    p.add_argument("--predictor", choices=["spin", "probe"], default="spin",
-                   help="SPIN engine's block predictor in the quality run: spin (V/D history) "
-                        "or probe (each block's mean key scored with the current query)")
+    p.add_argument("--predictor", choices=["spin", "probe", "hybrid"], default="spin",
+                   help="SPIN engine's block predictor in the quality run: spin (V/D history), "
+                        "probe (each block's mean key scored with the current query) or hybrid "
+                        "(the max of both rank shares)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--speed-size", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                    help="GPU: the step timing's batch and context tokens (default: the largest "

@@ -16,7 +16,9 @@ predictor="probe" ranks each layer's blocks by their summaries (mean key per 64-
 history: layer() then summarizes the pages of this step's newest slots, probes and selects that
 layer itself; select() only acts for keep_all steps. The V/D update still runs (warm-up and
 exploration ages come from it). The caller builds the summaries of prompt pages with
-summarize_context() after prefill (see its docstring).
+summarize_context() after prefill (see its docstring). predictor="hybrid" does the same and
+ranks by the max of the rank shares of the probe's scores and of SPIN's history prediction
+(reference.hybrid_scores; select(merge_history=True), contexts up to 512K slots).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .state import StatePool
 
 
 PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
-PREDICTORS = ("spin", "probe")
+PREDICTORS = ("spin", "probe", "hybrid")
 
 
 def _backend(backend, device, page_slots: int = ops.BLOCK) -> "logits_backends.LogitsBackend":
@@ -63,7 +65,8 @@ class SpinIndexer:
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
         several draft lengths share one allocation).
         predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
-        with the current query (64-slot pages only; summary tables kept in self.summaries)."""
+        with the current query (64-slot pages only; summary tables kept in self.summaries);
+        "hybrid" by both (the max of their rank shares; max_context <= 512K slots)."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -74,11 +77,16 @@ class SpinIndexer:
         if predictor not in PREDICTORS:
             raise SpinError(f"SpinIndexer: predictor must be one of {', '.join(PREDICTORS)}, "
                             f"got {predictor!r}")
-        if predictor == "probe" and page_slots != ops.BLOCK:
+        if predictor != "spin" and page_slots != ops.BLOCK:
             # a summary row belongs to one page; a 64-slot block of two pages has no single row
-            raise SpinError(f"SpinIndexer: predictor='probe' needs {ops.BLOCK}-slot pages, got "
-                            f"page_slots={page_slots}")
+            raise SpinError(f"SpinIndexer: predictor={predictor!r} needs {ops.BLOCK}-slot pages, "
+                            f"got page_slots={page_slots}")
+        if predictor == "hybrid" and max_context > ops.MAX_HYBRID_BLOCKS * ops.BLOCK:
+            raise SpinError(f"SpinIndexer: predictor='hybrid' ranks at most "
+                            f"{ops.MAX_HYBRID_BLOCKS * ops.BLOCK} slots, got max_context="
+                            f"{max_context} (use 'probe')")
         self.predictor = predictor
+        self.query_aware = predictor != "spin"   # block summaries scored with the current q
         self.cfg, self.pool = cfg, pool
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
@@ -125,7 +133,7 @@ class SpinIndexer:
         # next_n <= 64), -1 padded, and their fill; the block scores of one layer
         self.summaries: dict[int, torch.Tensor] = {}
         self._summary_cache: dict[int, tuple] = {}
-        if predictor == "probe":
+        if self.query_aware:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
             self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
@@ -159,7 +167,7 @@ class SpinIndexer:
         self.query_pos[:B].copy_(query_pos)
         _copy_table(self.block_table, block_table, B)
         self.ran_counts[:B] = 0
-        if self.predictor == "probe":
+        if self.query_aware:
             self._newest_pages(context_lens, block_table, B)
 
     def _newest_pages(self, context_lens: torch.Tensor, block_table: torch.Tensor,
@@ -204,14 +212,15 @@ class SpinIndexer:
 
     def summarize_context(self, layer: int, kv_cache: torch.Tensor, block_table: torch.Tensor,
                           context_lens) -> None:
-        """predictor="probe": build the summaries of every visible page of some requests in
-        layer `layer`'s table, from their keys in kv_cache. block_table int32 [N, pages] (or
-        one request's row [pages]); context_lens [N] visible indexer slots per request. Call it
+        """predictor="probe" or "hybrid": build the summaries of every visible page of some
+        requests in layer `layer`'s table, from their keys in kv_cache. block_table int32
+        [N, pages] (or one request's row [pages]); context_lens [N] visible indexer slots per
+        request. Call it
         after prefill writes a request's keys, and whenever a request's cache was written
         while this indexer did not run (dense steps, a restart): decode steps only re-summarize
         the pages of their newest slots. Eager, outside CUDA graphs (the lengths are read on
         the host). Does nothing with predictor="spin"."""
-        if self.predictor != "probe":
+        if not self.query_aware:
             return
         table = self.summary_table(layer, kv_cache)
         rows = block_table.view(1, -1) if block_table.dim() == 1 else block_table
@@ -231,11 +240,11 @@ class SpinIndexer:
     def select(self, keep_all: bool = False) -> None:
         """keep_all: every visible block (a step the engine runs dense: a CUDA graph captured
         with SPIN still computes the dense indexer's rows on replay). With predictor="probe"
-        each layer() selects its own layer, so this does nothing unless keep_all (a host flag:
+        or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all (a host flag:
         a graph captured with it replays that choice)."""
         B = self.batch
         self.keep_all = keep_all
-        if self.predictor == "probe" and not keep_all:
+        if self.query_aware and not keep_all:
             return
         cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
             else self.cfg
@@ -255,7 +264,7 @@ class SpinIndexer:
         `backend` overrides the indexer's for this call (TensorRT-LLM: the engine's own
         kernel call, with its q layout)."""
         B, R = self.batch, self.next_n
-        if self.predictor == "probe":
+        if self.query_aware:
             self._probe_select(layer, q, weights, kv_cache)
         out = self.logits[layer if R > 1 else 0, :B * R] if self.logits is not None else None
         return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
@@ -276,7 +285,8 @@ class SpinIndexer:
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
                    self.request[:B], self.step[:B], self.cfg, self.m_cap, self._max_len(),
                    self.block_ids[:B], self.counts[:B],
-                   block_scores=scores.view(B, R, self.m_cap), layer=layer)
+                   block_scores=scores.view(B, R, self.m_cap), layer=layer,
+                   merge_history=self.predictor == "hybrid")
 
     def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -92,6 +92,7 @@ log = logging.getLogger("spin_trtllm")
 
 BLOCK = ref.PAGE_SLOTS
 MAX_SORTED_K = 4096          # remap(ascending=True): one CTA sorts a row (cpp kMaxSortedK)
+MAX_HYBRID_BLOCKS = 8192     # select(merge_history=True) sorts a row's blocks (kMaxHybridBlocks)
 HEADS, HEAD_DIM = 64, 128
 POOLING = {"max": 0, "mean": 1, "top4": 2}
 POLICY = {"random": 0, "staleness": 1, "age": 2}
@@ -103,7 +104,7 @@ _SCHEMAS = {
               "Tensor(a!) block_ids, Tensor(b!) counts, float target_sparsity, float exploration, "
               "int policy, int index_topk, int warmup_steps, bool keep_sink, bool keep_newest, "
               "int pooling, bool mtp_union, int seed, int max_context_len, "
-              "Tensor? block_scores=None, int layer=-1) -> ()",
+              "Tensor? block_scores=None, int layer=-1, bool merge_history=False) -> ()",
     "indexer_logits": "indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, "
                       "Tensor context_lens, Tensor block_table, Tensor block_ids, Tensor counts, "
                       "Tensor(a!) out) -> ()",
@@ -261,7 +262,7 @@ def _streams(state_slot: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Ten
 def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos, request_id,
                 step, block_ids, counts, target_sparsity, exploration, policy, index_topk,
                 warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                max_context_len, block_scores=None, layer=-1) -> None:
+                max_context_len, block_scores=None, layer=-1, merge_history=False) -> None:
     B, R = context_lens.shape
     L = V.shape[1]
     if B == 0:
@@ -280,6 +281,9 @@ def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_p
         scores = torch.full((B, R, nb), float("-inf"), device=V.device)
         have = min(nb, block_scores.shape[2])
         scores[:, :, :have] = block_scores[:, :, :have].float()
+        if merge_history:
+            history, _ = ref.predict_blocks(state, n, query_pos.long(), cfg, max(int(n.max()), 1))
+            scores = ref.hybrid_scores(scores, history[:, :, :nb], ref.block_count(n, BLOCK))
         sel = ref.select_blocks(scores, None, n, state, cfg,
                                 torch.full((B,), float(target_sparsity), dtype=torch.float64,
                                            device=V.device),
@@ -382,7 +386,7 @@ def _probe_ref(q, summaries, weights, context_lens, block_table, out) -> None:
 def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos,
                      request_id, step, block_ids, counts, target_sparsity, exploration, policy,
                      index_topk, warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                     max_context_len, block_scores=None, layer=-1) -> None:
+                     max_context_len, block_scores=None, layer=-1, merge_history=False) -> None:
     op = "select"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -410,8 +414,12 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
                       f"{list(block_scores.shape)}")
         if not 0 <= layer < V.shape[1]:
             _fail(op, f"layer must be in [0, {V.shape[1]}) with block_scores, got {layer}")
-    elif layer != -1:
-        _fail(op, f"layer selects one layer only with block_scores; got layer={layer} without")
+        if merge_history and math.ceil(max_context_len / BLOCK) > MAX_HYBRID_BLOCKS:
+            _fail(op, f"merge_history ranks at most {MAX_HYBRID_BLOCKS} blocks "
+                      f"({MAX_HYBRID_BLOCKS * BLOCK} slots), got max_context_len={max_context_len}")
+    elif layer != -1 or merge_history:
+        _fail(op, f"layer and merge_history go with block_scores; got layer={layer}, "
+                  f"merge_history={merge_history} without")
 
 
 def _aligned16(op: str, **tensors) -> None:
@@ -684,14 +692,20 @@ def require_supported(cfg: SpinConfig) -> None:
 def select(state: OpState, state_slot, context_lens, query_pos, request_id, step,
            cfg: SpinConfig, m_cap: int, max_context_len: int,
            block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
-           block_scores: Optional[torch.Tensor] = None, layer: Optional[int] = None):
+           block_scores: Optional[torch.Tensor] = None, layer: Optional[int] = None,
+           merge_history: bool = False):
     """Every layer from SPIN's V/D prediction; or, with block_scores fp32 [B, R, >= blocks]
     (e.g. probe's) and layer, that layer alone ranked by them (its slice of block_ids and
-    counts written; budget, forced blocks, exploration and MTP rules unchanged)."""
+    counts written; budget, forced blocks, exploration and MTP rules unchanged). merge_history:
+    ranked by the hybrid, max of the rank shares of block_scores and of the V/D prediction
+    (reference.hybrid_scores; max_context_len <= MAX_HYBRID_BLOCKS * 64)."""
     require_supported(cfg)
     if (block_scores is None) != (layer is None):
         raise SpinError("select: block_scores and layer go together (one layer ranked by the "
                         "given scores)")
+    if merge_history and block_scores is None:
+        raise SpinError("select: merge_history merges the V/D history into given block_scores; "
+                        "pass block_scores and layer")
     B, L = context_lens.shape[0], state.V.shape[1]
     dev = state.V.device
     if block_ids is None:
@@ -703,7 +717,7 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
                           POLICY[cfg.exploration_policy], cfg.index_topk, cfg.warmup_steps,
                           cfg.keep_sink, cfg.keep_newest, POOLING[cfg.pooling],
                           cfg.mtp_mask == "union", cfg.seed, max_context_len, block_scores,
-                          -1 if layer is None else layer)
+                          -1 if layer is None else layer, merge_history)
     return block_ids, counts
 
 

@@ -252,6 +252,24 @@ def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.T
     return torch.where(candidates, pri, -torch.inf)
 
 
+def rank_share(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., NB]: #{visible j' : x[j'] < x[j]} / max(B - 1, 1) for visible j, -inf
+    elsewhere (B = visible count)."""
+    key = torch.where(visible, x.float(), torch.inf)
+    ordered = key.sort(-1).values
+    below = torch.searchsorted(ordered.contiguous(), key.contiguous(), right=False)
+    count = visible.sum(-1, keepdim=True)
+    share = below.float() / (count - 1).clamp(min=1).float()
+    return share.masked_fill(~visible, NEG_INF)
+
+
+def hybrid_scores(probe: torch.Tensor, spin: torch.Tensor, n_blocks: torch.Tensor) -> torch.Tensor:
+    """The hybrid predictor: max of the rank shares of the probe's block scores and of SPIN's
+    block prediction, over the visible blocks j < n_blocks (fp32; -inf elsewhere)."""
+    visible = torch.arange(probe.shape[-1], device=probe.device) < n_blocks.unsqueeze(-1)
+    return torch.maximum(rank_share(probe, visible), rank_share(spin, visible))
+
+
 def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor], n: torch.Tensor,
                   state: SpinState, cfg: SpinConfig, rho: torch.Tensor, request: torch.Tensor,
                   layer: torch.Tensor, step: torch.Tensor) -> Selection:

@@ -79,12 +79,12 @@ class Sim:
     """Drives a probe SpinIndexer the way a model does: each step writes this step's slots of
     every layer just before that layer's indexer call."""
 
-    def __init__(self, R, lengths, cfg=None, seed=0):
+    def __init__(self, R, lengths, cfg=None, seed=0, predictor="probe"):
         self.R, self.cfg = R, cfg or spin_cfg()
         self.g = torch.Generator().manual_seed(seed)
         self.pool = StatePool(L, max_requests=4, cfg=self.cfg, initial_capacity=64)
         self.idx = SpinIndexer(self.cfg, self.pool, max_batch=4, next_n=R,
-                               max_context=PAGES * 64, predictor="probe")
+                               max_context=PAGES * 64, predictor=predictor)
         self.kv = [torch.zeros(NUM_PAGES, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
                    for _ in range(L)]
         perm = torch.randperm(NUM_PAGES, generator=self.g)
@@ -150,10 +150,11 @@ def test_summaries_follow_the_cache_through_decode(R):
     assert 5 in crossed and 6 in crossed           # pages filled up during decode
 
 
-@pytest.mark.parametrize("R", [1, 2])
-def test_probe_layer_selects_by_the_probe_scores(R):
+@pytest.mark.parametrize("R,predictor", [(1, "probe"), (2, "probe"), (1, "hybrid"),
+                                         (2, "hybrid")])
+def test_probe_layer_selects_by_the_probe_scores(R, predictor):
     cfg = spin_cfg(exploration=0.25)
-    sim = Sim(R, {1: 400, 2: 260, 3: 470}, cfg, seed=3)
+    sim = Sim(R, {1: 400, 2: 260, 3: 470}, cfg, seed=3, predictor=predictor)
     idx = sim.idx
     seen = {"sparse": 0, "differs": 0, "layers": 0}
 
@@ -169,6 +170,15 @@ def test_probe_layer_selects_by_the_probe_scores(R):
         req = torch.tensor(batch, dtype=torch.int64)
         steps = torch.tensor([sim.step_no[r] for r in batch], dtype=torch.int64)
         max_len = min(idx.max_context, sim.pool.capacity)
+        if predictor == "hybrid":   # merged with the layer's V/D prediction by rank
+            lst = slots.long()
+            layer_state = ref.SpinState(state.V[lst, l], state.D[lst, l], state.last_seen[lst, l],
+                                        state.decode_steps[lst, l])
+            nc = n.long().clamp(max=max_len)
+            history, _ = ref.predict_blocks(layer_state, nc, nc - 1, cfg, int(nc.max()))
+            wide = torch.full((B, R, idx.m_cap), float("-inf"))
+            wide[:, :, :history.shape[2]] = history.float()
+            scores = ref.hybrid_scores(scores.view(B, R, -1), wide, ref.block_count(nc, 64))
         ids, cnt = ops.select(state, slots, n, n - 1, req, steps, cfg, idx.m_cap, max_len,
                               block_scores=scores.view(B, R, -1).contiguous(), layer=l)
         spin_ids, spin_cnt = ops.select(state, slots, n, n - 1, req, steps, cfg, idx.m_cap,
@@ -218,6 +228,10 @@ def test_bad_predictor_and_page_size():
         SpinIndexer(cfg, pool, 1, 1, 256, predictor="quest")
     with pytest.raises(SpinError, match="needs 64-slot pages"):
         SpinIndexer(cfg, pool, 1, 1, 256, page_slots=32, predictor="probe")
+    with pytest.raises(SpinError, match="predictor='hybrid' needs 64-slot pages"):
+        SpinIndexer(cfg, pool, 1, 1, 256, page_slots=32, predictor="hybrid")
+    with pytest.raises(SpinError, match="ranks at most 524288 slots"):
+        SpinIndexer(cfg, pool, 1, 1, 524289, predictor="hybrid")
     idx = SpinIndexer(cfg, pool, 1, 1, 256, predictor="probe")
     kv = torch.zeros(4, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
     idx.summarize_context(0, kv, torch.arange(4, dtype=torch.int32), [100])
@@ -255,7 +269,7 @@ def selections(cfg, w, predictor, **kw):
         if len(e.history) > before and e.history[-1].spin:
             B = e.spin_indexer.batch
             picks.append(e.spin_indexer.block_ids[:B].clone())
-            if predictor == "probe" and not finished:      # finished: pages given back
+            if predictor != "spin" and not finished:      # finished: pages given back
                 engine_check(e)
     return e, picks, tokens
 
@@ -314,3 +328,16 @@ def test_engine_rebuilds_summaries_after_all_keep_steps():
     assert [s.spin for s in e.history] == [True, False, False, False, True, True]
     engine_check(e)
     assert int(e.spin_indexer.context_lens[0, 0]) == 132
+
+
+def test_engine_hybrid_decodes_and_selects_unlike_either_part():
+    cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
+    w = init_weights(cfg)
+    _, spin_picks, _ = selections(cfg, w, "spin")
+    _, probe_picks, _ = selections(cfg, w, "probe")
+    hybrid, hybrid_picks, hybrid_tokens = selections(cfg, w, "hybrid")
+    assert hybrid.spin_indexer.predictor == "hybrid"
+    assert len(hybrid_tokens[1]) == 10 and len(hybrid_tokens[2]) == 7
+    assert len(hybrid_picks) == len(spin_picks) == len(probe_picks) > 1
+    assert any(not torch.equal(a, b) for a, b in zip(hybrid_picks, spin_picks))
+    assert any(not torch.equal(a, b) for a, b in zip(hybrid_picks, probe_picks))

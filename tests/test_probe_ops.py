@@ -114,6 +114,41 @@ def test_select_follows_the_given_scores():
     assert ids[0, 0, :5].tolist() == [2, 5, 7, 8, 9]
 
 
+def _layer_history(p, layer, cfg):
+    """SPIN's V/D block prediction of one layer, as the reference computes it."""
+    idx = p.slot.long()
+    state = ref.SpinState(p.state.V[idx, layer], p.state.D[idx, layer],
+                          p.state.last_seen[idx, layer], p.state.decode_steps[idx, layer])
+    scores, _ = ref.predict_blocks(state, p.n.long(), p.q.long(), cfg, int(p.n.max()))
+    return scores
+
+
+def test_hybrid_select_ranks_by_the_hybrid_scores():
+    """merge_history must select what the given hybrid scores (max of both rank shares) select."""
+    gen = torch.Generator().manual_seed(12)
+    for R, policy in ((1, "random"), (3, "staleness"), (2, "age")):
+        cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.2,
+                         exploration_policy=policy)
+        p = Problem(B=4, R=R, L=2, lens=(700, 64, 1500, 33), seed=R, cfg=cfg,
+                    warm=(False, True, False, False))
+        nb = math.ceil(int(p.n.max()) / 64)
+        probe = torch.randn(4, R, nb, generator=gen)
+        probe[1, 0, :3] = 2.0                                # ties
+        history = _layer_history(p, 1, cfg)[:, :, :nb]
+        hybrid = ref.hybrid_scores(probe, history, ref.block_count(p.n.long(), 64))
+        want = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                          block_scores=hybrid.contiguous(), layer=1)
+        got = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                         block_scores=probe, layer=1, merge_history=True)
+        assert torch.equal(got[0][:, 1], want[0][:, 1]) and torch.equal(got[1][:, 1], want[1][:, 1])
+        if policy != "staleness":                            # a flat probe leaves SPIN's order
+            flat = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,
+                              p.max_ctx, block_scores=torch.zeros(4, R, nb), layer=1,
+                              merge_history=True)
+            spin = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx)
+            assert torch.equal(flat[0][:, 1], spin[0][:, 1])
+
+
 @pytest.mark.parametrize("case", ["cache", "summaries", "q", "table", "out"])
 def test_probe_and_summarize_reject_bad_arguments(case):
     gen = torch.Generator().manual_seed(4)
@@ -156,6 +191,16 @@ def test_select_rejects_scores_of_the_wrong_shape_or_a_layer_alone():
     with pytest.raises(SpinError, match="block_scores and layer go together"):
         ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
                    block_scores=torch.zeros(2, 1, 5))
+    with pytest.raises(SpinError, match="merge_history merges the V/D history"):
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   merge_history=True)
+    big = ops.MAX_HYBRID_BLOCKS * 64 + 1
+    state = ops.OpState.zeros(1, 1, big, cfg)
+    one = torch.zeros(1, dtype=torch.int32)
+    ctx = torch.tensor([[big]], dtype=torch.int32)
+    with pytest.raises(SpinError, match="merge_history ranks at most 8192 blocks"):
+        ops.select(state, one, ctx, ctx - 1, one.long(), one.long(), cfg, 8, big,
+                   block_scores=torch.zeros(1, 1, 5), layer=0, merge_history=True)
 
 
 # ---- GPU: the kernels against the reference ----------------------------------------------------
@@ -211,6 +256,31 @@ def test_gpu_select_with_block_scores_matches_reference(policy, R):
                                                 layer=2)])
     assert torch.equal(out[0][0][:, 2], out[1][0][:, 2])
     assert torch.equal(out[0][1][:, 2], out[1][1][:, 2])
+
+
+@gpu
+@pytest.mark.parametrize("policy,R,dtype,cap", [("random", 1, "float32", 1600),
+                                                ("staleness", 2, "float16", 1600),
+                                                ("age", 3, "float32", None),
+                                                ("random", 1, "float16", 140000)])
+def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap):
+    """The in-kernel rank sort and merge (vectorized and paired V/D paths, up to 2188 blocks)."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2,
+                     exploration_policy=policy, state_dtype=dtype)
+    lens = (700, 64, 1500, 33) if cap != 140000 else (139000, 64, 70001, 1)
+    kw = dict(B=4, R=R, L=2, lens=lens, cap=cap, seed=13, cfg=cfg, warm=(False, True, False, False))
+    p_cpu, p_gpu = Problem(**kw), Problem(**kw, device="cuda")
+    gen = torch.Generator().manual_seed(14)
+    nb = math.ceil(p_cpu.max_ctx / 64)
+    scores = torch.randn(4, R, nb + 3, generator=gen)
+    scores[0, 0, 3:9] = scores[0, 0, 2]                   # ties in the probe
+    out = []
+    for p, s in ((p_cpu, scores), (p_gpu, scores.cuda())):
+        out.append([t.cpu() for t in ops.select(p.state, p.slot, p.n, p.q, p.request, p.step,
+                                                cfg, p.m_cap, p.max_ctx, block_scores=s,
+                                                layer=1, merge_history=True)])
+    assert torch.equal(out[0][1][:, 1], out[1][1][:, 1])
+    assert torch.equal(out[0][0][:, 1], out[1][0][:, 1])
 
 
 @gpu

@@ -173,6 +173,39 @@ __device__ float pool_block(float (&v)[2], int pooling) {
   return cnt > 0 ? sum / cnt : -CUDART_INF_F;
 }
 
+// rank[j] (or max(rank[j], it) with `merge`) = #{j' < B : score[j'] < score[j]}: the keys
+// sorted ascending in sorted[] (bitonic, padded to a power of two with keys above any score),
+// then each block's first position among equal keys (binary search).
+__device__ void rank_blocks(const float* score, int B, uint32_t* sorted, int* rank, bool merge) {
+  int P = 2;
+  while (P < B) P <<= 1;
+  for (int i = threadIdx.x; i < P; i += kThreads)
+    sorted[i] = i < B ? ordered_key(score[i]) : 0xFFFFFFFFu;
+  __syncthreads();
+  for (int k = 2; k <= P; k <<= 1)
+    for (int stride = k >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < P / 2; t += kThreads) {
+        const int lo = 2 * stride * (t / stride) + t % stride, hi = lo + stride;
+        const uint32_t a = sorted[lo], c = sorted[hi];
+        if ((a > c) == ((lo & k) == 0)) {
+          sorted[lo] = c;
+          sorted[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int j = threadIdx.x; j < B; j += kThreads) {
+    const uint32_t key = ordered_key(score[j]);
+    int first = 0, last = B;  // lower bound of key in sorted[0, B)
+    while (first < last) {
+      const int mid = (first + last) >> 1;
+      if (sorted[mid] < key) first = mid + 1; else last = mid;
+    }
+    rank[j] = merge ? max(rank[j], first) : first;
+  }
+  __syncthreads();
+}
+
 // kVec > 0: max pooling on state read kVec entries per load (kHalf: fp16); 0: the paired path
 // (any pooling, any state layout). One kernel per layout keeps each at 64 registers.
 template <bool kHalf, int kVec>
@@ -181,6 +214,10 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
   uint8_t* union_flag = row_flag + p.max_blocks;
+  // merge_history only: ranks and the sort buffer, after the flags (4-byte aligned)
+  int* rank = reinterpret_cast<int*>(smem + static_cast<size_t>(p.max_blocks) * 4 +
+                                     (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
+  uint32_t* sorted = reinterpret_cast<uint32_t*>(rank + p.max_blocks);
   __shared__ float fscratch[kThreads / 32];
   __shared__ int hist[256];
   __shared__ int bcast[2];
@@ -227,16 +264,12 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
       continue;
     }
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
-    if (p.block_scores != nullptr) {  // given scores (e.g. the probe's) instead of V/D
-      const float* given = p.block_scores + b * p.scores_stride_b + r * p.scores_stride_r;
-      for (int j = threadIdx.x; j < B; j += kThreads)
-        score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
-    } else if constexpr (kVec > 0) {
-      score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+    const bool history = p.block_scores == nullptr || p.merge_history;
+    if constexpr (kVec > 0) {
+      if (history) score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
     }
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
-    for (int j0 = warp; kVec == 0 && p.block_scores == nullptr && j0 < B;
-         j0 += kPerStep * kWarps) {
+    for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
       float v[kPerStep][2];
 #pragma unroll
       for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
@@ -246,6 +279,22 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
         if (j >= B) break;
         const float m = pool_block(v[u], p.pooling);
         if (lane == 0) score[j] = m;
+      }
+    }
+    if (p.block_scores != nullptr) {  // given scores (e.g. the probe's) instead of V/D
+      const float* given = p.block_scores + b * p.scores_stride_b + r * p.scores_stride_r;
+      if (p.merge_history) {
+        __syncthreads();
+        rank_blocks(score, B, sorted, rank, false);
+      }
+      for (int j = threadIdx.x; j < B; j += kThreads)
+        score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
+      if (p.merge_history) {  // the hybrid: max of the two rank shares
+        __syncthreads();
+        rank_blocks(score, B, sorted, rank, true);
+        const float denom = static_cast<float>(max(B - 1, 1));
+        for (int j = threadIdx.x; j < B; j += kThreads)
+          score[j] = __fdiv_rn(static_cast<float>(rank[j]), denom);
       }
     }
     const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
@@ -347,9 +396,16 @@ cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t st
 
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
-  const size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
+  size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
   const StateView& s = p.state;
-  if (p.block_scores != nullptr) return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
+  if (p.block_scores != nullptr && !p.merge_history)
+    return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
+  if (p.block_scores != nullptr) {  // merge_history: ranks and the sort buffer
+    if (p.max_blocks > kMaxHybridBlocks) return cudaErrorInvalidValue;
+    int pow2 = 2;
+    while (pow2 < p.max_blocks) pow2 <<= 1;
+    smem = (smem + 3) / 4 * 4 + static_cast<size_t>(p.max_blocks + pow2) * 4;
+  }
   if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
     return launch_select_as<true, 8>(p, smem, stream);
   if (p.pooling == kPoolMax && state_vectorizable(s, 4))

@@ -46,7 +46,7 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
             double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
             int64_t warmup_steps, bool keep_sink, bool keep_newest, int64_t pooling,
             bool mtp_union, int64_t seed, int64_t max_context_len,
-            const c10::optional<at::Tensor>& block_scores, int64_t layer) {
+            const c10::optional<at::Tensor>& block_scores, int64_t layer, bool merge_history) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::SelectParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -78,6 +78,7 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
     p.scores_stride_r = block_scores->stride(1);
     p.scores_width = static_cast<int>(block_scores->size(2));
     p.layer = static_cast<int>(layer);
+    p.merge_history = merge_history;
   }
   check(spin::launch_select(p, c10::cuda::getCurrentCUDAStream()), "select");
 }
@@ -216,7 +217,7 @@ TORCH_LIBRARY(spin_native, m) {
         "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
         "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
         "int warmup_steps, bool keep_sink, bool keep_newest, int pooling, bool mtp_union, int seed, "
-        "int max_context_len, Tensor? block_scores=None, int layer=-1) -> ()");
+        "int max_context_len, Tensor? block_scores=None, int layer=-1, bool merge_history=False) -> ()");
   m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
   m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "

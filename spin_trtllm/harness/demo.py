@@ -155,15 +155,18 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int,
     slots); one update pass per step (MTP rows up to the accepted draft share it); the logits
     and top-K traffic that SPIN and all-keep both have is not counted.
     predictor "probe": the K-cache figure adds one summary row (SUMMARY_BYTES) per visible
-    block, which the probe reads, and select reads no V/D (update still does)."""
+    block, which the probe reads, and select reads no V/D (update still does); "hybrid": the
+    summary rows and SPIN's V/D read both."""
     k_cache = selected_blocks * BLOCK_SLOTS * K_SLOT_BYTES
     if state_dtype is None:
         return k_cache, 0
     s = STATE_BYTES[state_dtype]
     state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
-    if predictor == "probe":
-        return k_cache + visible_blocks * SUMMARY_BYTES, state
-    return k_cache, state + visible_blocks * BLOCK_SLOTS * 2 * s
+    if predictor != "spin":
+        k_cache += visible_blocks * SUMMARY_BYTES
+    if predictor != "probe":
+        state += visible_blocks * BLOCK_SLOTS * 2 * s
+    return k_cache, state
 
 
 def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> dict[str, Any]:
@@ -304,6 +307,10 @@ def speed_lines(sp: dict[str, Any]) -> list[str]:
     return out
 
 
+def _name(predictor: str) -> str:
+    return "SPIN" if predictor == "spin" else predictor
+
+
 def bytes_line(res: dict[str, Any]) -> str:
     """The report's first figure: the indexer's memory traffic per decode step, SPIN against
     all-keep (hardware-independent: counted, see indexer_bytes)."""
@@ -311,8 +318,9 @@ def bytes_line(res: dict[str, Any]) -> str:
     if s["indexer_mb_per_step"] is None or d["indexer_mb_per_step"] is None:
         return "indexer bytes read+written per decode step: - (no decode steps)"
     ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
-    probe = res.get("predictor", "spin") == "probe"
-    return (f"indexer bytes read+written per decode step (mean): {'probe' if probe else 'SPIN'} "
+    predictor = res.get("predictor", "spin")
+    probe = predictor != "spin"
+    return (f"indexer bytes read+written per decode step (mean): {_name(predictor)} "
             f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if probe else ''} "
             f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB) vs "
             f"all-keep {d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
@@ -364,12 +372,14 @@ def format_report(res: dict[str, Any]) -> str:
              f"logits: {res['logits_backend']}",
              *(speed_lines(res["speed"]) if res.get("speed") else []),
              bytes_line(res)]
-    if res.get("predictor", "spin") == "probe":
+    if res.get("predictor", "spin") != "spin":
+        select_reads = (" and by select over the visible slots"
+                        if res["predictor"] == "hybrid" else "")
         lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
                        f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block and one "
                        f"{SUMMARY_BYTES}-byte summary row per visible block, which the probe "
                        f"reads; the {res['spin_config']['state_dtype']} V/D state read and "
-                       f"written by update over the scored slots)")
+                       f"written by update over the scored slots{select_reads})")
     else:
         lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
                        f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "
@@ -378,7 +388,7 @@ def format_report(res: dict[str, Any]) -> str:
     if cpu:
         lines += _wrap("(CPU: the step times below come from reference ops in plain PyTorch "
                        "and are not the point; the bytes figure is what carries over to a GPU)")
-    name = "SPIN" if res.get("predictor", "spin") == "spin" else "probe"
+    name = _name(res.get("predictor", "spin"))
     lines += table(("", f"{name} @ {sp:.2f}", "all-keep"), rows)
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
                  f"{res['identical_requests']}/{res['requests']} requests identical")

@@ -258,8 +258,9 @@ class Engine:
         run all-keep do not update SPIN's state; a request SPIN takes over again restarts
         warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there).
         predictor (with SPIN): "spin" ranks blocks by SPIN's history, "probe" by each block's
-        summary (mean key) scored with the current query (SpinIndexer); the summaries are
-        built after every prefill and rebuilt for requests SPIN takes over again."""
+        summary (mean key) scored with the current query (SpinIndexer), "hybrid" by both (the
+        max of their rank shares); the summaries are built after every prefill and rebuilt
+        for requests SPIN takes over again."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -538,9 +539,9 @@ class Engine:
         self.prefill_seconds += time.perf_counter() - t0
 
     def _summarize(self, lives: list[_Live]) -> None:
-        """predictor="probe": the block summaries of every visible page of these requests, in
+        """predictor="probe"/"hybrid": the block summaries of every visible page of these requests, in
         every indexer layer (eager; decode steps keep only the newest pages up to date)."""
-        if self.spin_indexer is None or self.predictor != "probe" or not lives:
+        if self.spin_indexer is None or self.predictor == "spin" or not lives:
             return
         slots = torch.tensor([live.slot for live in lives], dtype=torch.int64, device=self.device)
         table = self.caches.block_table[slots]
@@ -726,8 +727,9 @@ class Engine:
         if self.spin_indexer is None:
             return False
         if self.switch == "auto":
-            # probe is costed like SPIN: its summaries add 144 B per 64-slot block read (~1.7%
-            # of the K-cache bytes) and one probe + select per layer, small beside the savings
+            # probe and hybrid are costed like SPIN: the summaries add 144 B per 64-slot block
+            # read (~1.7% of the K-cache bytes) and one probe + select per layer (hybrid: and
+            # SPIN's V/D read), small beside the savings
             use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
                                               self.spin.target_sparsity, self.cfg.next_n,
                                               self.pool.state.V.element_size(),

@@ -10,8 +10,8 @@ indexer:
   "dense"  the all-keep indexer
   "spin"   SPIN at target sparsity `rho` every step
   "auto"   SPIN where the cost model says it beats all-keep, all-keep elsewhere
-predictor (spin and auto): "spin" (SPIN's history) or "probe" (block summaries scored with the
-current query, SpinIndexer(predictor="probe")).
+predictor (spin and auto): "spin" (SPIN's history), "probe" (block summaries scored with the
+current query, SpinIndexer(predictor="probe")) or "hybrid" (both, merged by rank).
 Engines built one after another in one process got slower (H200, 2026-12-01: from the fourth
 engine on every step took 2.3 ms longer, the no-indexer engine too), so the benchmark measures
 each engine in a fresh process.

@@ -68,7 +68,7 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..reference import NEG_INF, block_budget
+from ..reference import NEG_INF, block_budget, hybrid_scores, rank_share  # noqa: F401
 
 PREDICTORS = ("spin", "probe", "hybrid", "quest", "gauss")
 BUDGETS = ("uniform", "adaptive")
@@ -176,23 +176,6 @@ def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
     expected = torch.where(sd > 0, expected, mu.relu())
     z = (expected * w.float().unsqueeze(2)).sum(-1)
     return z.masked_fill(~s["visible"], NEG_INF)
-
-
-def rank_share(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """fp32 [..., NB]: #{visible j' : x[j'] < x[j]} / max(B - 1, 1) for visible j, -inf
-    elsewhere (B = visible count)."""
-    key = torch.where(visible, x.float(), torch.inf)
-    ordered = key.sort(-1).values
-    below = torch.searchsorted(ordered.contiguous(), key.contiguous(), right=False)
-    count = visible.sum(-1, keepdim=True)
-    share = below.float() / (count - 1).clamp(min=1).float()
-    return share.masked_fill(~visible, NEG_INF)
-
-
-def hybrid_scores(probe: torch.Tensor, spin: torch.Tensor, n_blocks: torch.Tensor) -> torch.Tensor:
-    """max of the rank shares of the probe and of SPIN's block prediction (visible blocks)."""
-    visible = torch.arange(probe.shape[-1]) < n_blocks.unsqueeze(-1)
-    return torch.maximum(rank_share(probe, visible), rank_share(spin, visible))
 
 
 class QueryProbe:

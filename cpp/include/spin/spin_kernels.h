@@ -54,7 +54,11 @@ struct SelectParams {
   int64_t scores_stride_b = 0, scores_stride_r = 0;
   int scores_width = 0;
   int layer = -1;
+  // with block_scores: rank by max(rank share of block_scores, rank share of the V/D
+  // prediction) (the hybrid predictor; needs max_blocks <= kMaxHybridBlocks)
+  bool merge_history = false;
 };
+constexpr int kMaxHybridBlocks = 8192;  // shared memory for the rank sort: 512K slots
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
 
 struct LogitsParams {
