@@ -5,7 +5,8 @@ and the dense logits, same inputs, CUDA-graph replays (medians):
         [--sparsity 0.5] [--layers 21] [--json OUT]
 
 Per case, per indexer layer: summarize (the newest page of each request, as at decode), probe
-(every block's summary scored with q), select of one layer ranked by the probe, against SPIN's
+(every block's summary scored with q), select of one layer ranked by the probe, and by the hybrid
+(the probe merged with SPIN's V/D prediction by rank: select(merge_history=True)), against SPIN's
 select (all layers in one launch, divided by --layers) and the dense logits over every page.
 Bytes: the probe reads one 144-byte summary row per block, 1/58 of the block's K-cache pages.
 """
@@ -45,6 +46,9 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
     t_psel = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
                                           ids, cnt, block_scores=scores.view(batch, next_n, -1),
                                           layer=0), iters, sets)
+    t_hsel = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
+                                          ids, cnt, block_scores=scores.view(batch, next_n, -1),
+                                          layer=0, merge_history=True), iters, sets)
     t_sel = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
                                          ids, cnt), iters, sets) / layers
     t_dense = time_ms(lambda i: ops.indexer_logits(inputs[i][2], inputs[i][0], inputs[i][3], n,
@@ -55,6 +59,7 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
     return {"batch": batch, "slots": slots, "next_n": next_n, "target_sparsity": rho,
             "summarize_us": us * t_sum, "probe_us": us * t_probe,
             "probe_select_us": us * t_psel, "probe_path_us": us * probe_path,
+            "hybrid_select_us": us * t_hsel, "hybrid_path_us": us * (probe_path - t_psel + t_hsel),
             "spin_select_per_layer_us": us * t_sel, "dense_logits_us": us * t_dense,
             "probe_path_over_dense": probe_path / t_dense,
             "probe_tbs": batch * m_cap * 144 / (t_probe * 1e-3) / 1e12,
@@ -76,8 +81,9 @@ def main() -> int:
         return 2
     rows = []
     print("| batch | slots | next_n | summarize us | probe us (TB/s) | select by probe us | "
-          "probe path us | SPIN select / layer us | dense logits us | probe path / dense |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "probe path us | select by hybrid us | SPIN select / layer us | dense logits us | "
+          "probe path / dense |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for seed, (batch, slots, next_n) in enumerate(
             itertools.product(args.batch, args.slots, args.next_n)):
         inputs, n = make_inputs(batch, slots, next_n, args.sets, seed + 1)
@@ -85,7 +91,7 @@ def main() -> int:
         rows.append(r)
         print(f"| {batch} | {slots} | {next_n} | {r['summarize_us']:.1f} | {r['probe_us']:.1f} "
               f"({r['probe_tbs']:.2f}) | {r['probe_select_us']:.1f} | {r['probe_path_us']:.1f} "
-              f"| {r['spin_select_per_layer_us']:.1f} | {r['dense_logits_us']:.1f} "
+              f"| {r['hybrid_select_us']:.1f} | {r['spin_select_per_layer_us']:.1f} | {r['dense_logits_us']:.1f} "
               f"| {r['probe_path_over_dense']:.3f} |", flush=True)
         del inputs
         torch.cuda.empty_cache()

@@ -32,7 +32,8 @@ def arrivals():
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mtp", [0, 2])
-@pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (False, "spin")])
+@pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (True, "hybrid"),
+                                            (False, "spin")])
 def test_cuda_graph_replay_equals_eager(mtp, spin, predictor):
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)
