@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 17 item 6 for one checkpoint (e.g. one trained at a length that covers the prompts:
 # `bash benchmarks/device_train.sh --seq-len 8704 --batch 4`): in the engine, bits per byte
-# and miss of SPIN and the probe at rho 0.3/0.5/0.7 on 4 held-out windows; then SPIN trace v2
-# of held-out windows 0..3 and the predictor replays at equal effective sparsity (QUALITY.md).
+# and miss of SPIN, the probe and the hybrid at rho 0.3/0.5/0.7 on 4 held-out windows; then
+# SPIN trace v2 of held-out windows 0..3 and the predictor replays at equal effective sparsity
+# (QUALITY.md).
 # Results under ${OUT:-/tmp/spin-quality}; DEVICE=cpu runs it without a GPU (slow).
 #   bash benchmarks/device_quality.sh CHECKPOINT [PROMPT_BYTES (8192)] [STEPS (256)]
 set -uo pipefail
@@ -21,12 +22,15 @@ fi
 t0=$SECONDS
 python3 benchmarks/quality.py --out "$out/engine" --checkpoint "$ckpt" --device "$device" \
   --prompts 4 --mtp-prompts 0 --prompt-tokens "$prompt" --steps "$steps" \
-  --sparsity 0.3 0.5 0.7 --predictor spin probe --bpb-only 2>&1 | tee "$out/engine.log" | tail -n 12
+  --sparsity 0.3 0.5 0.7 --predictor spin probe hybrid --bpb-only 2>&1 | tee "$out/engine.log" | tail -n 12
 echo "engine rows: $((SECONDS - t0)) s"
-for i in 0 1 2 3; do
+for i in 0 1 2 3; do  # side by side on a GPU, one after another on the CPU
   python3 -m spin_trtllm.cli trace "$out/held$i.safetensors" --checkpoint "$ckpt" --held-out "$i" \
-    --prompt-tokens "$prompt" --steps "$steps" --device "$device" --quiet 2>&1 | tail -n 2
+    --prompt-tokens "$prompt" --steps "$steps" --device "$device" --quiet > "$out/trace$i.log" 2>&1 &
+  [ "$device" = cpu ] && wait
 done
+wait
+tail -qn 1 "$out"/trace?.log
 echo "traces: $((SECONDS - t0)) s"
 python3 benchmarks/quality_predictors.py "$out"/held?.safetensors --jobs "$(nproc)" --json "$out/predictors.json" \
   --markdown "$out/predictors.md" 2>&1 | tail -n 3
