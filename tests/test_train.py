@@ -128,15 +128,19 @@ def test_shipped_checkpoint_loads_and_decodes():
     assert sum(c.isprintable() or c in "\n\t" for c in text) >= 20
 
 
-def test_shipped_8k_checkpoint_covers_the_8k_evaluations():
+@pytest.mark.parametrize("name,ratio,card_name", [("STDLIB_8K_CHECKPOINT", 1, "MODEL_CARD_8k.md"),
+                                                  ("STDLIB_C4A_8K_CHECKPOINT", 4,
+                                                   "MODEL_CARD_c4a_8k.md")])
+def test_shipped_8k_checkpoint_covers_the_8k_evaluations(name, ratio, card_name):
     import re
 
+    from spin_trtllm.harness import pretrained
     from spin_trtllm.harness.model import load_checkpoint
-    from spin_trtllm.harness.pretrained import STDLIB_8K_CHECKPOINT
 
-    cfg, w = load_checkpoint(STDLIB_8K_CHECKPOINT)
-    assert cfg.index_ratio == 1 and cfg.index_topk == 256 and cfg.max_context >= 8704
-    card = (STDLIB_8K_CHECKPOINT.parent / "MODEL_CARD_8k.md").read_text()
+    path = getattr(pretrained, name)
+    cfg, w = load_checkpoint(path)
+    assert cfg.index_ratio == ratio and cfg.index_topk == 256 and cfg.max_context >= 8704
+    card = (path.parent / card_name).read_text()
     report = json.loads(re.search(r"<!-- report: (.*) -->", card).group(1))
     # QUALITY.md runs 8,192-byte prompts plus 256 decode steps through it
     assert report["train"]["seq_len"] >= 8192 + 256 + 1

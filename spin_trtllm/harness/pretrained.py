@@ -14,6 +14,8 @@ STDLIB_CHECKPOINT = DATA / "dsa_lite_stdlib.safetensors"          # indexer rati
 STDLIB_C4A_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a.safetensors"  # indexer ratio 4 (V4 C4A)
 # ratio 1 trained on 8,704-byte sequences: covers QUALITY.md's 8K-prompt runs (--checkpoint)
 STDLIB_8K_CHECKPOINT = DATA / "dsa_lite_stdlib_8k.safetensors"
+# ratio 4 trained on 8,704-byte sequences: QUALITY.md's C4A runs at 8K prompts (--checkpoint)
+STDLIB_C4A_8K_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a_8k.safetensors"
 MODEL_CARD = DATA / "MODEL_CARD.md"
 
 
