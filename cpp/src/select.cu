@@ -173,37 +173,54 @@ __device__ float pool_block(float (&v)[2], int pooling) {
   return cnt > 0 ? sum / cnt : -CUDART_INF_F;
 }
 
-// rank[j] (or max(rank[j], it) with `merge`) = #{j' < B : score[j'] < score[j]}: the keys
-// sorted ascending in sorted[] (bitonic, padded to a power of two with keys above any score),
-// then each block's first position among equal keys (binary search).
-__device__ void rank_blocks(const float* score, int B, uint32_t* sorted, int* rank, bool merge) {
-  int P = 2;
-  while (P < B) P <<= 1;
-  for (int i = threadIdx.x; i < P; i += kThreads)
-    sorted[i] = i < B ? ordered_key(score[i]) : 0xFFFFFFFFu;
-  __syncthreads();
+// Sorts a[0, P) and b[0, P) ascending (P a power of two), bitonic. Thread t owns entries
+// t + kThreads * e: a compare-exchange stride >= kThreads stays in one thread and one < 32 in
+// one warp, so only the stages next to strides 32..kThreads/2 wait for the whole block.
+__device__ void bitonic_sort_pair(uint32_t* a, uint32_t* b, int P) {
   for (int k = 2; k <= P; k <<= 1)
     for (int stride = k >> 1; stride > 0; stride >>= 1) {
-      for (int t = threadIdx.x; t < P / 2; t += kThreads) {
-        const int lo = 2 * stride * (t / stride) + t % stride, hi = lo + stride;
-        const uint32_t a = sorted[lo], c = sorted[hi];
-        if ((a > c) == ((lo & k) == 0)) {
-          sorted[lo] = c;
-          sorted[hi] = a;
-        }
+      if (stride >= 16 && stride < kThreads) __syncthreads(); else __syncwarp();
+      for (int i = threadIdx.x; i < P; i += kThreads) {
+        const int l = i ^ stride;
+        if (l < i) continue;
+        const bool ascending = (i & k) == 0;
+        const uint32_t ai = a[i], al = a[l], bi = b[i], bl = b[l];
+        if ((ai > al) == ascending) { a[i] = al; a[l] = ai; }
+        if ((bi > bl) == ascending) { b[i] = bl; b[l] = bi; }
       }
-      __syncthreads();
     }
-  for (int j = threadIdx.x; j < B; j += kThreads) {
-    const uint32_t key = ordered_key(score[j]);
-    int first = 0, last = B;  // lower bound of key in sorted[0, B)
-    while (first < last) {
-      const int mid = (first + last) >> 1;
-      if (sorted[mid] < key) first = mid + 1; else last = mid;
-    }
-    rank[j] = merge ? max(rank[j], first) : first;
-  }
   __syncthreads();
+}
+
+// #{j' < B : sorted key < key}: the first position of key in sorted[0, B).
+__device__ __forceinline__ int lower_rank(const uint32_t* sorted, int B, uint32_t key) {
+  int first = 0, last = B;
+  while (first < last) {
+    const int mid = (first + last) >> 1;
+    if (sorted[mid] < key) first = mid + 1; else last = mid;
+  }
+  return first;
+}
+
+// The hybrid in place of score[] (SPIN's pooled V/D prediction): max of the rank shares of
+// score and of given[0, width) (-inf past width) over blocks j < B, as reference.hybrid_scores.
+__device__ void merge_by_rank(float* score, const float* given, int width, int B,
+                              uint32_t* sorted_s, uint32_t* sorted_p) {
+  auto given_at = [&](int j) { return j < width ? given[j] : -CUDART_INF_F; };
+  int P = 2;
+  while (P < B) P <<= 1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < P; i += kThreads) {  // padding sorts after every score
+    sorted_s[i] = i < B ? ordered_key(score[i]) : 0xFFFFFFFFu;
+    sorted_p[i] = i < B ? ordered_key(given_at(i)) : 0xFFFFFFFFu;
+  }
+  bitonic_sort_pair(sorted_s, sorted_p, P);
+  const float denom = static_cast<float>(max(B - 1, 1));
+  for (int j = threadIdx.x; j < B; j += kThreads) {
+    const int rank = max(lower_rank(sorted_s, B, ordered_key(score[j])),
+                         lower_rank(sorted_p, B, ordered_key(given_at(j))));
+    score[j] = __fdiv_rn(static_cast<float>(rank), denom);
+  }
 }
 
 // kVec > 0: max pooling on state read kVec entries per load (kHalf: fp16); 0: the paired path
@@ -214,10 +231,13 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
   uint8_t* union_flag = row_flag + p.max_blocks;
-  // merge_history only: ranks and the sort buffer, after the flags (4-byte aligned)
-  int* rank = reinterpret_cast<int*>(smem + static_cast<size_t>(p.max_blocks) * 4 +
-                                     (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
-  uint32_t* sorted = reinterpret_cast<uint32_t*>(rank + p.max_blocks);
+  // merge_history only: two sort buffers of pow2 >= max_blocks keys, after the flags
+  uint32_t* sorted_s = reinterpret_cast<uint32_t*>(
+      smem + static_cast<size_t>(p.max_blocks) * 4 +
+      (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
+  int sort_capacity = 2;
+  while (sort_capacity < p.max_blocks) sort_capacity <<= 1;
+  uint32_t* sorted_p = sorted_s + sort_capacity;
   __shared__ float fscratch[kThreads / 32];
   __shared__ int hist[256];
   __shared__ int bcast[2];
@@ -283,19 +303,11 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     }
     if (p.block_scores != nullptr) {  // given scores (e.g. the probe's) instead of V/D
       const float* given = p.block_scores + b * p.scores_stride_b + r * p.scores_stride_r;
-      if (p.merge_history) {
-        __syncthreads();
-        rank_blocks(score, B, sorted, rank, false);
-      }
-      for (int j = threadIdx.x; j < B; j += kThreads)
-        score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
-      if (p.merge_history) {  // the hybrid: max of the two rank shares
-        __syncthreads();
-        rank_blocks(score, B, sorted, rank, true);
-        const float denom = static_cast<float>(max(B - 1, 1));
+      if (p.merge_history)
+        merge_by_rank(score, given, p.scores_width, B, sorted_s, sorted_p);
+      else
         for (int j = threadIdx.x; j < B; j += kThreads)
-          score[j] = __fdiv_rn(static_cast<float>(rank[j]), denom);
-      }
+          score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
     }
     const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
     const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);
@@ -400,11 +412,11 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   const StateView& s = p.state;
   if (p.block_scores != nullptr && !p.merge_history)
     return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
-  if (p.block_scores != nullptr) {  // merge_history: ranks and the sort buffer
+  if (p.block_scores != nullptr) {  // merge_history: two sort buffers of a power of two
     if (p.max_blocks > kMaxHybridBlocks) return cudaErrorInvalidValue;
-    int pow2 = 2;
-    while (pow2 < p.max_blocks) pow2 <<= 1;
-    smem = (smem + 3) / 4 * 4 + static_cast<size_t>(p.max_blocks + pow2) * 4;
+    size_t capacity = 2;
+    while (capacity < static_cast<size_t>(p.max_blocks)) capacity <<= 1;
+    smem = (smem + 3) / 4 * 4 + capacity * 2 * 4;
   }
   if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
     return launch_select_as<true, 8>(p, smem, stream);
