@@ -2,8 +2,8 @@
 # Issue 17 item 6 for one checkpoint (e.g. one trained at a length that covers the prompts:
 # `bash benchmarks/device_train.sh --seq-len 8704 --batch 4`): in the engine, bits per byte
 # and miss of SPIN, the probe and the hybrid at rho 0.3/0.5/0.7 on 4 held-out windows; then
-# SPIN trace v2 of held-out windows 0..3 and the predictor replays at equal effective sparsity
-# (QUALITY.md).
+# SPIN trace v2 of held-out windows 0..3, the predictor replays at equal effective sparsity
+# and quality_bounds at 50% (QUALITY.md).
 # Results under ${OUT:-/tmp/spin-quality}; DEVICE=cpu runs it without a GPU (slow).
 #   bash benchmarks/device_quality.sh CHECKPOINT [PROMPT_BYTES (8192)] [STEPS (256)]
 set -uo pipefail
@@ -35,4 +35,7 @@ echo "traces: $((SECONDS - t0)) s"
 python3 benchmarks/quality_predictors.py "$out"/held?.safetensors --jobs "$(nproc)" --json "$out/predictors.json" \
   --markdown "$out/predictors.md" 2>&1 | tail -n 3
 cat "$out/predictors.md" 2>/dev/null
+# what ranking by exact block statistics of the true scores would miss at 50% (the bound)
+python3 benchmarks/quality_bounds.py "$out"/held?.safetensors --sparsity 0.5 \
+  --json "$out/bounds_0.5.json" 2>&1 | tail -n 8
 echo "done: $((SECONDS - t0)) s"
