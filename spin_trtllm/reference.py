@@ -254,8 +254,9 @@ def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.T
 
 def rank_share(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """fp32 [..., NB]: #{visible j' : x[j'] < x[j]} / max(B - 1, 1) for visible j, -inf
-    elsewhere (B = visible count)."""
-    key = torch.where(visible, x.float(), torch.inf)
+    elsewhere (B = visible count); a NaN score ranks as -inf."""
+    x = x.float().nan_to_num(nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
+    key = torch.where(visible, x, torch.inf)
     ordered = key.sort(-1).values
     below = torch.searchsorted(ordered.contiguous(), key.contiguous(), right=False)
     count = visible.sum(-1, keepdim=True)

@@ -107,6 +107,10 @@ def test_rank_share_and_hybrid_brute_force():
     flat = P.hybrid_scores(y, torch.zeros_like(y), nb)
     vis = torch.arange(9) < nb.unsqueeze(-1)
     assert torch.equal(flat, P.rank_share(y, vis))
+    # a NaN score ranks as -inf: below every finite score, tied with -inf
+    z = torch.tensor([1.0, math.nan, -math.inf, -math.inf, 3.0, 2.0])
+    share = P.rank_share(z, torch.ones(6, dtype=torch.bool))
+    assert share.tolist() == pytest.approx([3 / 5, 0.0, 0.0, 0.0, 5 / 5, 4 / 5])
 
 
 def test_quest_bounds_every_blocks_true_max():

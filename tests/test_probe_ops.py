@@ -259,29 +259,40 @@ def test_gpu_select_with_block_scores_matches_reference(policy, R):
 
 
 @gpu
-@pytest.mark.parametrize("policy,R,dtype,cap", [("random", 1, "float32", 1600),
-                                                ("staleness", 2, "float16", 1600),
-                                                ("age", 3, "float32", None),
-                                                ("random", 1, "float16", 140000)])
-def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap):
-    """The in-kernel rank sort and merge (vectorized and paired V/D paths, up to 2188 blocks)."""
+@pytest.mark.parametrize("policy,R,dtype,cap,extra", [
+    ("random", 1, "float32", 1600, {}),
+    ("staleness", 2, "float16", 1600, {}),
+    ("age", 3, "float32", None, {"pooling": "mean", "mtp_mask": "row0"}),
+    ("random", 1, "float16", 140000, {}),
+    ("random", 1, "float16", 524288, {}),                # 8,192 blocks: the largest sort
+])
+def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap, extra):
+    """The in-kernel rank sort and merge: vectorized and paired V/D paths, scores narrower
+    than the blocks, NaN and tied probe scores, up to kMaxHybridBlocks blocks."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2,
-                     exploration_policy=policy, state_dtype=dtype)
-    lens = (700, 64, 1500, 33) if cap != 140000 else (139000, 64, 70001, 1)
-    kw = dict(B=4, R=R, L=2, lens=lens, cap=cap, seed=13, cfg=cfg, warm=(False, True, False, False))
+                     exploration_policy=policy, state_dtype=dtype, **extra)
+    lens = {1600: (700, 64, 1500, 33), None: (700, 64, 1500, 33),
+            140000: (139000, 64, 70001, 1), 524288: (524288 - R, 900)}[cap]
+    B, L = len(lens), 1 if cap == 524288 else 2
+    kw = dict(B=B, R=R, L=L, lens=lens, cap=cap, seed=13, cfg=cfg,
+              warm=(False, True, False, False))
     p_cpu, p_gpu = Problem(**kw), Problem(**kw, device="cuda")
+    if cap == 524288:
+        assert math.ceil(p_cpu.max_ctx / 64) == ops.MAX_HYBRID_BLOCKS
     gen = torch.Generator().manual_seed(14)
     nb = math.ceil(p_cpu.max_ctx / 64)
-    scores = torch.randn(4, R, nb + 3, generator=gen)
+    width = nb - 5 if policy == "staleness" else nb + 3  # narrower: -inf past the given ones
+    scores = torch.randn(B, R, width, generator=gen)
     scores[0, 0, 3:9] = scores[0, 0, 2]                   # ties in the probe
+    scores[0, 0, 10] = math.nan                           # ranks as -inf
+    layer = L - 1
     out = []
     for p, s in ((p_cpu, scores), (p_gpu, scores.cuda())):
         out.append([t.cpu() for t in ops.select(p.state, p.slot, p.n, p.q, p.request, p.step,
                                                 cfg, p.m_cap, p.max_ctx, block_scores=s,
-                                                layer=1, merge_history=True)])
-    assert torch.equal(out[0][1][:, 1], out[1][1][:, 1])
-    assert torch.equal(out[0][0][:, 1], out[1][0][:, 1])
-
+                                                layer=layer, merge_history=True)])
+    assert torch.equal(out[0][1][:, layer], out[1][1][:, layer])
+    assert torch.equal(out[0][0][:, layer], out[1][0][:, layer])
 
 @gpu
 def test_gpu_probe_and_select_capture_in_a_cuda_graph():

@@ -207,18 +207,19 @@ __device__ __forceinline__ int lower_rank(const uint32_t* sorted, int B, uint32_
 __device__ void merge_by_rank(float* score, const float* given, int width, int B,
                               uint32_t* sorted_s, uint32_t* sorted_p) {
   auto given_at = [&](int j) { return j < width ? given[j] : -CUDART_INF_F; };
+  auto key_of = [](float x) { return ordered_key(x != x ? -CUDART_INF_F : x); };  // NaN as -inf
   int P = 2;
   while (P < B) P <<= 1;
   __syncthreads();
   for (int i = threadIdx.x; i < P; i += kThreads) {  // padding sorts after every score
-    sorted_s[i] = i < B ? ordered_key(score[i]) : 0xFFFFFFFFu;
-    sorted_p[i] = i < B ? ordered_key(given_at(i)) : 0xFFFFFFFFu;
+    sorted_s[i] = i < B ? key_of(score[i]) : 0xFFFFFFFFu;
+    sorted_p[i] = i < B ? key_of(given_at(i)) : 0xFFFFFFFFu;
   }
   bitonic_sort_pair(sorted_s, sorted_p, P);
   const float denom = static_cast<float>(max(B - 1, 1));
   for (int j = threadIdx.x; j < B; j += kThreads) {
-    const int rank = max(lower_rank(sorted_s, B, ordered_key(score[j])),
-                         lower_rank(sorted_p, B, ordered_key(given_at(j))));
+    const int rank = max(lower_rank(sorted_s, B, key_of(score[j])),
+                         lower_rank(sorted_p, B, key_of(given_at(j))));
     score[j] = __fdiv_rn(static_cast<float>(rank), denom);
   }
 }
