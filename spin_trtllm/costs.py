@@ -13,6 +13,12 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
   select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
   update   3 us + 5.3 ps per scored slot per row
 state bytes scale the select and update terms (float32 state: twice the fp16 figures).
+The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
+  probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
+           one-layer select, one CTA per request: 10 us + 0.14 ns per slot of the longest
+           request per row
+  hybrid   the probe's, plus the merge's V/D pooling and rank sort in that select: 0.6 ns per
+           slot of the longest request per row (latency-bound: one CTA per request)
 The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
 and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
 """
@@ -39,6 +45,11 @@ class CostModel:
     select_us_per_slot: float = 1.44e-6
     update_fixed_us: float = 3.0
     update_us_per_slot: float = 5.3e-6
+    probe_fixed_us: float = 7.5
+    probe_us_per_slot: float = 1.0e-6
+    probe_select_fixed_us: float = 10.0
+    probe_select_us_per_request_slot: float = 0.14e-3
+    hybrid_us_per_request_slot: float = 0.6e-3
     margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
 
     def _logits(self, slots: float, next_n: int) -> float:
@@ -53,25 +64,43 @@ class CostModel:
         slots = _block_slots(visible_slots)
         return self._logits(slots, next_n) + self._topk(slots, next_n)
 
+    def _choose(self, visible_slots: Sequence[int], slots: float, next_n: int, state: float,
+                predictor: str) -> float:
+        """Choosing the blocks, one layer: select's share of the all-layer launch (spin), or
+        summarize + probe + a one-layer select (probe; hybrid adds the merge)."""
+        if predictor == "spin":
+            return self.select_fixed_us + self.select_us_per_slot * slots * state
+        if predictor not in ("probe", "hybrid"):
+            raise ValueError(f"CostModel: unknown predictor {predictor!r}")
+        longest = max(_block_slots([s]) for s in visible_slots)
+        cost = (self.probe_fixed_us
+                + self.probe_us_per_slot * slots * (1.0 + 0.5 * (next_n - 1))
+                + self.probe_select_fixed_us
+                + self.probe_select_us_per_request_slot * longest * next_n)
+        if predictor == "hybrid":
+            cost += self.hybrid_us_per_request_slot * longest * next_n * state
+        return cost
+
     def spin_us(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
-                state_bytes: int = 2) -> float:
-        """SPIN, one layer: select's share + masked logits + top-K + update, with a fraction
-        `sparsity` of the blocks skipped."""
+                state_bytes: int = 2, predictor: str = "spin") -> float:
+        """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
+        logits + top-K + update, with a fraction `sparsity` of the blocks skipped."""
         slots = _block_slots(visible_slots)
         scored = slots * (1.0 - sparsity)
         state = state_bytes / 2
-        return (self.select_fixed_us + self.select_us_per_slot * slots * state
+        return (self._choose(visible_slots, slots, next_n, state, predictor)
                 + self._logits(scored, next_n) + self._topk(scored, next_n)
                 + self.update_fixed_us + self.update_us_per_slot * scored * next_n * state)
 
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
-                    state_bytes: int = 2, running_spin: bool = True) -> bool:
+                    state_bytes: int = 2, running_spin: bool = True,
+                    predictor: str = "spin") -> bool:
         """True when SPIN is predicted faster than all-keep for this batch (by `margin` when
         switching to SPIN, so that a batch at the boundary does not flip every step)."""
         if sparsity <= 0 or not visible_slots:
             return False
         dense = self.dense_us(visible_slots, next_n)
-        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes)
+        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor)
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
 

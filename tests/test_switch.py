@@ -23,6 +23,39 @@ def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
     assert H200.spin_us(ctx, 0.5) == pytest.approx(spin, rel=0.25)
 
 
+# Per layer on an H200, same run (benchmarks/RESULTS.md, tenth session, fp16 state, next_n 1):
+# (batch, slots, probe path - SPIN's select share us, hybrid's select - the probe's select us).
+MEASURED_PROBE = [(32, 32768, 22.8 - 2.7, 31.2 - 14.2), (32, 131072, 39.3 - 7.8, 99.1 - 27.8),
+                  (96, 32768, 25.8 - 6.1, 32.7 - 14.9), (96, 131072, 51.5 - 18.4, 111.6 - 28.3)]
+
+
+@pytest.mark.parametrize("batch,slots,probe_extra,hybrid_extra", MEASURED_PROBE)
+def test_cost_model_tracks_the_measured_probe_and_hybrid(batch, slots, probe_extra, hybrid_extra):
+    ctx = [slots] * batch
+    spin = H200.spin_us(ctx, 0.5)
+    probe = H200.spin_us(ctx, 0.5, predictor="probe")
+    hybrid = H200.spin_us(ctx, 0.5, predictor="hybrid")
+    assert probe - spin == pytest.approx(probe_extra, rel=0.25)
+    assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.25)
+
+
+def test_query_aware_predictors_need_more_to_pay():
+    with pytest.raises(ValueError, match="unknown predictor"):
+        H200.spin_us([4096], 0.5, predictor="quest")
+    paid = {p: 0 for p in ("spin", "probe", "hybrid")}
+    for batch in (4, 16, 32, 96):
+        for slots in (8192, 32768, 131072, 524288):
+            ctx = [slots] * batch
+            use = {p: H200.prefer_spin(ctx, 0.5, predictor=p) for p in paid}
+            assert use["spin"] >= use["probe"] >= use["hybrid"]
+            for p in paid:
+                paid[p] += use[p]
+    assert paid["spin"] > paid["probe"] > paid["hybrid"] > 0
+    # the longest request sets the one-layer select's time, not the batch's total
+    assert H200.spin_us([131072] + [1024] * 7, 0.5, predictor="hybrid") > \
+        H200.spin_us([16384] * 8, 0.5, predictor="hybrid")
+
+
 def test_cost_model_decisions():
     assert not H200.prefer_spin([2048] * 4, 0.5)              # the demo's tiny contexts
     assert H200.prefer_spin([131072] * 96, 0.5)               # the paper's serving anchor

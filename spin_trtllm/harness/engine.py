@@ -727,13 +727,11 @@ class Engine:
         if self.spin_indexer is None:
             return False
         if self.switch == "auto":
-            # probe and hybrid are costed like SPIN: the summaries add 144 B per 64-slot block
-            # read (~1.7% of the K-cache bytes) and one probe + select per layer (hybrid: and
-            # SPIN's V/D read), small beside the savings
             use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
                                               self.spin.target_sparsity, self.cfg.next_n,
                                               self.pool.state.V.element_size(),
-                                              running_spin=self._ran_spin)
+                                              running_spin=self._ran_spin,
+                                              predictor=self.predictor)
         else:
             use = self.switch == "spin"
         self._ran_spin = use
