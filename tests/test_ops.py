@@ -35,6 +35,15 @@ def make_cache(num_pages, gen, device="cpu"):
     return pages.view(num_pages, 64, 1, 132).to(device)
 
 
+def integer_state(*problems):
+    """Integer-valued V/D: mean and top4 pooling then sum exactly in any order (the kernels'
+    order differs from torch's)."""
+    for p in problems:
+        g = torch.Generator().manual_seed(9)
+        p.state.V.copy_(torch.randint(-20, 20, p.state.V.shape, generator=g).to(p.state.V.dtype))
+        p.state.D.copy_(torch.randint(-20, 20, p.state.D.shape, generator=g).to(p.state.D.dtype))
+
+
 class Problem:
     """A batch of B requests x R rows over L layers with mixed lengths and shuffled pages."""
 
@@ -404,11 +413,7 @@ def test_gpu_exploration_and_pooling(policy, pooling):
     cfg = SpinConfig(index_topk=64, target_sparsity=0.4, exploration=0.2,
                      exploration_policy=policy, pooling=pooling)
     p_cpu, p_gpu = _gpu_problem(B=3, R=2, L=2, lens=(2000, 700, 130), seed=5, cfg=cfg)
-    # integer-valued state: every pooling sums exactly, whatever the order
-    for p in (p_cpu, p_gpu):
-        g = torch.Generator().manual_seed(9)
-        p.state.V.copy_(torch.randint(-20, 20, p.state.V.shape, generator=g).float())
-        p.state.D.copy_(torch.randint(-20, 20, p.state.D.shape, generator=g).float())
+    integer_state(p_cpu, p_gpu)
     _compare_step(p_cpu, p_gpu)
 
 

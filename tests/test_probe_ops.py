@@ -11,7 +11,7 @@ from spin_trtllm import SpinConfig, ops
 from spin_trtllm import reference as ref
 from spin_trtllm.errors import SpinError
 
-from test_ops import Problem, gpu, make_cache
+from test_ops import Problem, gpu, integer_state, make_cache
 
 
 def _summaries(cache, gen, fills=None):
@@ -89,10 +89,7 @@ def test_select_with_spins_own_scores_equals_select():
                     warm=(False, True, False, False))
         ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx)
         layer = 1
-        idx = p.slot.long()
-        state = ref.SpinState(p.state.V[idx, layer], p.state.D[idx, layer],
-                              p.state.last_seen[idx, layer], p.state.decode_steps[idx, layer])
-        scores, _ = ref.predict_blocks(state, p.n.long(), p.q.long(), cfg, int(p.n.max()))
+        scores = _layer_history(p, layer, cfg)
         ids2 = torch.full_like(ids, -7)
         cnt2 = torch.full_like(cnt, -7)
         ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
@@ -112,15 +109,6 @@ def test_select_follows_the_given_scores():
                           block_scores=scores, layer=0)
     assert int(cnt[0, 0]) == 5
     assert ids[0, 0, :5].tolist() == [2, 5, 7, 8, 9]
-
-
-def _integer_state(*problems):
-    """Integer-valued V/D: mean and top4 pooling then sum exactly in any order (the kernels'
-    order differs from torch's)."""
-    for p in problems:
-        g = torch.Generator().manual_seed(9)
-        p.state.V.copy_(torch.randint(-20, 20, p.state.V.shape, generator=g).to(p.state.V.dtype))
-        p.state.D.copy_(torch.randint(-20, 20, p.state.D.shape, generator=g).to(p.state.D.dtype))
 
 
 def _layer_history(p, layer, cfg):
@@ -287,7 +275,7 @@ def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap, extra):
               warm=(False,) if cap == 140000 else (False, True, False, False))
     p_cpu, p_gpu = Problem(**kw), Problem(**kw, device="cuda")
     if cfg.pooling != "max":
-        _integer_state(p_cpu, p_gpu)
+        integer_state(p_cpu, p_gpu)
     if cap == 524288:
         assert math.ceil(p_cpu.max_ctx / 64) == ops.MAX_HYBRID_BLOCKS
     gen = torch.Generator().manual_seed(14)
