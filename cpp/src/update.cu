@@ -217,11 +217,15 @@ template <bool kHalf>
 cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t stream) {
   cudaError_t err = allow_dynamic_smem(update_kernel<kHalf>, smem);
   if (err != cudaSuccess) return err;
-  // enough slices to cover the longest context with a few passes per thread, but about 1,536
-  // CTAs at most: more only queue. H200, fp16 state, rho 0.5, 96 x 128K slots: 28.4 us with 16
-  // slices a request against 33.8 us with 64; 5-32 slices all measured 27-30 us.
+  // Enough slices to cover the longest context with a few passes per thread. The one-row path
+  // prefetches the next pass, so there about 1,536 CTAs in all (at least 16 a request) do better:
+  // more only queue. H200, fp16 state, rho 0.5, 96 x 128K slots: 28.4 us with 16 slices a
+  // request against 33.8 us with 64; 5-32 slices all measured 27-30 us. (The MTP path, which
+  // does not prefetch, was not measured with fewer slices and keeps up to 64.)
   const int cover = (p.max_context + 8 * kThreads - 1) / (8 * kThreads);
-  const int slices = max(1, min(min(64, cover), max(16, 1536 / p.batch)));
+  const bool one_row = p.rows == 1 || p.row0_only;
+  const int cap = one_row ? max(16, 1536 / p.batch) : 64;
+  const int slices = max(1, min(min(64, cover), cap));
   update_kernel<kHalf><<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
