@@ -11,7 +11,8 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
   top-K    max(22 us, 8 us + 11.5 ps per scored slot per row)
   select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
-  update   3 us + 5.3 ps per scored slot per row
+  update   3 us + 4.1 ps per scored slot per row (refitted in the eleventh session to the
+           one-row launch of at most about 1,536 CTAs: 4.1-28.3 us at 8-96 x 32K-128K)
 state bytes scale the select and update terms (float32 state: twice the fp16 figures).
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
@@ -44,7 +45,7 @@ class CostModel:
     select_fixed_us: float = 0.5
     select_us_per_slot: float = 1.44e-6
     update_fixed_us: float = 3.0
-    update_us_per_slot: float = 5.3e-6
+    update_us_per_slot: float = 4.1e-6
     probe_fixed_us: float = 7.5
     probe_us_per_slot: float = 1.0e-6
     probe_select_fixed_us: float = 10.0

@@ -23,6 +23,19 @@ def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
     assert H200.spin_us(ctx, 0.5) == pytest.approx(spin, rel=0.25)
 
 
+# The update alone on an H200 (benchmarks/results_update_slices_final.json, eleventh session,
+# fp16 state, rho 0.5, next_n 1): (batch, slots, us).
+MEASURED_UPDATE = [(8, 32768, 4.1), (32, 32768, 5.0), (96, 32768, 9.0), (8, 131072, 5.8),
+                   (32, 131072, 11.6), (96, 131072, 28.3)]
+
+
+@pytest.mark.parametrize("batch,slots,update", MEASURED_UPDATE)
+def test_cost_model_update_term_tracks_the_measured_update(batch, slots, update):
+    scored = batch * slots * 0.5
+    assert H200.update_fixed_us + H200.update_us_per_slot * scored == pytest.approx(update,
+                                                                                   rel=0.2)
+
+
 # Per layer on an H200, same run (benchmarks/RESULTS.md, tenth session, fp16 state, next_n 1):
 # (batch, slots, probe path - SPIN's select share us, hybrid's select - the probe's select us).
 MEASURED_PROBE = [(32, 32768, 22.8 - 2.7, 31.2 - 14.2), (32, 131072, 39.3 - 7.8, 99.1 - 27.8),
