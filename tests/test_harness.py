@@ -105,6 +105,18 @@ def test_spin_prunes_and_measures_misses():
     assert 0 < sum(miss) / len(miss) < 1
 
 
+def test_step_stats_split_the_wall_time_by_host_phase():
+    e = Engine(tiny(), spin_cfg(), max_batch=2)
+    e.run([Request(TEXT[:300], max_new_tokens=6), Request(TEXT[:200], max_new_tokens=4)])
+    assert e.history
+    for s in e.history:
+        phases = (s.prepare_seconds, s.launch_seconds, s.wait_seconds)
+        assert all(p >= 0 for p in phases) and s.prepare_seconds > 0 and s.launch_seconds > 0
+        assert sum(phases) <= s.seconds
+        # on the CPU the forward runs inside the call: it is most of the step
+        assert s.launch_seconds > 0.3 * s.seconds
+
+
 class Oracle:
     """Drafts the true continuation (from an earlier run), or a wrong one."""
 

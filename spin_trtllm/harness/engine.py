@@ -97,6 +97,12 @@ class StepStats:
     indexer_seconds: float = 0.0          # with time_indexer (eager): select + layers + finish
     shadow_seconds: float = 0.0           # with time_indexer: the shadow dense indexer
     forward_seconds: float = 0.0          # CUDA: GPU time of select + model forward
+    # wall time of the step's host phases (they sum to `seconds`): before the forward (batch
+    # metadata, indexer.prepare), the forward call (a graph replay: its launch), the wait for
+    # the step's logits on the host, and the rest (verification, finish, drafting, final sync)
+    prepare_seconds: float = 0.0
+    launch_seconds: float = 0.0
+    wait_seconds: float = 0.0
     selected_blocks: int = 0
     visible_blocks: int = 0
     miss: list[float] = field(default_factory=list)
@@ -653,11 +659,16 @@ class Engine:
         if self.device.type == "cuda":
             f0, f1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             f0.record()
+        t_launch = time.perf_counter()
+        stats.prepare_seconds = t_launch - t0
         logits, hidden = self._forward(B, observed, stats)
         if self.device.type == "cuda":
             f1.record()
             stats._events.append((f0, f1, "forward_seconds"))
+        t_wait = time.perf_counter()
+        stats.launch_seconds = t_wait - t_launch
         greedy = logits.argmax(-1).cpu()
+        stats.wait_seconds = time.perf_counter() - t_wait
         sampled = [b for b, live in enumerate(batch)
                    if live.req.temperature > 0 or live.req.forced is not None]
         row_logits = logits[sampled].cpu() if sampled else None

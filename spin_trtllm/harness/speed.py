@@ -5,6 +5,10 @@ are random values (Engine.add_synthetic: step times do not depend on them); afte
 steps, `steps` decode steps are timed:
   step ms     wall time of Engine.step() (host scheduling, verification and drafting included)
   forward ms  GPU time of the captured step (select + every layer), CUDA events
+  prepare / launch / wait / after ms
+              the step's wall time by host phase: batch metadata and indexer.prepare, the
+              graph replay call, waiting for the logits, and verification, drafting and the
+              final sync (JSON only)
 indexer:
   "null"   fixed top-K ids and no indexer work (what the rest of the step costs)
   "dense"  the all-keep indexer
@@ -108,6 +112,12 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "batch": batch, "next_n": cfg.next_n, "steps": len(hist),
             "step_ms": 1e3 * statistics.median(s.seconds for s in hist),
             "forward_ms": 1e3 * statistics.median(s.forward_seconds for s in hist),
+            # where the wall time goes on the host (medians; see StepStats)
+            "prepare_ms": 1e3 * statistics.median(s.prepare_seconds for s in hist),
+            "launch_ms": 1e3 * statistics.median(s.launch_seconds for s in hist),
+            "wait_ms": 1e3 * statistics.median(s.wait_seconds for s in hist),
+            "after_ms": 1e3 * statistics.median(
+                s.seconds - s.prepare_seconds - s.launch_seconds - s.wait_seconds for s in hist),
             "spin_steps": sum(s.spin for s in hist),
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
             "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
