@@ -218,8 +218,8 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   cudaError_t err = allow_dynamic_smem(update_kernel<kHalf>, smem);
   if (err != cudaSuccess) return err;
   // Enough slices to cover the longest context with a few passes per thread. The one-row path
-  // prefetches the next pass, so there about 1,536 CTAs in all (at least 16 a request) do better:
-  // more only queue. H200, fp16 state, rho 0.5, 96 x 128K slots: 28.4 us with 16 slices a
+  // prefetches its next pass, so for it about 1,536 CTAs in all (at least 16 a request) do
+  // better: more only queue. H200, fp16 state, rho 0.5, 96 x 128K slots: 28.4 us with 16 slices a
   // request against 33.8 us with 64; 5-32 slices all measured 27-30 us. (The MTP path, which
   // does not prefetch, was not measured with fewer slices and keeps up to 64.)
   const int cover = (p.max_context + 8 * kThreads - 1) / (8 * kThreads);
