@@ -39,7 +39,7 @@ WARMUP_STEPS = 8
 
 def block_rankings(dense: torch.Tensor, n: int, k: int, b: int) -> dict[str, torch.Tensor]:
     """Per complete block (the newest, partial one is forced): the true-score statistics."""
-    full = (n - 1) // b if n % b else n // b - 1   # blocks before the newest
+    full = (n - 1) // b                             # blocks before the newest
     z = dense[:full * b].view(full, b).float()
     top = dense[:n].float().topk(k).indices
     hits = torch.bincount(top // b, minlength=full + 1)[:full].float()

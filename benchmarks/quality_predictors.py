@@ -88,9 +88,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{label:>20} @ {e:.1f}: mean {row['mean_miss']}, p99 {row['p99_miss']}",
                   flush=True)
-    traces = names
     with open(args.json, "w") as f:
-        json.dump({"traces": traces, "targets": TARGETS, "rows": rows}, f,
+        json.dump({"traces": names, "targets": TARGETS, "rows": rows}, f,
                   indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:

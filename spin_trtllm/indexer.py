@@ -86,7 +86,6 @@ class SpinIndexer:
                             f"{ops.MAX_HYBRID_BLOCKS * ops.BLOCK} slots, got max_context="
                             f"{max_context} (use 'probe')")
         self.predictor = predictor
-        self.query_aware = predictor != "spin"   # block summaries scored with the current q
         self.cfg, self.pool = cfg, pool
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
@@ -137,6 +136,11 @@ class SpinIndexer:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
             self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
+
+    @property
+    def query_aware(self) -> bool:
+        """Block summaries scored with the current query rank the blocks (probe, hybrid)."""
+        return self.predictor != "spin"
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
                 query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
@@ -240,8 +244,8 @@ class SpinIndexer:
     def select(self, keep_all: bool = False) -> None:
         """keep_all: every visible block (a step the engine runs dense: a CUDA graph captured
         with SPIN still computes the dense indexer's rows on replay). With predictor="probe"
-        or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all (a host flag:
-        a graph captured with it replays that choice)."""
+        or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all
+        (a host flag: a graph captured with it replays that choice)."""
         B = self.batch
         self.keep_all = keep_all
         if self.query_aware and not keep_all:

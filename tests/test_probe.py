@@ -10,6 +10,7 @@ import torch
 
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.cli import main
+from spin_trtllm import reference as ref
 from spin_trtllm.reference import SpinState, block_budget, decode_step, predict_blocks
 from spin_trtllm.replay import probe as P
 from spin_trtllm.replay.evaluate import at_effective, replay
@@ -92,7 +93,7 @@ def test_rank_share_and_hybrid_brute_force():
     x = torch.randint(0, 5, (3, 2, 9), generator=gen).float()      # ties on purpose
     y = torch.randn(3, 2, 9, generator=gen)
     nb = torch.tensor([[9, 7], [1, 4], [2, 9]])
-    got = P.hybrid_scores(x, y, nb)
+    got = ref.hybrid_scores(x, y, nb)
     for g in range(3):
         for r in range(2):
             B = int(nb[g, r])
@@ -104,12 +105,12 @@ def test_rank_share_and_hybrid_brute_force():
                 ry = sum(float(y[g, r, i]) < float(y[g, r, j]) for i in range(B)) / max(B - 1, 1)
                 assert got[g, r, j] == pytest.approx(max(rx, ry))
     # an all-equal history (untrained V/D) leaves the ranking to the probe
-    flat = P.hybrid_scores(y, torch.zeros_like(y), nb)
+    flat = ref.hybrid_scores(y, torch.zeros_like(y), nb)
     vis = torch.arange(9) < nb.unsqueeze(-1)
-    assert torch.equal(flat, P.rank_share(y, vis))
+    assert torch.equal(flat, ref.rank_share(y, vis))
     # a NaN score ranks as -inf: below every finite score, tied with -inf
     z = torch.tensor([1.0, math.nan, -math.inf, -math.inf, 3.0, 2.0])
-    share = P.rank_share(z, torch.ones(6, dtype=torch.bool))
+    share = ref.rank_share(z, torch.ones(6, dtype=torch.bool))
     assert share.tolist() == pytest.approx([3 / 5, 0.0, 0.0, 0.0, 5 / 5, 4 / 5])
 
 

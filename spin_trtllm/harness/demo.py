@@ -319,9 +319,9 @@ def bytes_line(res: dict[str, Any]) -> str:
         return "indexer bytes read+written per decode step: - (no decode steps)"
     ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
     predictor = res.get("predictor", "spin")
-    probe = predictor != "spin"
+    summaries = predictor != "spin"
     return (f"indexer bytes read+written per decode step (mean): {_name(predictor)} "
-            f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if probe else ''} "
+            f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if summaries else ''} "
             f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB) vs "
             f"all-keep {d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
 

@@ -545,8 +545,9 @@ class Engine:
         self.prefill_seconds += time.perf_counter() - t0
 
     def _summarize(self, lives: list[_Live]) -> None:
-        """predictor="probe"/"hybrid": the block summaries of every visible page of these requests, in
-        every indexer layer (eager; decode steps keep only the newest pages up to date)."""
+        """predictor="probe"/"hybrid": the block summaries of every visible page of these
+        requests, in every indexer layer (eager; decode steps keep only the newest pages up to
+        date)."""
         if self.spin_indexer is None or self.predictor == "spin" or not lives:
             return
         slots = torch.tensor([live.slot for live in lives], dtype=torch.int64, device=self.device)

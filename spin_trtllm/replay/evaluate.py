@@ -32,9 +32,9 @@ from tqdm import tqdm
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..reference import SpinState, block_count, decode_step, predict_blocks
-from .probe import (BUDGETS, PREDICTORS, AdaptiveBudget, QueryProbe, hybrid_scores,
-                    require_query_data, rows_read_per_block)
+from ..reference import SpinState, block_count, decode_step, hybrid_scores, predict_blocks
+from .probe import (BUDGETS, PREDICTORS, AdaptiveBudget, QueryProbe, require_query_data,
+                    rows_read_per_block)
 from .trace import SpinTrace
 
 

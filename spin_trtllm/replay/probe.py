@@ -68,7 +68,7 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..reference import NEG_INF, block_budget, hybrid_scores, rank_share  # noqa: F401
+from ..reference import NEG_INF, block_budget
 
 PREDICTORS = ("spin", "probe", "hybrid", "quest", "gauss")
 BUDGETS = ("uniform", "adaptive")
@@ -195,7 +195,7 @@ class QueryProbe:
 
     def scores(self, t: int, n: torch.Tensor, n_blocks: int) -> torch.Tensor:
         """fp32 [L, R, n_blocks] of step t (n [L, R]): probe P, quest Q or gauss G; for hybrid
-        the probe part P (merge with hybrid_scores)."""
+        the probe part P (merge with reference.hybrid_scores)."""
         q, w = self.trace.q[t], self.trace.w[t]
         if self.predictor == "quest":
             return quest_scores(q, w, self.summaries, n, n_blocks)
