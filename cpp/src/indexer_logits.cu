@@ -3,8 +3,11 @@
 // summaries scored like slots), which share the tiles, MMA and epilogue.
 //
 // A CTA (one warpgroup, 4 warps) takes a run of selected blocks of one request. Pages stream
-// through a kStages-deep cp.async ring into shared memory in the 128-byte swizzled layout the
-// tensor cores read; each page is read once for all MTP rows. The MTP rows go through the tensor
+// through a kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor
+// cores read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page
+// with the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread
+// cp.asyncs its chunks. A stage is refilled as soon as the MMA has read it, so no block-wide
+// barrier runs per page. Each page is read once for all MTP rows. The MTP rows go through the tensor
 // cores in groups of G = 1, 2 or 4 (the rows of a group side by side as the N dimension, as
 // DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot, (row, head)] =
 // k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is read from
@@ -12,6 +15,8 @@
 // k-steps accumulated in the tensor core: about 1.4e-4 of the row norm from exact on random
 // data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so
 // the weighted ReLU sum over heads needs two shuffles and no shared memory.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -231,15 +236,15 @@ __device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t
 #endif
 
 // Per thread: sum over its 16 heads of w_h relu(scale * S) for its two slots (scale applied
-// only when kScaleIn; four independent sums keep the FMA chains short). w points at this
-// thread's float2 of heads 2t, 2t + 1; the next head pair of the thread is 4 float2 on.
-template <bool kScaleIn>
-__device__ __forceinline__ void weighted_relu_sum(const float* s, const float2* w, float sc_lo,
-                                                  float sc_hi, float& z_lo, float& z_hi) {
+// only when kScaleIn; four independent sums keep the FMA chains short). w(nt) is the thread's
+// float2 of heads 8 nt + 2 t, +1.
+template <bool kScaleIn, typename W>
+__device__ __forceinline__ void weighted_relu_sum(const float* s, W w, float sc_lo, float sc_hi,
+                                                  float& z_lo, float& z_hi) {
   float zl0 = 0.0f, zl1 = 0.0f, zh0 = 0.0f, zh1 = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < kHeads / 8; ++nt) {
-    const float2 wv = w[nt * 4];  // heads 8 nt + 2 t, +1
+    const float2 wv = w(nt);
     zl0 = fmaf(wv.x, relu(kScaleIn ? s[nt * 4 + 0] * sc_lo : s[nt * 4 + 0]), zl0);
     zl1 = fmaf(wv.y, relu(kScaleIn ? s[nt * 4 + 1] * sc_lo : s[nt * 4 + 1]), zl1);
     zh0 = fmaf(wv.x, relu(kScaleIn ? s[nt * 4 + 2] * sc_hi : s[nt * 4 + 2]), zh0);
@@ -251,8 +256,9 @@ __device__ __forceinline__ void weighted_relu_sum(const float* s, const float2* 
 
 // z of the lane's two slots for one row of the tile (all lanes of a slot end with it):
 // relu(s * scale) = scale * relu(s) for a finite scale >= 0 (`factored`: scale once per slot).
-__device__ __forceinline__ void slot_scores(const float* s, const float2* w, float sc_lo,
-                                            float sc_hi, bool factored, float& z_lo, float& z_hi) {
+template <typename W>
+__device__ __forceinline__ void slot_scores(const float* s, W w, float sc_lo, float sc_hi,
+                                            bool factored, float& z_lo, float& z_hi) {
   if (factored) {
     weighted_relu_sum<false>(s, w, 1.0f, 1.0f, z_lo, z_hi);
     z_lo *= sc_lo;
@@ -284,30 +290,85 @@ __device__ __forceinline__ void load_queries(const uint8_t* q, const float* weig
                weights + static_cast<int64_t>(b) * rows * kHeads + idx * 4);
 }
 
-// Every row's z for the 64-row tile at `tile`: the rows in MMA groups of G, then
-// store(r, z) on the lanes with t < 2 (z of slot s_lo for t == 0, s_hi for t == 1).
-template <int G, typename Store>
-__device__ __forceinline__ void score_tile(Acc<G>& acc, uint32_t tile, uint32_t base,
-                                           const unsigned char* smem, uint32_t weights_at,
-                                           int rows, float sc_lo, float sc_hi, bool factored,
-                                           Store store) {
+// Every row's z for the 64-row tile at `tile`: the rows in MMA groups of G (G <= 2: one group of
+// exactly `rows`), then store(r, z) on the lanes with t < 2 (z of slot s_lo for t == 0, s_hi for
+// t == 1). w(r, j, nt) gives row r's head weights (j = r % G); tile_read() runs once the
+// last MMA has read the tile.
+template <int G, typename W, typename TileRead, typename Store>
+__device__ __forceinline__ void score_tile(Acc<G>& acc, uint32_t tile, uint32_t q_base, int rows,
+                                           float sc_lo, float sc_hi, bool factored, W w,
+                                           TileRead tile_read, Store store) {
   const int t = threadIdx.x & 3;
-  for (int group = 0; group * G < rows; ++group) {
-    page_scores<G>(acc, tile, base + group * G * kQBytes);
+  const int groups = G <= 2 ? 1 : (rows + G - 1) / G;
+  for (int group = 0; group < groups; ++group) {
+    page_scores<G>(acc, tile, q_base + group * G * kQBytes);
+    if (group == groups - 1) tile_read();
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       const int r = group * G + j;
-      if (r >= rows) break;
-      const float2* w = reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4) + t;
+      if (G > 2 && r >= rows) break;
       float z_lo, z_hi;
-      slot_scores(acc + 32 * j, w, sc_lo, sc_hi, factored, z_lo, z_hi);
+      slot_scores(acc + 32 * j, [&](int nt) { return w(r, j, nt); }, sc_lo, sc_hi, factored,
+                  z_lo, z_hi);
       if (t < 2) store(r, t == 0 ? z_lo : z_hi);
     }
   }
 }
 
+// mbarrier helpers (shared-memory addresses).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+  } while (!done);
+}
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
+               ::"r"(bar), "r"(bytes) : "memory");
+}
+// The page's 64 x 128 keys through the tensor map (128-byte swizzle), completing on `bar`.
+__device__ __forceinline__ void tma_load_keys(uint32_t dst, const CUtensorMap* map, int page,
+                                              uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(0), "r"(page), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#else
+// One arrival on `bar` once this thread's earlier cp.asyncs have landed.
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+#endif
+
 template <int G>
-__global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta) {
+__global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta,
+                                                         const __grid_constant__ CUtensorMap keys) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -330,8 +391,12 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     return;
   }
 
-  // block id and page of each of this CTA's selected blocks, looked up once; rows' lengths
+  // block id and page of each of this CTA's selected blocks, looked up once; rows' lengths;
+  // per stage a "full" barrier (the page has landed) and an "empty" one (every warp has read it)
   __shared__ int block_s[kMaxBlocksPerCta], page_s[kMaxBlocksPerCta], ctx_s[kMaxRows];
+  __shared__ __align__(8) uint64_t full_s[kStages], empty_s[kStages];
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(full_s));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(empty_s));
   if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
   if (threadIdx.x < c_end - c_begin) {
     const int c = c_begin + threadIdx.x;
@@ -340,32 +405,71 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     block_s[threadIdx.x] = j;
     page_s[threadIdx.x] = (page >= 0 && page < p.num_pages) ? page : -1;  // -1: never read
   }
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+#if __CUDA_ARCH__ >= 900
+      mbar_init(full0 + 8 * s, 1);              // thread 0's arrive with the bytes to expect
+#else
+      mbar_init(full0 + 8 * s, kThreads);       // every thread's cp.async arrival
+#endif
+      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
+    }
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+  }
   __syncthreads();
-  auto page_of = [&](int c) { return page_s[c - c_begin]; };
-  const uint32_t chunk_dst = swizzled(threadIdx.x / 8, threadIdx.x % 8);
-  auto issue_page = [&](int c, int stage) {
-    const int page = c < c_end ? page_of(c) : -1;
-    if (page < 0) return;
+
+  const int c_last = min(c_end, count);
+  const int run = c_last - c_begin;  // pages scored here; page i of the run uses stage i % kStages
+  // Page i into its stage once every warp has read page i - kStages there.
+  auto issue = [&](int i) {
+    if (i >= run) return;
+    const int stage = static_cast<unsigned>(i) % kStages;
+    const uint32_t full = full0 + 8 * stage;
+    const int page = page_s[i];
+#if __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0) return;
+    if (i >= kStages) mbar_wait(empty0 + 8 * stage, ((static_cast<unsigned>(i) / kStages) & 1) ^ 1);
+    if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
+      mbar_arrive(full);
+      return;
+    }
+    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
+    mbar_expect_tx(full, kPageKeyBytes + kBlockSize * 4);
+    tma_load_keys(base + lay.page(stage), &keys, page, full);
+    bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
+#else
+    if (i >= kStages) mbar_wait(empty0 + 8 * stage, ((static_cast<unsigned>(i) / kStages) & 1) ^ 1);
+    if (page < 0) {
+      mbar_arrive(full);
+      return;
+    }
     const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes +
                          threadIdx.x * 16;
-    const uint32_t dst = base + lay.page(stage) + chunk_dst;
+    const uint32_t dst = base + lay.page(stage) + swizzled(threadIdx.x / 8, threadIdx.x % 8);
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) cp_async16(dst + u * 2048, src + u * 2048);
     if (threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys
       cp_async16(base + lay.scales(stage) + threadIdx.x * 16, src + kPageKeyBytes);
+    cp_async_arrive(full);
+#endif
   };
 
-  // q and weights of every row, with the first page (group 0); the zero padding rows are
-  // ordered before the first MMA by the page loop's barrier
-  load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
+  // the first pages, then q and weights of every row (zero padding rows included), complete
+  // and visible to the tensor cores before the first MMA
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    issue_page(c_begin + s, s);
-    cp_async_commit();
-  }
+  for (int i = 0; i < kStages; ++i) issue(i);
+  load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
+  cp_async_commit();
+  cp_async_wait<0>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  __syncthreads();
 
   // blocks past the selection: -inf, no page read
-  const int c_last = min(c_end, count);
   for (int idx = threadIdx.x; idx < p.rows * (c_end - c_last) * kBlockSize; idx += kThreads) {
     const int r = idx / ((c_end - c_last) * kBlockSize), s = idx % ((c_end - c_last) * kBlockSize);
     p.out[(static_cast<int64_t>(b) * p.rows + r) * width + c_last * kBlockSize + s] = -CUDART_INF_F;
@@ -374,38 +478,53 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
   const int s_mine = t == 0 ? s_lo : s_hi;  // the slot whose z this lane stores (t < 2)
   float* const out_b = p.out + static_cast<int64_t>(b) * p.rows * width + s_mine;
+  // With one MMA group (rows <= 2) the rows' weights and lengths stay in registers.
+  constexpr int kRegRows = G <= 2 ? G : 1;
+  float2 w_reg[kRegRows][kHeads / 8];
+  int ctx_reg[kRegRows];
+#pragma unroll
+  for (int j = 0; j < kRegRows; ++j) {
+    const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(j)) + t;
+#pragma unroll
+    for (int nt = 0; nt < kHeads / 8; ++nt) w_reg[j][nt] = w[nt * 4];
+    ctx_reg[j] = ctx_s[j];
+  }
+  auto weight = [&](int r, int j, int nt) {
+    if constexpr (G <= 2) return w_reg[j][nt];
+    return reinterpret_cast<const float2*>(smem + lay.weights(r))[t + nt * 4];
+  };
   Acc<G> acc;
-  for (int c = c_begin; c < c_last; ++c) {
-    const int stage = (c - c_begin) % kStages;
-    cp_async_wait<kStages - 2>();  // this thread's copies of page c have landed
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
-#endif
-    __syncthreads();  // ... for every thread; the stage refilled below is no longer read
-    issue_page(c + kStages - 1, (c - c_begin + kStages - 1) % kStages);
-    cp_async_commit();
-
+  for (int i = 0; i < run; ++i) {
+    const int c = c_begin + i, stage = static_cast<unsigned>(i) % kStages;
+    mbar_wait(full0 + 8 * stage, (static_cast<unsigned>(i) / kStages) & 1);
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
-    const int slot = page_of(c) >= 0 ? block_s[c - c_begin] * kBlockSize + s_mine : INT_MAX;
-    score_tile<G>(acc, base + lay.page(stage), base, smem, lay.weights(0), p.rows, sc_lo, sc_hi,
-                  factored, [&](int r, float z) {
-                    out_b[r * width + c * kBlockSize] = slot < ctx_s[r] ? z : -CUDART_INF_F;
+    const int slot = page_s[i] >= 0 ? block_s[i] * kBlockSize + s_mine : INT_MAX;
+    float* const out_c = out_b + c * kBlockSize;
+    score_tile<G>(acc, base + lay.page(stage), base, p.rows, sc_lo, sc_hi, factored, weight,
+                  [&] {  // the stage is free: refill it kStages pages on
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * stage);
+                    issue(i + kStages);
+                  },
+                  [&](int r, float z) {
+                    const int ctx = G <= 2 ? ctx_reg[G <= 2 ? r : 0] : ctx_s[r];
+                    out_c[r * width] = slot < ctx ? z : -CUDART_INF_F;
                   });
   }
-  cp_async_wait<0>();  // no copy may outlive the CTA's shared memory
 }
 
 template <int G>
-cudaError_t launch(const LogitsParams& p, int blocks_per_cta, cudaStream_t stream) {
+cudaError_t launch(const LogitsParams& p, int blocks_per_cta, const CUtensorMap& keys,
+                   cudaStream_t stream) {
   const int smem = Smem{(p.rows + G - 1) / G * G}.bytes();
   cudaError_t err = allow_dynamic_smem(logits_kernel<G>, smem);
   if (err != cudaSuccess) return err;
   dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
-  logits_kernel<G><<<grid, kThreads, smem, stream>>>(p, blocks_per_cta);
+  logits_kernel<G><<<grid, kThreads, smem, stream>>>(p, blocks_per_cta, keys);
   return cudaGetLastError();
 }
 
@@ -498,7 +617,10 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
       sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
   const int j = j0 + s_mine;
   Acc<G> acc;
-  score_tile<G>(acc, base + tile, base, smem, weights_at, p.rows, sc_lo, sc_hi, factored,
+  auto weight = [&](int r, int, int nt) {
+    return reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4)[t + nt * 4];
+  };
+  score_tile<G>(acc, base + tile, base, p.rows, sc_lo, sc_hi, factored, weight, [] {},
                 [&](int r, float z) {
                   if (j >= p.num_blocks) return;
                   const bool visible =
@@ -517,6 +639,33 @@ cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
   dim3 grid((p.num_blocks + kBlockSize - 1) / kBlockSize, p.batch);
   probe_kernel<G><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The K cache's keys as a 3-D tensor [num_pages][64 slots][128 B] (pages 64 * 132 B apart) for
+// the bulk tensor copy, 128-byte swizzle. Left zero (never read) below sm_90 or without pages.
+cudaError_t keys_tensor_map(const LogitsParams& p, int major, CUtensorMap* map) {
+  *map = CUtensorMap{};
+  if (major < 9 || p.num_pages <= 0) return cudaSuccess;
+  if (p.num_pages > (int64_t{1} << 32)) return cudaErrorInvalidValue;  // the copy engine's limit
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {kHeadDim, kBlockSize, static_cast<cuuint64_t>(p.num_pages)};
+  const cuuint64_t strides[2] = {kHeadDim, kBlockSize * kSlotBytes};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {kHeadDim, kBlockSize, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(p.kv_cache),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -540,9 +689,13 @@ cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.m_cap == 0) return cudaSuccess;
   if (p.rows < 1 || p.rows > kMaxRows) return cudaErrorInvalidValue;
-  int device = 0, sms = 132;
+  int device = 0, sms = 132, major = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  CUtensorMap keys;
+  cudaError_t err = keys_tensor_map(p, major, &keys);
+  if (err != cudaSuccess) return err;
   // Long runs of pages per CTA amortize its q load and pipeline start; short ones keep every
   // SM busy when there are few blocks. Halving the run until there are 2 CTAs per SM measured
   // best on the H200 (8 x 32K slots: 8 blocks per CTA, 14.1 us, against 16.2 us at 2 blocks).
@@ -552,9 +705,9 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
              2ll * sms)
     blocks_per_cta /= 2;
   switch (group_for(p.rows)) {
-    case 1: return launch<1>(p, blocks_per_cta, stream);
-    case 2: return launch<2>(p, blocks_per_cta, stream);
-    default: return launch<4>(p, blocks_per_cta, stream);
+    case 1: return launch<1>(p, blocks_per_cta, keys, stream);
+    case 2: return launch<2>(p, blocks_per_cta, keys, stream);
+    default: return launch<4>(p, blocks_per_cta, keys, stream);
   }
 }
 
