@@ -15,6 +15,8 @@
 // k-steps accumulated in the tensor core: about 1.4e-4 of the row norm from exact on random
 // data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so
 // the weighted ReLU sum over heads needs two shuffles and no shared memory.
+#include <algorithm>
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp8.h>
@@ -29,7 +31,8 @@ constexpr int kStages = 4;                          // pages in flight per CTA
 constexpr int kPageKeyBytes = kBlockSize * kHeadDim;  // 8 KB of fp8 keys, then 64 fp32 scales
 constexpr int kQBytes = kHeads * kHeadDim;          // one MTP row's q: 8 KB
 constexpr int kKSteps = kHeadDim / 32;              // 32 fp8 dims per MMA k-step
-constexpr int kMaxBlocksPerCta = 16;
+constexpr int kMaxBlocksPerCta = 64;
+static_assert(kMaxBlocksPerCta <= kThreads, "one lookup per thread");
 // A page's 512 16-byte chunks: thread t copies chunks t + 128 u (u = 0..3), i.e. rows
 // t / 8 + 16 u, all with the same swizzle (16 u is a multiple of 8): offsets + 2048 u.
 constexpr int kChunksPerThread = kPageKeyBytes / 16 / kThreads;
@@ -518,11 +521,25 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
 }
 
 template <int G>
-cudaError_t launch(const LogitsParams& p, int blocks_per_cta, const CUtensorMap& keys,
-                   cudaStream_t stream) {
+cudaError_t launch(const LogitsParams& p, int sms, const CUtensorMap& keys, cudaStream_t stream) {
   const int smem = Smem{(p.rows + G - 1) / G * G}.bytes();
   cudaError_t err = allow_dynamic_smem(logits_kernel<G>, smem);
   if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, logits_kernel<G>, kThreads, smem);
+  if (err != cudaSuccess) return err;
+  // Blocks per CTA: when the whole grid fits in one wave with runs of at most 64 blocks, the
+  // shortest such run, so that every CTA starts at once with even work; else runs of 16 (many
+  // waves, a small tail). H200, dense, next_n 1 / 2, us: 32 x 32K slots 46.9 / 54.9 with runs of
+  // 16 (1.6 and 1.9 waves), 42.1 / 52.4 with 32 (one wave); 96 x 32K 114.3 with 16 (4.7
+  // waves), 130.4 with 32; 96 x 128K 457.4 with 16, 468.8 with 64.
+  const int64_t resident = static_cast<int64_t>(max(per_sm, 1)) * sms;
+  int blocks_per_cta = 16;
+  if (p.batch <= resident) {
+    const int64_t ctas_per_request = resident / p.batch;
+    const int64_t run = std::max<int64_t>(2, (p.m_cap + ctas_per_request - 1) / ctas_per_request);
+    if (run <= kMaxBlocksPerCta) blocks_per_cta = static_cast<int>(run);
+  }
   dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
   logits_kernel<G><<<grid, kThreads, smem, stream>>>(p, blocks_per_cta, keys);
   return cudaGetLastError();
@@ -696,18 +713,10 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   CUtensorMap keys;
   cudaError_t err = keys_tensor_map(p, major, &keys);
   if (err != cudaSuccess) return err;
-  // Long runs of pages per CTA amortize its q load and pipeline start; short ones keep every
-  // SM busy when there are few blocks. Halving the run until there are 2 CTAs per SM measured
-  // best on the H200 (8 x 32K slots: 8 blocks per CTA, 14.1 us, against 16.2 us at 2 blocks).
-  int blocks_per_cta = kMaxBlocksPerCta;
-  while (blocks_per_cta > 2 &&
-         static_cast<int64_t>(p.batch) * ((p.m_cap + blocks_per_cta - 1) / blocks_per_cta) <
-             2ll * sms)
-    blocks_per_cta /= 2;
   switch (group_for(p.rows)) {
-    case 1: return launch<1>(p, blocks_per_cta, keys, stream);
-    case 2: return launch<2>(p, blocks_per_cta, keys, stream);
-    default: return launch<4>(p, blocks_per_cta, keys, stream);
+    case 1: return launch<1>(p, sms, keys, stream);
+    case 2: return launch<2>(p, sms, keys, stream);
+    default: return launch<4>(p, sms, keys, stream);
   }
 }
 
