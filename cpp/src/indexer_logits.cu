@@ -7,8 +7,8 @@
 // cores read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page
 // with the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread
 // cp.asyncs its chunks. A stage is refilled as soon as the MMA has read it, so no block-wide
-// barrier runs per page. Each page is read once for all MTP rows. The MTP rows go through the tensor
-// cores in groups of G = 1, 2 or 4 (the rows of a group side by side as the N dimension, as
+// barrier runs per page. Each page is read once for all MTP rows. The MTP rows go through the
+// tensor cores in groups of G = 1, 2 or 4 (the rows of a group side by side as the N dimension, as
 // DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot, (row, head)] =
 // k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is read from
 // shared memory once per group. On sm_90a with wgmma (FP8 e4m3, m64n{64,128,256}k32, the four
@@ -514,7 +514,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
                     issue(i + kStages);
                   },
                   [&](int r, float z) {
-                    const int ctx = G <= 2 ? ctx_reg[G <= 2 ? r : 0] : ctx_s[r];
+                    int ctx;
+                    if constexpr (G <= 2) ctx = ctx_reg[r];
+                    else ctx = ctx_s[r];
                     out_c[r * width] = slot < ctx ? z : -CUDART_INF_F;
                   });
   }
