@@ -202,14 +202,20 @@ __device__ __forceinline__ int lower_rank(const uint32_t* sorted, int B, uint32_
   return first;
 }
 
+// Keys in a bitonic sort of n: the power of two >= n (at least 2).
+__host__ __device__ inline int sort_capacity(int n) {
+  int capacity = 2;
+  while (capacity < n) capacity <<= 1;
+  return capacity;
+}
+
 // The hybrid in place of score[] (SPIN's pooled V/D prediction): max of the rank shares of
 // score and of given[0, width) (-inf past width) over blocks j < B, as reference.hybrid_scores.
 __device__ void merge_by_rank(float* score, const float* given, int width, int B,
                               uint32_t* sorted_s, uint32_t* sorted_p) {
   auto given_at = [&](int j) { return j < width ? given[j] : -CUDART_INF_F; };
   auto key_of = [](float x) { return ordered_key(x != x ? -CUDART_INF_F : x); };  // NaN as -inf
-  int P = 2;
-  while (P < B) P <<= 1;
+  const int P = sort_capacity(B);
   __syncthreads();
   for (int i = threadIdx.x; i < P; i += kThreads) {  // padding sorts after every score
     sorted_s[i] = i < B ? key_of(score[i]) : 0xFFFFFFFFu;
@@ -236,9 +242,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   uint32_t* sorted_s = reinterpret_cast<uint32_t*>(
       smem + static_cast<size_t>(p.max_blocks) * 4 +
       (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
-  int sort_capacity = 2;
-  while (sort_capacity < p.max_blocks) sort_capacity <<= 1;
-  uint32_t* sorted_p = sorted_s + sort_capacity;
+  uint32_t* sorted_p = sorted_s + sort_capacity(p.max_blocks);
   __shared__ float fscratch[kThreads / 32];
   __shared__ int hist[256];
   __shared__ int bcast[2];
@@ -415,9 +419,7 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
     return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
   if (p.block_scores != nullptr) {  // merge_history: two sort buffers of a power of two
     if (p.max_blocks > kMaxHybridBlocks) return cudaErrorInvalidValue;
-    size_t capacity = 2;
-    while (capacity < static_cast<size_t>(p.max_blocks)) capacity <<= 1;
-    smem = (smem + 3) / 4 * 4 + capacity * 2 * 4;
+    smem = (smem + 3) / 4 * 4 + static_cast<size_t>(sort_capacity(p.max_blocks)) * 2 * 4;
   }
   if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
     return launch_select_as<true, 8>(p, smem, stream);
