@@ -531,16 +531,21 @@ cudaError_t launch(const LogitsParams& p, int sms, const CUtensorMap& keys, cuda
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, logits_kernel<G>, kThreads, smem);
   if (err != cudaSuccess) return err;
   // Blocks per CTA: when the whole grid fits in one wave with runs of at most 64 blocks, the
-  // shortest such run, so that every CTA starts at once with even work; else runs of 16 (many
-  // waves, a small tail). H200, dense, next_n 1 / 2, us: 32 x 32K slots 46.9 / 54.9 with runs of
-  // 16 (1.6 and 1.9 waves), 42.1 / 52.4 with 32 (one wave); 96 x 32K 114.3 with 16 (4.7
-  // waves), 130.4 with 32; 96 x 128K 457.4 with 16, 468.8 with 64.
+  // shortest power of two that does, so that every CTA starts at once with even work; else runs
+  // of 16 (many waves, a small tail). H200, dense, us, next_n 1 / 2, run sweep of one build
+  // (benchmarks/results_logits_run_sweep.json): 8 x 32K slots 14.7 / 19.2 with 8 (the rule's
+  // pick), 15.8 / 19.9 with 16; 32 x 32K and 8 x 128K 42.1 / 52.4 and 41.6 / 52.6 with 32 (the
+  // pick), 46.9 / 54.9 and 49.3 / 54.8 with 16; 96 x 32K 114.3 with 16 (4.7 waves), 130.4 with
+  // 32; 96 x 128K 457.4 with 16, 468.8 with 64. The rule's first version took the shortest run
+  // that fits (7, 26 and 25 at those three shapes: 15.3, 42.8 and 42.4 us next_n 1, another run).
   const int64_t resident = static_cast<int64_t>(max(per_sm, 1)) * sms;
   int blocks_per_cta = 16;
   if (p.batch <= resident) {
     const int64_t ctas_per_request = resident / p.batch;
-    const int64_t run = std::max<int64_t>(2, (p.m_cap + ctas_per_request - 1) / ctas_per_request);
-    if (run <= kMaxBlocksPerCta) blocks_per_cta = static_cast<int>(run);
+    const int64_t needed = (p.m_cap + ctas_per_request - 1) / ctas_per_request;
+    int run = 2;
+    while (run < needed && run < kMaxBlocksPerCta) run <<= 1;
+    if (run >= needed) blocks_per_cta = run;
   }
   dim3 grid((p.m_cap + blocks_per_cta - 1) / blocks_per_cta, p.batch);
   logits_kernel<G><<<grid, kThreads, smem, stream>>>(p, blocks_per_cta, keys);
