@@ -33,8 +33,8 @@ constexpr int kQBytes = kHeads * kHeadDim;          // one MTP row's q: 8 KB
 constexpr int kKSteps = kHeadDim / 32;              // 32 fp8 dims per MMA k-step
 constexpr int kMaxBlocksPerCta = 64;
 static_assert(kMaxBlocksPerCta <= kThreads, "one lookup per thread");
-// A page's 512 16-byte chunks: thread t copies chunks t + 128 u (u = 0..3), i.e. rows
-// t / 8 + 16 u, all with the same swizzle (16 u is a multiple of 8): offsets + 2048 u.
+// On sm_89 the threads copy a page's 512 16-byte chunks: thread t takes chunks t + 128 u
+// (u = 0..3), rows t / 8 + 16 u, all with the same swizzle (16 u is a multiple of 8): + 2048 u.
 constexpr int kChunksPerThread = kPageKeyBytes / 16 / kThreads;
 static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 == 0, "page split");
 
