@@ -699,6 +699,37 @@ def test_gpu_logits_negative_zero_and_infinite_scales(R):
 
 
 @gpu
+@pytest.mark.parametrize("R", [1, 2, 3])
+def test_gpu_logits_long_runs_refill_every_stage(R):
+    """Enough blocks that each CTA scores a long run of pages (16 on an H200 at this size: more
+    than twice the pipeline's stages), so every stage is refilled several times and its barriers
+    go through both parities; pages outside the cache sit inside runs, and one request's
+    selection ends mid-run."""
+    gen = torch.Generator().manual_seed(31)
+    B, blocks = 2, 2900
+    num_pages = B * blocks + 5
+    cache = make_cache(num_pages, gen)
+    table = torch.randperm(num_pages, generator=gen)[:B * blocks].view(B, blocks).to(torch.int32)
+    table[0, 5], table[0, 21], table[1, 100] = -1, num_pages + 3, -7   # never read: -inf
+    n = torch.tensor([[blocks * 64 - R + 1 + r for r in range(R)]] * B, dtype=torch.int32)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen) * 0.1
+    ids = torch.full((B, blocks), -1, dtype=torch.int32)
+    ids[0] = torch.arange(blocks, dtype=torch.int32)
+    subset = torch.randperm(blocks, generator=gen)[:2011].sort().values.to(torch.int32)
+    ids[1, :2011] = subset
+    cnt = torch.tensor([blocks, 2011], dtype=torch.int32)
+    outs = [ops.indexer_logits(*(t.to(dev) for t in (q, cache, w, n, table, ids, cnt))).cpu()
+            for dev in ("cpu", "cuda")]
+    assert torch.equal(torch.isinf(outs[0]), torch.isinf(outs[1]))
+    assert (outs[1][0:R, 5 * 64:6 * 64] == float("-inf")).all()
+    assert (outs[1][R:2 * R, 2011 * 64:] == float("-inf")).all()
+    fin = torch.isfinite(outs[0])
+    assert fin.sum() > R * 4800 * 64          # both requests, all but a few blocks
+    assert (outs[1][fin] - outs[0][fin]).norm() / outs[0][fin].norm() < 5e-4
+
+
+@gpu
 def test_gpu_update_with_accepted_past_the_rows_replays_every_row():
     # accepted = 2^31 - 1 must mean "all rows", not overflow to none
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5)

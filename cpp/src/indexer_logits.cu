@@ -41,6 +41,8 @@ static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 
 // Rows per MMA group: all of them up to 2, else groups of 4 (rows 3, 5..8 pad the last group
 // with zero q rows, computed and dropped).
 __host__ __device__ constexpr int group_for(int rows) { return rows <= 2 ? rows : 4; }
+// The kernels with one group (G <= 2) take G == rows: their rows' weights stay in registers.
+static_assert(group_for(1) == 1 && group_for(2) == 2, "G <= 2 must mean G == rows");
 
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
 // q (row r at r * kQBytes) holds q_rows = rows rounded up to the group.
@@ -671,6 +673,7 @@ cudaError_t keys_tensor_map(const LogitsParams& p, int major, CUtensorMap* map) 
   *map = CUtensorMap{};
   if (major < 9 || p.num_pages <= 0) return cudaSuccess;
   if (p.num_pages > (int64_t{1} << 32)) return cudaErrorInvalidValue;  // the copy engine's limit
+  // looked up once per process (a driver without it fails every launch on sm_90 alike)
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
