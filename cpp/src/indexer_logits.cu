@@ -16,6 +16,7 @@
 // data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so
 // the weighted ReLU sum over heads needs two shuffles and no shared memory.
 #include <algorithm>
+#include <atomic>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -43,6 +44,11 @@ static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 
 __host__ __device__ constexpr int group_for(int rows) { return rows <= 2 ? rows : 4; }
 // The kernels with one group (G <= 2) take G == rows: their rows' weights stay in registers.
 static_assert(group_for(1) == 1 && group_for(2) == 2, "G <= 2 must mean G == rows");
+// Page i (>= 0) of a CTA's run goes through stage i % kStages; its barriers' phase parity.
+__device__ __forceinline__ int stage_of(int i) { return static_cast<unsigned>(i) % kStages; }
+__device__ __forceinline__ uint32_t parity_of(int i) {
+  return (static_cast<unsigned>(i) / kStages) & 1;
+}
 
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
 // q (row r at r * kQBytes) holds q_rows = rows rounded up to the group.
@@ -431,33 +437,30 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   // Page i into its stage once every warp has read page i - kStages there.
   auto issue = [&](int i) {
     if (i >= run) return;
-    const int stage = static_cast<unsigned>(i) % kStages;
-    const uint32_t full = full0 + 8 * stage;
-    const int page = page_s[i];
 #if __CUDA_ARCH__ >= 900
-    if (threadIdx.x != 0) return;
-    if (i >= kStages) mbar_wait(empty0 + 8 * stage, ((static_cast<unsigned>(i) / kStages) & 1) ^ 1);
+    if (threadIdx.x != 0) return;  // one thread drives the copy engine
+#endif
+    const int stage = stage_of(i);
+    const uint32_t full = full0 + 8 * stage;
+    if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of(i) ^ 1);
+    const int page = page_s[i];
     if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
       mbar_arrive(full);
       return;
     }
     const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
+#if __CUDA_ARCH__ >= 900
     mbar_expect_tx(full, kPageKeyBytes + kBlockSize * 4);
     tma_load_keys(base + lay.page(stage), &keys, page, full);
     bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
 #else
-    if (i >= kStages) mbar_wait(empty0 + 8 * stage, ((static_cast<unsigned>(i) / kStages) & 1) ^ 1);
-    if (page < 0) {
-      mbar_arrive(full);
-      return;
-    }
-    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes +
-                         threadIdx.x * 16;
     const uint32_t dst = base + lay.page(stage) + swizzled(threadIdx.x / 8, threadIdx.x % 8);
 #pragma unroll
-    for (int u = 0; u < kChunksPerThread; ++u) cp_async16(dst + u * 2048, src + u * 2048);
+    for (int u = 0; u < kChunksPerThread; ++u)
+      cp_async16(dst + u * 2048, src + threadIdx.x * 16 + u * 2048);
     if (threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys
-      cp_async16(base + lay.scales(stage) + threadIdx.x * 16, src + kPageKeyBytes);
+      cp_async16(base + lay.scales(stage) + threadIdx.x * 16,
+                 src + kPageKeyBytes + threadIdx.x * 16);
     cp_async_arrive(full);
 #endif
   };
@@ -484,15 +487,16 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   const int s_mine = t == 0 ? s_lo : s_hi;  // the slot whose z this lane stores (t < 2)
   float* const out_b = p.out + static_cast<int64_t>(b) * p.rows * width + s_mine;
   // With one MMA group (rows <= 2) the rows' weights and lengths stay in registers.
-  constexpr int kRegRows = G <= 2 ? G : 1;
-  float2 w_reg[kRegRows][kHeads / 8];
-  int ctx_reg[kRegRows];
+  float2 w_reg[G][kHeads / 8];
+  int ctx_reg[G];
+  if constexpr (G <= 2) {
 #pragma unroll
-  for (int j = 0; j < kRegRows; ++j) {
-    const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(j)) + t;
+    for (int j = 0; j < G; ++j) {
+      const float2* w = reinterpret_cast<const float2*>(smem + lay.weights(j)) + t;
 #pragma unroll
-    for (int nt = 0; nt < kHeads / 8; ++nt) w_reg[j][nt] = w[nt * 4];
-    ctx_reg[j] = ctx_s[j];
+      for (int nt = 0; nt < kHeads / 8; ++nt) w_reg[j][nt] = w[nt * 4];
+      ctx_reg[j] = ctx_s[j];
+    }
   }
   auto weight = [&](int r, int j, int nt) {
     if constexpr (G <= 2) return w_reg[j][nt];
@@ -500,8 +504,8 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   };
   Acc<G> acc;
   for (int i = 0; i < run; ++i) {
-    const int c = c_begin + i, stage = static_cast<unsigned>(i) % kStages;
-    mbar_wait(full0 + 8 * stage, (static_cast<unsigned>(i) / kStages) & 1);
+    const int c = c_begin + i, stage = stage_of(i);
+    mbar_wait(full0 + 8 * stage, parity_of(i));
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
     const bool factored =
@@ -524,13 +528,29 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   }
 }
 
+// CTAs of logits_kernel<G> per SM with q_rows rows of q in shared memory: a property of the
+// kernel and the device, asked once per (device, q_rows) instead of at every launch.
 template <int G>
-cudaError_t launch(const LogitsParams& p, int sms, const CUtensorMap& keys, cudaStream_t stream) {
-  const int smem = Smem{(p.rows + G - 1) / G * G}.bytes();
+cudaError_t ctas_per_sm(int device, int q_rows, int smem, int* out) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cached[kCachedDevices][kMaxRows + 1] = {};
+  std::atomic<int>* slot = device < kCachedDevices ? &cached[device][q_rows] : nullptr;
+  if (slot != nullptr && (*out = slot->load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, logits_kernel<G>, kThreads, smem);
+  if (err == cudaSuccess && slot != nullptr) slot->store(*out, std::memory_order_relaxed);
+  return err;
+}
+
+template <int G>
+cudaError_t launch(const LogitsParams& p, int device, int sms, const CUtensorMap& keys,
+                   cudaStream_t stream) {
+  const int q_rows = (p.rows + G - 1) / G * G;
+  const int smem = Smem{q_rows}.bytes();
   cudaError_t err = allow_dynamic_smem(logits_kernel<G>, smem);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, logits_kernel<G>, kThreads, smem);
+  err = ctas_per_sm<G>(device, q_rows, smem, &per_sm);
   if (err != cudaSuccess) return err;
   // Blocks per CTA: when the whole grid fits in one wave with runs of at most 64 blocks, the
   // shortest power of two that does, so that every CTA starts at once with even work; else runs
@@ -724,9 +744,9 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream) {
   cudaError_t err = keys_tensor_map(p, major, &keys);
   if (err != cudaSuccess) return err;
   switch (group_for(p.rows)) {
-    case 1: return launch<1>(p, sms, keys, stream);
-    case 2: return launch<2>(p, sms, keys, stream);
-    default: return launch<4>(p, sms, keys, stream);
+    case 1: return launch<1>(p, device, sms, keys, stream);
+    case 2: return launch<2>(p, device, sms, keys, stream);
+    default: return launch<4>(p, device, sms, keys, stream);
   }
 }
 
