@@ -6,8 +6,9 @@
 // through a kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor
 // cores read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page
 // with the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread
-// cp.asyncs its chunks. A stage is refilled as soon as the MMA has read it, so no block-wide
-// barrier runs per page. Each page is read once for all MTP rows. The MTP rows go through the
+// cp.asyncs its chunks. Once every warp's MMA has read a page, its stage is refilled while the
+// next page's MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup
+// back at every MMA), and no block-wide barrier runs per page. Each page is read once for all MTP rows. The MTP rows go through the
 // tensor cores in groups of G = 1, 2 or 4 (the rows of a group side by side as the N dimension, as
 // DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot, (row, head)] =
 // k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is read from
@@ -190,15 +191,18 @@ __device__ __forceinline__ void fence_acc(Acc<G>& acc) {
   for (int i = 0; i < 32 * G; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// S for one page against the G q rows at q (one tile of 64 G rows), complete on return.
-template <int G>
-__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q) {
+// S for one page against the G q rows at q (one tile of 64 G rows), complete on return;
+// in_flight() runs while the tensor cores work (it must not touch acc).
+template <int G, typename InFlight>
+__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q,
+                                            InFlight in_flight) {
   fence_acc<G>(acc);
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)  // the first k-step overwrites, the others accumulate
     wgmma_fp8<64 * G>(acc, smem_desc(page) + ks * 2, smem_desc(q) + ks * 2, ks > 0);  // +32 B
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  in_flight();
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   fence_acc<G>(acc);
 }
@@ -221,8 +225,10 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 
 // Same product from the same swizzled tiles with mma.sync: the warp's 16 slots are A, the
 // 8-head groups of each row are B (a 32-bit fragment word is 4 consecutive dims of one chunk).
-template <int G>
-__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q) {
+template <int G, typename InFlight>
+__device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q,
+                                            InFlight in_flight) {
+  in_flight();  // nothing runs asynchronously here: first, like the wgmma path's issue order
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
@@ -303,16 +309,17 @@ __device__ __forceinline__ void load_queries(const uint8_t* q, const float* weig
 
 // Every row's z for the 64-row tile at `tile`: the rows in MMA groups of G (G <= 2: one group of
 // exactly `rows`), then store(r, z) on the lanes with t < 2 (z of slot s_lo for t == 0, s_hi for
-// t == 1). w(r, j, nt) gives row r's head weights (j = r % G); tile_read() runs once the
-// last MMA has read the tile.
-template <int G, typename W, typename TileRead, typename Store>
+// t == 1). w(r, j, nt) gives row r's head weights (j = r % G); in_flight() runs during the
+// first group's MMA, tile_read() once the last MMA has read the tile.
+template <int G, typename W, typename InFlight, typename TileRead, typename Store>
 __device__ __forceinline__ void score_tile(Acc<G>& acc, uint32_t tile, uint32_t q_base, int rows,
                                            float sc_lo, float sc_hi, bool factored, W w,
-                                           TileRead tile_read, Store store) {
+                                           InFlight in_flight, TileRead tile_read, Store store) {
   const int t = threadIdx.x & 3;
   const int groups = G <= 2 ? 1 : (rows + G - 1) / G;
   for (int group = 0; group < groups; ++group) {
-    page_scores<G>(acc, tile, q_base + group * G * kQBytes);
+    if (group == 0) page_scores<G>(acc, tile, q_base, in_flight);
+    else page_scores<G>(acc, tile, q_base + group * G * kQBytes, [] {});
     if (group == groups - 1) tile_read();
 #pragma unroll
     for (int j = 0; j < G; ++j) {
@@ -465,12 +472,13 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
 #endif
   };
 
-  // the first pages, then q and weights of every row (zero padding rows included), complete
-  // and visible to the tensor cores before the first MMA
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) issue(i);
+  // q and weights of every row (zero padding rows included), then the first pages: q is asked
+  // for first, as the first MMA needs it and page 0 alike. Both complete and visible to the
+  // tensor cores before the first MMA.
   load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
   cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) issue(i);
   cp_async_wait<0>();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -514,10 +522,14 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     const int slot = page_s[i] >= 0 ? block_s[i] * kBlockSize + s_mine : INT_MAX;
     float* const out_c = out_b + c * kBlockSize;
     score_tile<G>(acc, base + lay.page(stage), base, p.rows, sc_lo, sc_hi, factored, weight,
-                  [&] {  // the stage is free: refill it kStages pages on
+                  [&] {  // under this page's MMA (off the warpgroup's path): the previous
+                         // page's stage, which every warp has read, takes page i - 1 + kStages
+                    if (i > 0) issue(i - 1 + kStages);
+                    __syncwarp();  // converged again for the warpgroup's wait
+                  },
+                  [&] {  // this page's stage is read
                     __syncwarp();
                     if (lane == 0) mbar_arrive(empty0 + 8 * stage);
-                    issue(i + kStages);
                   },
                   [&](int r, float z) {
                     int ctx;
@@ -666,7 +678,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
   auto weight = [&](int r, int, int nt) {
     return reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4)[t + nt * 4];
   };
-  score_tile<G>(acc, base + tile, base, p.rows, sc_lo, sc_hi, factored, weight, [] {},
+  score_tile<G>(acc, base + tile, base, p.rows, sc_lo, sc_hi, factored, weight, [] {}, [] {},
                 [&](int r, float z) {
                   if (j >= p.num_blocks) return;
                   const bool visible =
