@@ -408,6 +408,10 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     }
     return;
   }
+  // q and weights of every row (zero padding rows included) first: their latency then overlaps
+  // the dependent loads of the page lookups below
+  load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
+  cp_async_commit();
 
   // block id and page of each of this CTA's selected blocks, looked up once; rows' lengths;
   // per stage a "full" barrier (the page has landed) and an "empty" one (every warp has read it)
@@ -472,11 +476,7 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
 #endif
   };
 
-  // q and weights of every row (zero padding rows included), then the first pages: q is asked
-  // for first, as the first MMA needs it and page 0 alike. Both complete and visible to the
-  // tensor cores before the first MMA.
-  load_queries(p.q, p.weights, b, p.rows, lay.q_rows, base, smem, lay.weights(0));
-  cp_async_commit();
+  // the first pages; they and q complete and visible to the tensor cores before the first MMA
 #pragma unroll
   for (int i = 0; i < kStages; ++i) issue(i);
   cp_async_wait<0>();
