@@ -729,6 +729,45 @@ def test_gpu_logits_long_runs_refill_every_stage(R):
     assert (outs[1][fin] - outs[0][fin]).norm() / outs[0][fin].norm() < 5e-4
 
 
+def _many_requests(B, blocks, R, seed, min_count):
+    """B requests of `blocks` selected-block slots each: random counts in [min_count, blocks]
+    with every fifth request selecting nothing, random block ids and pages, some pages outside
+    the cache, ragged context lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = B * blocks + 7
+    cache = make_cache(num_pages, gen)
+    table = torch.randperm(num_pages, generator=gen)[:B * blocks].view(B, blocks).to(torch.int32)
+    table[3, 1], table[B // 2, blocks - 1], table[B - 1, 0] = -1, num_pages + 2, -9
+    ids = torch.stack([torch.randperm(blocks, generator=gen) for _ in range(B)]).to(torch.int32)
+    cnt = torch.randint(min_count, blocks + 1, (B,), generator=gen).to(torch.int32)
+    cnt[::5] = 0
+    n = torch.randint(1, blocks * 64 + 1, (B, 1), generator=gen) - torch.arange(R).flip(0)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen) * 0.1
+    return q, cache, w, n.clamp(min=1).to(torch.int32), table, ids, cnt
+
+
+@gpu
+@pytest.mark.parametrize("B,blocks,min_count", [(700, 6, 0), (600, 100, 60)])
+@pytest.mark.parametrize("R", [1, 2, 3])
+def test_gpu_logits_many_requests_match_reference(B, blocks, min_count, R):
+    """Shapes whose runs do not fit one wave (on an H200: more requests than resident CTAs, or
+    more than 64 blocks a CTA): many waves of CTAs, requests that select nothing, ragged
+    contexts, pages outside the cache. Reference: the float64 torch implementation, on the GPU
+    for speed."""
+    args = [t.cuda() for t in _many_requests(B, blocks, R, B + blocks + R, min_count)]
+    want = ref.masked_indexer_logits(*args, dtype=torch.float64, chunk=8).float().cpu()
+    got = ops.indexer_logits(*args).cpu()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert not torch.isnan(got).any()
+    cnt = args[-1].cpu()
+    for b in (0, 1, B - 1):                       # past the selection: -inf (request 0: all)
+        assert (got[b * R:(b + 1) * R, int(cnt[b]) * 64:] == float("-inf")).all()
+    fin = torch.isfinite(want)
+    assert fin.sum() > B * R * blocks * 64 // 8
+    assert (got[fin] - want[fin]).norm() / want[fin].norm() < 5e-4
+
+
 @gpu
 def test_gpu_update_with_accepted_past_the_rows_replays_every_row():
     # accepted = 2^31 - 1 must mean "all rows", not overflow to none
