@@ -676,8 +676,9 @@ class Engine:
         # realized sparsity counts what was skipped: all-keep steps skip nothing
         visible = (ctx.max(1).values + ref.PAGE_SLOTS - 1) // ref.PAGE_SLOTS
         stats.visible_blocks = int(visible.sum()) * len(cfg.csa_layers)
-        stats.selected_blocks = int(self.indexer.counts[:B].sum()) if stats.spin \
-            else stats.visible_blocks
+        # summed on the device now (stream order keeps this step's counts) and read after the
+        # step's final sync: no wait for the GPU before verification
+        selected = self.indexer.counts[:B].sum() if stats.spin else None
         # verify the drafts against the target rows
         accepted = []
         emitted = []
@@ -727,6 +728,7 @@ class Engine:
                 redraft.append(live)                 # a new turn drafted in its prefill
         self._draft(redraft)
         self._sync()
+        stats.selected_blocks = int(selected) if selected is not None else stats.visible_blocks
         stats.seconds = time.perf_counter() - t0
         for a, b, what in stats._events:
             setattr(stats, what, getattr(stats, what) + a.elapsed_time(b) / 1e3)
