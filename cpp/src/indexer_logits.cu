@@ -5,17 +5,17 @@
 // A CTA (one warpgroup, 4 warps) takes a run of selected blocks of one request. Pages stream
 // through a kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor
 // cores read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page
-// with the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread
-// cp.asyncs its chunks. Once every warp's MMA has read a page, its stage is refilled while the
-// next page's MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup
-// back at every MMA), and no block-wide barrier runs per page. Each page is read once for all
-// MTP rows. The MTP rows go through the tensor cores in groups of G = 1, 2 or 4 (the rows of a
-// group side by side as the N dimension, as DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot, (row, head)] =
-// k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is read from
-// shared memory once per group. On sm_90a with wgmma (FP8 e4m3, m64n{64,128,256}k32, the four
-// k-steps accumulated in the tensor core: about 1.4e-4 of the row norm from exact on random
-// data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so
-// the weighted ReLU sum over heads needs two shuffles and no shared memory.
+// with the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread cp.asyncs
+// its chunks. Once every warp's MMA has read a page, its stage is refilled while the next page's
+// MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup back at every
+// MMA), and no block-wide barrier runs per page. Each page is read once for all MTP rows. The MTP
+// rows go through the tensor cores in groups of G = 1, 2 or 4 (the rows of a group side by side as
+// the N dimension, as DeepGEMM's MQA logits do with next_n x heads): per (page, group) S[slot,
+// (row, head)] = k_slot . q_(row, head) with M = 64 slots, N = 64 G, K = 128 dims, so the page is
+// read from shared memory once per group. On sm_90a with wgmma (FP8 e4m3, m64n{64,128,256}k32, the
+// four k-steps accumulated in the tensor core: about 1.4e-4 of the row norm from exact on random
+// data), elsewhere with mma.sync m16n8k32 summed in fp32. A warp owns 16 slots x all heads, so the
+// weighted ReLU sum over heads needs two shuffles and no shared memory.
 #include <algorithm>
 #include <atomic>
 
