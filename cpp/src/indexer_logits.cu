@@ -510,6 +510,10 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
     if constexpr (G <= 2) return w_reg[j][nt];
     return reinterpret_cast<const float2*>(smem + lay.weights(r))[t + nt * 4];
   };
+  auto row_len = [&](int r) {
+    if constexpr (G <= 2) return ctx_reg[r];
+    return ctx_s[r];
+  };
   Acc<G> acc;
   for (int i = 0; i < run; ++i) {
     const int c = c_begin + i, stage = stage_of(i);
@@ -532,10 +536,7 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
                     if (lane == 0) mbar_arrive(empty0 + 8 * stage);
                   },
                   [&](int r, float z) {
-                    int ctx;
-                    if constexpr (G <= 2) ctx = ctx_reg[r];
-                    else ctx = ctx_s[r];
-                    out_c[r * width] = slot < ctx ? z : -CUDART_INF_F;
+                    out_c[r * width] = slot < row_len(r) ? z : -CUDART_INF_F;
                   });
   }
 }
