@@ -316,9 +316,10 @@ class SpinIndexer:
         B = self.batch
         if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
             raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
-        for layer in range(self.pool.num_layers):
-            self._update(layer, self.logits[layer, :B * self.next_n], self.ran_counts[:B, layer],
-                         accepted)
+        # every layer in one launch: one op call's host cost instead of one per layer
+        ops.update(self.pool.state, self.slot[:B], self.logits[:, :B * self.next_n],
+                   self.block_ids[:B], self.ran_counts[:B], self.context_lens[:B],
+                   self.query_pos[:B], accepted, self.step[:B], -1, self.cfg, self._max_len())
 
     def _update(self, layer: int, logits: torch.Tensor, counts: torch.Tensor,
                 accepted: torch.Tensor) -> None:

@@ -30,7 +30,9 @@ Contracts (DESIGN.md):
   [B, R]: compact positions at or past a row's length take no part (logits from a dense
   kernel on a compacted table, which leaves those columns unspecified).
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
-  negative accepted count means 0); a non-finite score is not observed. A request's block ids
+  negative accepted count means 0); a non-finite score is not observed. layer -1: every layer
+  in one launch (MTP's deferred updates), from logits [L, B*R, W] (layers a multiple of 4
+  floats apart), block_ids [B, L, m_cap] and counts [B, L] as select writes them. A request's block ids
   must be distinct, as select's are (on CUDA a repeated id races on its V/D entries). reset zeroes state
   slots and restarts their warm-up.
 - compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
@@ -323,6 +325,12 @@ def _topk_ref(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
 def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
                 context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
                 max_context_len) -> None:
+    if layer < 0:  # every layer, one after the other
+        for l in range(V.shape[1]):
+            _update_ref(V, D, last_seen, decode_steps, state_slot, logits[l], block_ids[:, l],
+                        counts[:, l], context_lens, query_pos, accepted, step, l, ema_decay,
+                        row0_only, max_context_len)
+        return
     B, R = context_lens.shape
     if B == 0:
         return
@@ -535,14 +543,27 @@ def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_id
     op = "update"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
-    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=False)
-    _check_logits(op, logits, dev, B * R, m_cap)
+    every_layer = layer == -1
+    if not (every_layer or 0 <= layer < V.shape[1]):
+        _fail(op, f"layer {layer} is outside [0, {V.shape[1]}) (or -1: every layer)")
+    m_cap = _check_selection(op, dev, block_ids, counts, B, layered=every_layer)
+    if every_layer:
+        L = V.shape[1]
+        _tensor(op, "logits", logits, (torch.float32,), 3, dev, inner_contiguous=True)
+        if logits.shape[0] != L or block_ids.shape[1] != L:
+            _fail(op, f"layer -1 (every layer) needs logits [{L}, B*R, W] and block_ids "
+                      f"[B, {L}, m_cap] for the state's {L} layers, got logits "
+                      f"{list(logits.shape)} and block_ids {list(block_ids.shape)}")
+        if L > 1 and logits.stride(0) % 4:
+            _fail(op, f"logits layers must be a multiple of 4 floats apart (16-byte aligned "
+                      f"layers), got layer stride {logits.stride(0)}")
+        _check_logits(op, logits[0], dev, B * R, m_cap)
+    else:
+        _check_logits(op, logits, dev, B * R, m_cap)
     _tensor(op, "accepted", accepted, I32, 1, dev, contiguous=True)
     _shape(op, "accepted", accepted, (B,))
     _tensor(op, "step", step, I64, 1, dev, contiguous=True)
     _shape(op, "step", step, (B,))
-    if not 0 <= layer < V.shape[1]:
-        _fail(op, f"layer {layer} is outside [0, {V.shape[1]})")
     if not 0.0 <= ema_decay < 1.0:
         _fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
     _check_max_context(op, max_context_len, V.shape[2])
@@ -828,6 +849,8 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
 
 def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
            accepted, step, layer: int, cfg: SpinConfig, max_context_len: int) -> None:
+    """layer -1: every layer in one launch (logits [L, B*R, W], block_ids [B, L, m_cap],
+    counts [B, L])."""
     torch.ops.spin.update(*state.tensors(), state_slot, logits, block_ids, counts, context_lens,
                           query_pos, accepted, step, layer, cfg.ema_decay,
                           cfg.mtp_update == "row0", max_context_len)

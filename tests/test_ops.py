@@ -252,6 +252,36 @@ def test_update_ignores_non_finite_scores():
     assert p.state.V[s, 0, 4] != before.V[s, 0, 4]
 
 
+def _every_layer_inputs(p, rows_spare=2, width_spare=128, seed=0):
+    """select's ids/counts and random compact logits [L, B*R, W] for every layer, cut from a
+    larger buffer as SpinIndexer keeps them (spare rows and columns: strided layers and rows),
+    with non-finite scores and one request that selected nothing in layer 0."""
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, p.cfg, p.m_cap,
+                          p.max_ctx)
+    cnt[0, 0] = 0
+    gen = torch.Generator().manual_seed(seed)
+    buf = torch.randn(p.L, p.B * p.R + rows_spare, p.m_cap * 64 + width_spare, generator=gen)
+    buf[:, 0, 3], buf[:, 1, 70], buf[:, -1, 9] = float("nan"), float("inf"), float("-inf")
+    return ids, cnt, buf.to(p.slot.device)[:, :p.B * p.R]
+
+
+def test_update_every_layer_equals_one_layer_at_a_time():
+    """layer -1 (MTP's deferred updates in one call) against one call per layer."""
+    for mtp_update in ("prefix_valid", "row0"):
+        cfg = SpinConfig(index_topk=128, target_sparsity=0.5, mtp_update=mtp_update)
+        p = Problem(B=3, R=3, L=3, lens=(500, 90, 1000), cfg=cfg)
+        p.accepted.copy_(torch.tensor([0, 2, -1], dtype=torch.int32))
+        ids, cnt, z = _every_layer_inputs(p)
+        want = p.clone_state()
+        for l in range(p.L):
+            ops.update(want, p.slot, z[l], ids[:, l], cnt[:, l], p.n, p.q, p.accepted, p.step, l,
+                       cfg, p.max_ctx)
+        before = p.clone_state()
+        ops.update(p.state, p.slot, z, ids, cnt, p.n, p.q, p.accepted, p.step, -1, cfg, p.max_ctx)
+        for a, b, old in zip(p.state.tensors(), want.tensors(), before.tensors()):
+            assert torch.equal(a, b) and not torch.equal(a, old)
+
+
 def test_reset_zeroes_chosen_slots_only():
     p = Problem(B=2, L=2)
     before = p.clone_state()
@@ -449,6 +479,28 @@ def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay, R, cap):
 
 
 @gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("R", [1, 4])
+def test_gpu_update_every_layer_matches_reference(state_dtype, R):
+    """One launch for every layer (grid z) against the reference one layer at a time: strided
+    layers and rows, accepted 0 / some / all / negative, a request with nothing selected."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype)
+    p_cpu, p_gpu = _gpu_problem(B=4, R=R, L=3, lens=(3000, 700, 64, 1500), seed=23, cfg=cfg)
+    for p in (p_cpu, p_gpu):
+        p.accepted.copy_(torch.tensor([0, R - 1, 2**31 - 1, -1], dtype=torch.int32))
+    ids, cnt, z = _every_layer_inputs(p_gpu, seed=5)
+    before = p_gpu.clone_state()
+    ops.update(p_gpu.state, p_gpu.slot, z, ids, cnt, p_gpu.n, p_gpu.q, p_gpu.accepted,
+               p_gpu.step, -1, cfg, p_gpu.max_ctx)
+    ids, cnt, z = ids.cpu(), cnt.cpu(), z.cpu()
+    for l in range(p_cpu.L):
+        ops.update(p_cpu.state, p_cpu.slot, z[l], ids[:, l], cnt[:, l], p_cpu.n, p_cpu.q,
+                   p_cpu.accepted, p_cpu.step, l, cfg, p_cpu.max_ctx)
+    for a, b, old in zip(p_cpu.state.tensors(), p_gpu.state.tensors(), before.tensors()):
+        assert torch.equal(a, b.cpu()) and not torch.equal(b, old)
+
+
+@gpu
 def test_gpu_long_context_256k_and_tiny():
     cfg = SpinConfig(index_topk=512, target_sparsity=0.5)
     p_cpu, p_gpu = _gpu_problem(B=2, R=1, L=1, lens=(262144, 1), seed=4, cfg=cfg)
@@ -592,6 +644,26 @@ def test_topk_and_update_reject_bad_arguments():
     with pytest.raises(SpinError, match="logits must start at a 16-byte aligned"):
         ops.update(p.state, p.slot, misaligned, ids, cnt, p.n, p.q, p.accepted, p.step, 0,
                    p.cfg, p.max_ctx)
+    # layer -1 (every layer): layered block ids and counts, logits [L, B*R, W]
+    ids3, cnt2 = ids.view(1, 1, 2), cnt.view(1, 1)
+    with pytest.raises(SpinError, match="logits must have 3 dims"):
+        ops.update(p.state, p.slot, torch.zeros(2, 128), ids3, cnt2, p.n, p.q, p.accepted,
+                   p.step, -1, p.cfg, p.max_ctx)
+    with pytest.raises(SpinError, match="block_ids must have 3 dims"):
+        ops.update(p.state, p.slot, torch.zeros(1, 2, 128), ids, cnt, p.n, p.q, p.accepted,
+                   p.step, -1, p.cfg, p.max_ctx)
+    with pytest.raises(SpinError, match=r"layer -1 \(every layer\) needs logits \[1, B\*R, W\]"):
+        ops.update(p.state, p.slot, torch.zeros(2, 2, 128), ids3, cnt2, p.n, p.q, p.accepted,
+                   p.step, -1, p.cfg, p.max_ctx)
+    with pytest.raises(SpinError, match="layer -2 is outside"):
+        ops.update(p.state, p.slot, torch.zeros(1, 2, 128), ids3, cnt2, p.n, p.q, p.accepted,
+                   p.step, -2, p.cfg, p.max_ctx)
+    p2 = Problem(B=1, R=2, L=2, lens=(100,))
+    ids3, cnt2 = torch.zeros(1, 2, 2, dtype=torch.int32), torch.ones(1, 2, dtype=torch.int32)
+    odd_layers = torch.zeros(2, 258)[:, :256].unflatten(1, (2, 128))  # layers 258 floats apart
+    with pytest.raises(SpinError, match="logits layers must be a multiple of 4 floats apart"):
+        ops.update(p2.state, p2.slot, odd_layers, ids3, cnt2, p2.n, p2.q, p2.accepted, p2.step,
+                   -1, p2.cfg, p2.max_ctx)
 
 
 @gpu

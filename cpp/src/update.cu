@@ -1,8 +1,8 @@
 // spin::update: deferred EMA update of V (per slot) and D (per relative offset) from the
-// compact logits of one layer; MTP rows 0..a replayed in order (or row 0 only). With several
-// rows V is walked per scored slot and D per offset, so every entry has one owner thread and
-// the row order holds without atomics; one row walks the scored slots once for both. Non-finite
-// scores are not observed.
+// compact logits of one layer, or of several (one per grid z); MTP rows 0..a replayed in order
+// (or row 0 only). With several rows V is walked per scored slot and D per offset, so every
+// entry has one owner thread and the row order holds without atomics; one row walks the scored
+// slots once for both. Non-finite scores are not observed.
 #include "common.cuh"
 
 namespace spin {
@@ -14,18 +14,20 @@ constexpr int kThreads = 256;
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
-  // grid (slices, B): slice x takes every gridDim.x-th chunk of 4 x kThreads scored slots and
-  // of offsets
-  const int b = blockIdx.y;
+  // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads scored
+  // slots and of offsets of request y in layer layer + z
+  const int b = blockIdx.y, layer = p.layer + blockIdx.z;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const StateView& s = p.state;
   const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
-  const int32_t* ids = p.block_ids + b * p.ids_stride;
+  const int32_t* ids = p.block_ids + b * p.ids_stride + blockIdx.z * p.ids_layer_stride;
+  const float* logits = p.logits + blockIdx.z * p.logits_layer_stride;
   // independent loads first: each thread makes about one pass, so the chain of dependent
   // loads (state slot, count, block id, state) is what it waits on
   const int slot_id = p.state_slot[b];
-  const int count = min(p.counts[b * p.counts_stride], p.m_cap);
+  const int count =
+      min(p.counts[b * p.counts_stride + blockIdx.z * p.counts_layer_stride], p.m_cap);
   const int accepted = p.accepted[b];
   const int q0 = p.q[b * p.rows];
   // One-row path: a warp takes 128 consecutive compact positions (2 scored blocks) from chunk0
@@ -33,7 +35,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   // Block ids and logits are loaded one chunk ahead (the first before the count and the row
   // count are known; unused with several rows): V and D then wait on one load, not on a chain
   // of them. Positions within a request fit in 32 bits (m_cap * 64 <= max_context + 63).
-  const float* z_row = p.logits + static_cast<int64_t>(b) * p.rows * p.logits_stride;  // row 0
+  const float* z_row = logits + static_cast<int64_t>(b) * p.rows * p.logits_stride;  // row 0
   const int lane = threadIdx.x & 31;
   const int chunk0 = (static_cast<int>(first) - lane) * 4;
   const int chunk_step = static_cast<int>(stride) * 4;
@@ -53,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   };
   prefetch(chunk0);
   if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
-  const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + p.layer;
+  const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + layer;
   const int64_t base = stream * s.cap;
   // rows 0..accepted, all rows from rows - 1 up (no overflow)
   const int rows = p.row0_only ? 1 : accepted >= p.rows - 1 ? p.rows : max(accepted, 0) + 1;
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       for (int r = 0; r < rows; ++r) {
         const int n = n_of(r);
         const float4 z4 = *reinterpret_cast<const float4*>(
-            p.logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride + pos);
+            logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride + pos);
         const float z[4] = {z4.x, z4.y, z4.z, z4.w};
         #pragma unroll
         for (int e = 0; e < 4; ++e)
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       load4(s.D, o0, valid, d);
       for (int r = 0; r < rows; ++r) {
         float z[4];
-        const float* zr = p.logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride;
+        const float* zr = logits + (static_cast<int64_t>(b) * p.rows + r) * p.logits_stride;
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t at = seen_at(r, o0 + e);
@@ -226,12 +228,13 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   const bool one_row = p.rows == 1 || p.row0_only;
   const int cap = one_row ? max(16, 1536 / p.batch) : 64;
   const int slices = max(1, min(min(64, cover), cap));
-  update_kernel<kHalf><<<dim3(slices, p.batch), kThreads, smem, stream>>>(p);
+  update_kernel<kHalf><<<dim3(slices, p.batch, p.layers), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
-  if (p.batch == 0) return cudaSuccess;
+  if (p.batch == 0 || p.layers == 0) return cudaSuccess;
+  if (p.layers < 0 || p.layers > 65535 || p.batch > 65535) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
   return p.state.half ? launch_update_as<true>(p, smem, stream)
                       : launch_update_as<false>(p, smem, stream);

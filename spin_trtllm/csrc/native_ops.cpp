@@ -124,17 +124,30 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   const c10::cuda::CUDAGuard guard(V.device());
   spin::UpdateParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
-  p.layer = static_cast<int>(layer);
   p.state_slot = state_slot.data_ptr<int32_t>();
   p.logits = logits.data_ptr<float>();
-  set_selection(p, block_ids, counts);
+  if (layer < 0) {  // every layer: logits [L, B*R, W], block_ids [B, L, m_cap], counts [B, L]
+    p.layer = 0;
+    p.layers = static_cast<int>(logits.size(0));
+    p.logits_layer_stride = logits.stride(0);
+    p.block_ids = block_ids.data_ptr<int32_t>();
+    p.counts = counts.data_ptr<int32_t>();
+    p.m_cap = static_cast<int>(block_ids.size(2));
+    p.ids_stride = block_ids.stride(0);
+    p.ids_layer_stride = block_ids.stride(1);
+    p.counts_stride = counts.stride(0);
+    p.counts_layer_stride = counts.stride(1);
+  } else {
+    p.layer = static_cast<int>(layer);
+    set_selection(p, block_ids, counts);
+  }
   p.n = context_lens.data_ptr<int32_t>();
   p.q = query_pos.data_ptr<int32_t>();
   p.accepted = accepted.data_ptr<int32_t>();
   p.step = step.data_ptr<int64_t>();
   p.batch = static_cast<int>(context_lens.size(0));
   p.rows = static_cast<int>(context_lens.size(1));
-  p.logits_stride = logits.stride(0);
+  p.logits_stride = logits.stride(logits.dim() - 2);
   p.alpha = static_cast<float>(ema_decay);
   p.one_minus_alpha = static_cast<float>(1.0 - ema_decay);
   p.row0_only = row0_only;

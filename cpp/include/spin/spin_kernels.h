@@ -134,6 +134,11 @@ struct UpdateParams {
   bool row0_only;
   int max_context;             // context lengths are clamped to this
   int max_blocks;              // ceil(max_context / 64)
+  // layers > 1: layers layer .. layer + layers - 1 in one launch, layer l's logits, block ids
+  // and counts these strides (elements) after layer `layer`'s (MTP's deferred updates of every
+  // layer: one launch instead of one per layer)
+  int layers = 1;
+  int64_t logits_layer_stride = 0, ids_layer_stride = 0, counts_layer_stride = 0;
 };
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 
