@@ -52,7 +52,8 @@ Contracts (DESIGN.md):
   them, e.g. TensorRT-LLM's indexer_topk_decode: request-local, -1 padded; row stride allowed)
   -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos < min(count, m_cap)*64
   with that id >= 0, else -1, order kept (row r is request r // next_n). Optional values fp32
-  [B*next_n, K] (the top-K's scores): a non-finite value makes its entry -1. ascending (K <=
+  [B*next_n, K] (the top-K's scores) or scores fp32 [B*next_n, >= m_cap*64] (the logits the
+  positions index; last dim contiguous): a non-finite value makes its entry -1. ascending (K <=
   4096): each row's ids sorted ascending, -1 last, which turns a peer's unordered top-K
   (flashinfer's) into topk's output in one launch. out may be positions itself (in place),
   otherwise it must not overlap it.
@@ -121,7 +122,8 @@ _SCHEMAS = {
     "compact": "compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
                "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()",
     "remap": "remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
-             "Tensor(a!) out, Tensor? values=None, bool ascending=False) -> ()",
+             "Tensor(a!) out, Tensor? values=None, bool ascending=False, "
+             "Tensor? scores=None) -> ()",
     "summarize": "summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()",
     "probe": "probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
              "Tensor block_table, Tensor(a!) out) -> ()",
@@ -371,8 +373,10 @@ def _compact_ref(block_ids, counts, context_lens, block_table, page_slots, compa
     compact_lens.copy_(lens)
 
 
-def _remap_ref(positions, block_ids, counts, next_n, out, values=None, ascending=False) -> None:
-    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n, values, ascending))
+def _remap_ref(positions, block_ids, counts, next_n, out, values=None, ascending=False,
+               scores=None) -> None:
+    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n, values, ascending,
+                                  scores))
 
 
 def _summarize_ref(kv_cache, pages, fill, summaries) -> None:
@@ -600,7 +604,7 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
-                    ascending=False) -> None:
+                    ascending=False, scores=None) -> None:
     op = "remap"
     dev = positions.device if isinstance(positions, torch.Tensor) else torch.device("cpu")
     _tensor(op, "positions", positions, I32, 2, dev, inner_contiguous=True)
@@ -616,6 +620,12 @@ def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
     if values is not None:
         _tensor(op, "values", values, (torch.float32,), 2, dev, inner_contiguous=True)
         _shape(op, "values", values, tuple(positions.shape))
+    if scores is not None:
+        m_cap = block_ids.shape[1]
+        _tensor(op, "scores", scores, (torch.float32,), 2, dev, inner_contiguous=True)
+        if scores.shape[0] != positions.shape[0] or scores.shape[1] < m_cap * BLOCK:
+            _fail(op, f"scores must have shape [{positions.shape[0]}, W >= {m_cap * BLOCK}] (the "
+                      f"rows the positions index), got {list(scores.shape)}")
     if ascending and positions.shape[1] > MAX_SORTED_K:
         _fail(op, f"ascending sorts rows of at most {MAX_SORTED_K} entries, got K = "
                   f"{positions.shape[1]}")
@@ -793,22 +803,32 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 
 
 # SPIN_TOPK: auto (flashinfer where installed and measured faster), spin, or flashinfer (where
-# installed, any shape). flashinfer 0.7.4's top_k_varlen (radix_cutlass on SM90) plus one
-# remap(ascending=True) launch against spin's kernel, same run on an H200 (benchmarks/RESULTS.md,
-# 24 shapes): the flashinfer path won at 96+ rows of >= 64K compact slots (88.7 vs 137.8 us at
-# 96 x 128K dense, 62.1 vs 67.7 at half the blocks, 136.4 vs 257.2 with next_n 2) and lost
-# everywhere else (by 1.4 us at 32 x 128K dense, by 17 us at 8 x 32K).
-TOPK_PEER_MIN_ROWS = 96
-TOPK_PEER_MIN_WIDTH = 1 << 16
+# installed, any shape). The flashinfer path: its top-K's positions only (asking for the values
+# costs 11-16 us more), then one remap launch that maps them to slot ids, drops non-finite
+# scores (read from the logits) and sorts the row (about 6 us at K 512). Rows below
+# TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform (flashinfer picks CUB's batched top-K or
+# its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
+# faster at 96 rows. H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's
+# kernel against those kernels alone, us, 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 /
+# 29.9 (ragged), 96 x 128K 146.2 / 63.2 (varlen); spin's kernel stays the faster at >= 64 rows
+# of < 64K slots (96 x 32K: 22.2-32.9 against 16.9-23.5 plus about 10 us of lengths and remap).
+TOPK_RAGGED_MAX_ROWS = 64
+TOPK_SPIN_MIN_ROWS = 64
+TOPK_SPIN_MAX_WIDTH = 1 << 16
 
 
 @functools.lru_cache(maxsize=None)
 def _flashinfer_topk():
+    """flashinfer's (top_k_varlen, top_k_ragged_transform or None), or None without it."""
     try:
         from flashinfer import top_k_varlen
     except Exception:  # noqa: BLE001 - absent or unusable: spin's kernel
         return None
-    return top_k_varlen
+    try:
+        from flashinfer import top_k_ragged_transform
+    except Exception:  # noqa: BLE001 - an older flashinfer: top_k_varlen for every shape
+        top_k_ragged_transform = None
+    return top_k_varlen, top_k_ragged_transform
 
 
 def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional[str]:
@@ -823,28 +843,43 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
     if choice == "auto":
         rows, width = logits.shape[0], block_ids.shape[1] * BLOCK
         # rows with a stride (DeepGEMM's) would need a copy of the whole logits first
-        if not logits.is_cuda or rows < TOPK_PEER_MIN_ROWS or width < TOPK_PEER_MIN_WIDTH or \
-                not logits[:, :width].is_contiguous():
+        if not logits.is_cuda or not logits[:, :width].is_contiguous() or \
+                (rows >= TOPK_SPIN_MIN_ROWS and width < TOPK_SPIN_MAX_WIDTH):
             return None
     return "flashinfer"
+
+
+_ZERO_OFFSETS: dict = {}
+
+
+def _zero_offsets(rows: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros [rows], kept: top_k_ragged_transform's per-row offsets (positions wanted)."""
+    key = (rows, str(device))
+    if key not in _ZERO_OFFSETS:
+        _ZERO_OFFSETS[key] = torch.zeros(rows, dtype=torch.int32, device=device)
+    return _ZERO_OFFSETS[key]
 
 
 def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     """flashinfer's top-K over each row's compact prefix, then the spin.topk contract:
     request-local slot ids ascending, -1 for entries past a row or with a non-finite score."""
     _validate_topk(logits, block_ids, counts, next_n, out, row_lens)
+    varlen, ragged = _flashinfer_topk()
     m_cap = block_ids.shape[1]
     x = logits[:, :m_cap * BLOCK].contiguous()     # a copy only for rows with a stride
-    # SM90 has one backend, radix_cutlass (flashinfer 0.7.4); "auto" picks among SM100's
-    backend = "radix_cutlass" if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 \
-        else "auto"
-    lens = counts.clamp(min=0, max=m_cap).repeat_interleave(next_n) * BLOCK
+    lens = counts.clamp(min=0, max=m_cap).mul_(BLOCK)
+    if next_n > 1:
+        lens = lens.repeat_interleave(next_n)
     if row_lens is not None:
         lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), lens)
-    pos, vals = _flashinfer_topk()(x, lens.to(torch.int32), k, return_values=True,
-                                   backend=backend)
-    remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, values=vals.float(),
-          ascending=True)
+    lens = lens.to(torch.int32)
+    if ragged is not None and x.shape[0] < TOPK_RAGGED_MAX_ROWS:
+        pos = ragged(x, _zero_offsets(x.shape[0], x.device), lens, k)
+    else:
+        # SM90 has one backend, radix_cutlass (flashinfer 0.7.4); "auto" picks among SM100's
+        sm90 = x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9
+        pos = varlen(x, lens, k, backend="radix_cutlass" if sm90 else "auto")[0]
+    remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, ascending=True, scores=x)
 
 
 def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
@@ -879,10 +914,11 @@ def compact(block_ids, counts, context_lens, block_table, page_slots: int = BLOC
 
 def remap(positions, block_ids, counts, next_n: int,
           out: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None,
-          ascending: bool = False) -> torch.Tensor:
+          ascending: bool = False, scores: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Compact positions -> request-local slot ids (out may be positions: in place); with
-    values, entries of non-finite value become -1; ascending sorts each row, -1 last."""
+    values (aligned with the positions) or scores (the logits rows they index), entries of
+    non-finite value become -1; ascending sorts each row, -1 last."""
     if out is None:
         out = torch.empty(tuple(positions.shape), dtype=torch.int32, device=positions.device)
-    torch.ops.spin.remap(positions, block_ids, counts, next_n, out, values, ascending)
+    torch.ops.spin.remap(positions, block_ids, counts, next_n, out, values, ascending, scores)
     return out

@@ -628,15 +628,20 @@ def compact_block_table(block_ids: torch.Tensor, counts: torch.Tensor, context_l
 
 def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor,
                     next_n: int, values: Optional[torch.Tensor] = None,
-                    ascending: bool = False) -> torch.Tensor:
+                    ascending: bool = False,
+                    scores: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [B*next_n, K]: compact positions (-1 padded) -> request-local slot ids.
 
     Position pos of row r (request r // next_n) becomes ids[pos // 64] * 64 + pos % 64 when
-    0 <= pos < min(count, m_cap) * 64, that id is >= 0 and (values given) values[r, i] is
-    finite, else -1. The order is kept, or with ascending each row is sorted, -1 last."""
+    0 <= pos < min(count, m_cap) * 64, that id is >= 0, (values given) values[r, i] is finite
+    and (scores given: [B*next_n, >= m_cap * 64], the rows the positions index) scores[r, pos]
+    is finite, else -1. The order is kept, or with ascending each row is sorted, -1 last."""
     slots = _remap(positions, block_ids, counts, next_n)
     if values is not None:
         slots = torch.where(torch.isfinite(values), slots, -1)
+    if scores is not None:
+        at = torch.where(slots >= 0, positions.long(), 0)
+        slots = torch.where(torch.isfinite(scores.gather(1, at)), slots, -1)
     if ascending:
         last = torch.iinfo(torch.int32).max
         slots = torch.where(slots < 0, last, slots).sort(-1).values

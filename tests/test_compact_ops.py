@@ -242,6 +242,33 @@ def test_remap_values_and_ascending_match_brute_force(seed):
                                               counts[:, l], R))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_remap_scores_drop_positions_of_non_finite_logits(seed):
+    """scores: the logits rows the positions index (a top-K that returned no values)."""
+    ids, counts, _, _ = random_case(seed)
+    R = 1 + seed % 3
+    kept = dropped = 0
+    for l in range(ids.shape[1]):
+        pos = random_positions(seed, ids[:, l], counts[:, l], R, 37)
+        scores = random_values(seed + 7, (pos.shape[0], ids.shape[2] * 64 + 9))
+        unsorted = brute_remap(pos, ids[:, l], counts[:, l], R)
+        at = pos.long().clamp(0, scores.shape[1] - 1)
+        finite = torch.isfinite(scores.gather(1, at))
+        want = torch.where(finite, unsorted, -1)
+        got = ops.remap(pos, ids[:, l], counts[:, l], R, scores=scores)
+        assert torch.equal(got, want)
+        kept += int((want >= 0).sum())
+        dropped += int((unsorted >= 0).sum() - (want >= 0).sum())
+        vals = scores.gather(1, at).masked_fill(unsorted < 0, 0.0)      # the same, as values
+        assert torch.equal(ops.remap(pos, ids[:, l], counts[:, l], R, scores=scores,
+                                     ascending=True),
+                           brute_sorted_remap(pos, vals, ids[:, l], counts[:, l], R))
+    assert kept > 0 and dropped > 0
+    with pytest.raises(SpinError, match=r"scores must have shape \[2, W >= 192\]"):
+        ops.remap(torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32),
+                  torch.ones(2, dtype=torch.int32), 1, scores=torch.zeros(2, 191))
+
+
 def test_remap_ascending_edge_cases():
     ids = torch.tensor([[1, 4, -1], [0, 2, 3]], dtype=torch.int32)
     counts = torch.tensor([2, 5], dtype=torch.int32)
@@ -459,6 +486,10 @@ def test_gpu_remap_values_ascending_match_reference(k):
             inplace = pos.cuda()
             ops.remap(inplace, ig, cg, R, inplace, values=vals.cuda(), ascending=True)
             assert torch.equal(inplace.cpu(), want)
+            scores = random_values(seed + 7, (pos.shape[0], 90 * 64 + 9))   # a row stride
+            assert torch.equal(
+                ops.remap(ps, ig, cg, R, ascending=True, scores=scores.cuda()).cpu(),
+                ops.remap(pos, ids[:, l], counts[:, l], R, ascending=True, scores=scores))
 
 
 @gpu

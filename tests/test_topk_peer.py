@@ -1,9 +1,9 @@
 """spin.topk through flashinfer's top-K (ops.topk_peer): the same contract as spin's kernel.
 
 On the CPU a stand-in flashinfer module ranks the rows with torch.topk and returns positions
-in a scrambled order, -1 padded, as flashinfer's top_k_varlen does; the result must equal the
-reference top-K (spin_trtllm.reference). On a GPU with flashinfer installed the real one is
-compared with spin's kernel."""
+in a scrambled order, -1 padded, as flashinfer's top_k_varlen and top_k_ragged_transform do;
+the result must equal the reference top-K (spin_trtllm.reference). On a GPU with flashinfer
+installed the real one is compared with spin's kernel."""
 
 import sys
 import types
@@ -18,6 +18,7 @@ BLOCK = ops.BLOCK
 
 
 def fake_top_k_varlen(x, seq_lens, k, return_values=False, **_):
+    assert seq_lens.dtype == torch.int32 and seq_lens.shape == (x.shape[0],)
     rows = x.shape[0]
     pos = torch.full((rows, k), -1, dtype=torch.int32)
     vals = torch.full((rows, k), float("-inf"))
@@ -33,10 +34,17 @@ def fake_top_k_varlen(x, seq_lens, k, return_values=False, **_):
     return pos, (vals if return_values else None)
 
 
+def fake_top_k_ragged_transform(x, offsets, lengths, k, **_):
+    assert offsets.dtype == torch.int32 and lengths.dtype == torch.int32
+    pos, _ = fake_top_k_varlen(x, lengths, k)
+    return torch.where(pos >= 0, pos + offsets.view(-1, 1), -1)
+
+
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     mod = types.ModuleType("flashinfer")
     mod.top_k_varlen = fake_top_k_varlen
+    mod.top_k_ragged_transform = fake_top_k_ragged_transform
     monkeypatch.setitem(sys.modules, "flashinfer", mod)
     ops._flashinfer_topk.cache_clear()
     yield
@@ -66,14 +74,40 @@ def case(seed, B, R, m_cap, k, with_row_lens):
 @pytest.mark.parametrize("R", [1, 2, 3])
 @pytest.mark.parametrize("with_row_lens", [False, True])
 @pytest.mark.parametrize("k", [7, 64, 150])         # 150: more than most rows hold
-def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, with_row_lens, k):
+@pytest.mark.parametrize("entry", ["ragged", "varlen"])
+def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, with_row_lens, k,
+                                        entry):
     monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    monkeypatch.setattr(ops, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
+    called = []
+    fake = getattr(sys.modules["flashinfer"], f"top_k_{entry}" + ("_transform" if entry ==
+                                                                    "ragged" else ""))
+    monkeypatch.setattr(sys.modules["flashinfer"], fake.__name__.replace("fake_", ""),
+                        lambda *a, **kw: called.append(1) or fake(*a, **kw))
+    ops._flashinfer_topk.cache_clear()
     logits, ids, counts, row_lens = case(seed, 4, R, 3, k, with_row_lens)
     assert ops.topk_peer(logits, ids, k) == "flashinfer"
     out = torch.full((logits.shape[0], k), 7, dtype=torch.int32)
     ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
     want = ref.topk_slots(logits[:, :ids.shape[1] * BLOCK], ids, counts, R, k, row_lens=row_lens)
-    assert torch.equal(out, want)
+    assert torch.equal(out, want) and called
+
+
+@pytest.mark.parametrize("entry", ["ragged", "varlen"])
+def test_peer_path_never_returns_a_nan_slot(fake_flashinfer, monkeypatch, entry):
+    # a peer may rank NaN first (torch.topk does): the slot is dropped, so the row can hold
+    # fewer ids than the reference's, never a NaN one, every other one the reference's
+    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    monkeypatch.setattr(ops, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
+    logits, ids, counts, _ = case(5, 4, 1, 3, 16, False)
+    counts[0] = 2
+    logits[0, 5] = logits[0, 70] = float("nan")
+    out = ops.topk(logits, ids, counts, 1, 16)
+    want = ref.topk_slots(logits[:, :ids.shape[1] * BLOCK], ids, counts, 1, 16)
+    nan_slots = {int(ids[0, 0]) * BLOCK + 5, int(ids[0, 1]) * BLOCK + 6}
+    got0 = [s for s in out[0].tolist() if s >= 0]
+    assert len(got0) == 14 and not nan_slots & set(got0) and set(got0) <= set(want[0].tolist())
+    assert torch.equal(out[1:], want[1:])
 
 
 def test_peer_choice(fake_flashinfer, monkeypatch):
@@ -115,13 +149,19 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2])
 @pytest.mark.parametrize("with_row_lens", [False, True])
-def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens):
+@pytest.mark.parametrize("B", [8, 96])     # 8 or 16 rows: the ragged entry; 96 or 192: varlen
+def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens, B):
     ops._flashinfer_topk.cache_clear()
     if ops._flashinfer_topk() is None:
         pytest.skip("flashinfer is not installed")
-    B, m_cap, k = 32, 512, 512
+    m_cap, k = 512, 512
     for seed in range(3):
         logits, ids, counts, row_lens = case(seed, B, R, m_cap, k, with_row_lens)
+        counts[0], counts[1] = 3, 0       # fewer entries than K, none
+        if row_lens is not None:
+            row_lens[:2] = torch.minimum(row_lens[:2], counts[:2, None] * BLOCK)
+        else:
+            logits[:2 * R, 3 * BLOCK:] = float("-inf")
         logits, ids, counts = logits.cuda(), ids.cuda(), counts.cuda()
         row_lens = row_lens.cuda() if row_lens is not None else None
         outs = []
@@ -150,14 +190,14 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
     if ops._flashinfer_topk() is None:
         pytest.skip("flashinfer is not installed")
     monkeypatch.setenv("SPIN_TOPK", "auto")
-    blocks = ops.TOPK_PEER_MIN_WIDTH // BLOCK
-    for rows, m_cap, want in ((ops.TOPK_PEER_MIN_ROWS, blocks, "flashinfer"),
-                              (ops.TOPK_PEER_MIN_ROWS - 1, blocks, None),
-                              (ops.TOPK_PEER_MIN_ROWS, blocks - 1, None)):
+    narrow = ops.TOPK_SPIN_MAX_WIDTH // BLOCK
+    many = ops.TOPK_SPIN_MIN_ROWS
+    for rows, m_cap, want in ((many, narrow, "flashinfer"), (many, narrow - 1, None),
+                              (many - 1, narrow - 1, "flashinfer"), (8, 16, "flashinfer")):
         logits = torch.zeros(rows, m_cap * BLOCK, device="cuda")
         ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
-        assert ops.topk_peer(logits, ids, 512) == want
-    wide = torch.zeros(ops.TOPK_PEER_MIN_ROWS, blocks * BLOCK + 4, device="cuda")
-    ids = torch.zeros(ops.TOPK_PEER_MIN_ROWS, blocks, dtype=torch.int32, device="cuda")
+        assert ops.topk_peer(logits, ids, 512) == want, (rows, m_cap)
+    wide = torch.zeros(many, narrow * BLOCK + 4, device="cuda")
+    ids = torch.zeros(many, narrow, dtype=torch.int32, device="cuda")
     assert ops.topk_peer(wide, ids, 512) is None            # a row stride: spin's kernel
-    assert ops.topk_peer(wide[:, :blocks * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
+    assert ops.topk_peer(wide[:, :narrow * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None

@@ -77,13 +77,14 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
 }
 
 // The slot id of element col of row, or -1 (past the scored blocks, a padded id, or a
-// non-finite value).
+// non-finite value or score).
 __device__ __forceinline__ int32_t remap_slot(const RemapParams& p, int64_t row, int64_t col) {
   const int64_t b = row / p.rows;
   const int pos = p.positions[row * p.positions_stride + col];
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
   if (pos < 0 || static_cast<int64_t>(pos) >= static_cast<int64_t>(count) * kBlockSize) return -1;
   if (p.values != nullptr && !isfinite(p.values[row * p.values_stride + col])) return -1;
+  if (p.scores != nullptr && !isfinite(p.scores[row * p.scores_stride + pos])) return -1;
   const int j = p.block_ids[b * p.ids_stride + pos / kBlockSize];
   return j >= 0 ? j * kBlockSize + pos % kBlockSize : -1;
 }

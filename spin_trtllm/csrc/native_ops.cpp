@@ -176,12 +176,15 @@ void spin_compact(at::Tensor block_ids, at::Tensor counts, at::Tensor context_le
 }
 
 void spin_remap(at::Tensor positions, at::Tensor block_ids, at::Tensor counts, int64_t next_n, at::Tensor out,
-                const c10::optional<at::Tensor>& values, bool ascending) {
+                const c10::optional<at::Tensor>& values, bool ascending,
+                const c10::optional<at::Tensor>& scores) {
   const c10::cuda::CUDAGuard guard(positions.device());
   spin::RemapParams p;
   p.positions = positions.data_ptr<int32_t>();
   p.values = values ? values->data_ptr<float>() : nullptr;
   p.values_stride = values ? values->stride(0) : 0;
+  p.scores = scores ? scores->data_ptr<float>() : nullptr;
+  p.scores_stride = scores ? scores->stride(0) : 0;
   p.ascending = ascending;
   set_selection(p, block_ids, counts);
   p.batch = static_cast<int>(block_ids.size(0));
@@ -242,7 +245,7 @@ TORCH_LIBRARY(spin_native, m) {
   m.def("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()");
   m.def("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
-        "Tensor? values=None, bool ascending=False) -> ()");
+        "Tensor? values=None, bool ascending=False, Tensor? scores=None) -> ()");
   m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
   m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
         "Tensor(a!) out) -> ()");

@@ -163,7 +163,8 @@ cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream);
 
 // Compact positions (top-K over compact logits, -1 padded) -> request-local slot ids:
 // ids[pos / 64] * 64 + pos % 64 for 0 <= pos < min(count, m_cap) * 64 with ids[pos / 64] >= 0
-// and, when values are given, a finite value; else -1. Row r belongs to request r / next_n.
+// and, when values (aligned with the positions) or scores (the rows the positions index) are
+// given, a finite value; else -1. Row r belongs to request r / next_n.
 // ascending: each row's ids sorted ascending, -1 last (spin::topk's output contract from a
 // peer's unordered top-K; k <= kMaxSortedK, one CTA per row); otherwise the order is kept.
 // out may be positions (in place).
@@ -177,6 +178,8 @@ struct RemapParams {
   int64_t positions_stride, values_stride, ids_stride, counts_stride;
   bool ascending;
   int32_t* out;                // [B*R, k]
+  const float* scores = nullptr;  // [B*R, scores_stride >= m_cap * 64] or null
+  int64_t scores_stride = 0;
 };
 cudaError_t launch_remap(const RemapParams& p, cudaStream_t stream);
 
