@@ -809,11 +809,13 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform (flashinfer picks CUB's batched top-K or
 # its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
 # faster at 96 rows. H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's
-# kernel against those kernels alone, us, 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 /
-# 29.9 (ragged), 96 x 128K 146.2 / 63.2 (varlen); spin's kernel stays the faster at >= 64 rows
-# of < 64K slots (96 x 32K: 22.2-32.9 against 16.9-23.5 plus about 10 us of lengths and remap).
+# kernel against those kernels alone, us: 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 /
+# 29.9 (ragged), 96 x 128K 146.2 / 63.2 (varlen). Spin's kernel against the whole flashinfer
+# path (lengths, top-K, remap): 26.4 / 20.0 us at 8 x 32K, 72.4 / 39.4 at 32 x 128K, 146.9 / 73.4
+# at 96 x 128K, 67.8 / 54.5 at 192 rows of 32K; spin's kernel stays the faster at 64-127 rows of
+# < 64K slots (96 x 32K: 22.3 / 26.4 at half the blocks, 33.1 / 32.6 dense; 64 x 32K: 28.3 / 32.7).
 TOPK_RAGGED_MAX_ROWS = 64
-TOPK_SPIN_MIN_ROWS = 64
+TOPK_SPIN_ROWS = (64, 128)
 TOPK_SPIN_MAX_WIDTH = 1 << 16
 
 
@@ -844,7 +846,7 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
         rows, width = logits.shape[0], block_ids.shape[1] * BLOCK
         # rows with a stride (DeepGEMM's) would need a copy of the whole logits first
         if not logits.is_cuda or not logits[:, :width].is_contiguous() or \
-                (rows >= TOPK_SPIN_MIN_ROWS and width < TOPK_SPIN_MAX_WIDTH):
+                (TOPK_SPIN_ROWS[0] <= rows < TOPK_SPIN_ROWS[1] and width < TOPK_SPIN_MAX_WIDTH):
             return None
     return "flashinfer"
 

@@ -26,6 +26,14 @@ def _native_when_required(request):
         assert ops.NATIVE, "the native library did not load"
 
 
+@pytest.fixture(autouse=True)
+def _spins_own_topk(monkeypatch):
+    """These tests hold spin's kernels to the reference bit for bit, ties included. Where
+    flashinfer is installed ops.topk may hand rows to its top-K, which breaks ties at the K-th
+    value its own way (tests/test_topk_peer.py checks that path)."""
+    monkeypatch.setenv("SPIN_TOPK", "spin")
+
+
 # ---- random problem ------------------------------------------------------------------------------
 def make_cache(num_pages, gen, device="cpu"):
     """Random FP8 pages in the TRT-LLM/DeepGEMM layout: 64 rows of 128 fp8, then 64 fp32 scales."""
