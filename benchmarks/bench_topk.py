@@ -17,9 +17,10 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
               positions (one seq_lens entry per row, next_n=1, so the lengths are exact); on
               sm_90 only "radix_cutlass" exists (CuTe-DSL "radix"/"gvr" are Blackwell+)
-  via_fi:     ops.topk with SPIN_TOPK=flashinfer: fi_varlen over counts*64 columns, then one
-              spin.remap(values=, ascending=True) launch (slot ids, ascending; what spin.topk
-              runs where flashinfer is installed and the rows are large)
+  via_fi:     ops.topk with SPIN_TOPK=flashinfer: flashinfer's positions over counts*64 columns
+              (top_k_ragged_transform below 64 rows, else top_k_varlen), then one
+              spin.remap(scores=, ascending=True) launch (slot ids, ascending; what ops.topk
+              runs where flashinfer is installed, except at 64-127 rows of < 64K slots)
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)

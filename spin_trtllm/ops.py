@@ -131,20 +131,40 @@ _SCHEMAS = {
 
 
 # ---- native library -----------------------------------------------------------------------------
-def _load_native() -> bool:
-    here = Path(__file__).parent
+# spin_native::abi_version of the kernels these wrappers drive (csrc/native_ops.cpp kAbiVersion):
+# a library built before an op's meaning changed (update's layer -1) would misread the call.
+NATIVE_ABI = 2
+
+
+def _native_abi() -> int:
+    try:
+        return int(torch.ops.spin_native.abi_version())
+    except (AttributeError, RuntimeError):      # built before the version existed
+        return 1
+
+
+def _load_native(here: Optional[Path] = None) -> bool:
+    here = here or Path(__file__).parent
     for lib in sorted(here.glob("libspin_native*.so")):
         try:
             torch.ops.load_library(str(lib))
-            return True
         except (OSError, RuntimeError) as err:
             log.warning("spin_trtllm: cannot load %s (%s)", lib.name, err)
+            continue
+        abi = _native_abi()
+        if abi != NATIVE_ABI:
+            log.warning("spin_trtllm: %s is stale (kernel ABI %d, these ops need %d); spin ops "
+                        "run the reference until ./build.sh rebuilds it", lib.name, abi,
+                        NATIVE_ABI)
+            return False
+        return True
     return False
 
 
 NATIVE = _load_native()
 if not NATIVE and torch.cuda.is_available():   # CPU-only torch: the reference is the only path
-    log.warning("spin_trtllm: native library not built; spin::%s run through the reference "
+    log.warning("spin_trtllm: native library not built or not usable; spin::%s run through the "
+                "reference "
                 "implementation (./build.sh builds it where torch has CUDA and nvcc exists)",
                 ", spin::".join(OPS))
 elif not NATIVE:
@@ -808,7 +828,7 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # scores (read from the logits) and sorts the row (about 6 us at K 512). Rows below
 # TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform (flashinfer picks CUB's batched top-K or
 # its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
-# faster at 96 rows. H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's
+# faster at 96 rows of 32K and 128K slots (at 64 and 192 rows of 32K the ragged entry was). H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's
 # kernel against those kernels alone, us: 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 /
 # 29.9 (ragged), 96 x 128K 146.2 / 63.2 (varlen). Spin's kernel against the whole flashinfer
 # path (lengths, top-K, remap): 26.4 / 20.0 us at 8 x 32K, 72.4 / 39.4 at 32 x 128K, 146.9 / 73.4
@@ -839,7 +859,8 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
     if choice not in ("auto", "spin", "flashinfer"):
         raise SpinError(f"SPIN_TOPK must be auto, spin or flashinfer, got {choice!r}")
     if choice == "spin" or _flashinfer_topk() is None or block_ids.dim() != 2 \
-            or logits.dim() != 2 or block_ids.shape[1] * BLOCK < k or k > MAX_SORTED_K \
+            or logits.dim() != 2 or logits.shape[0] == 0 or block_ids.shape[1] * BLOCK < k \
+            or k > MAX_SORTED_K \
             or torch.compiler.is_compiling() or logits.device.type == "meta":
         return None
     if choice == "auto":
@@ -858,7 +879,10 @@ def _zero_offsets(rows: int, device: torch.device) -> torch.Tensor:
     """int32 zeros [rows], kept: top_k_ragged_transform's per-row offsets (positions wanted)."""
     key = (rows, str(device))
     if key not in _ZERO_OFFSETS:
-        _ZERO_OFFSETS[key] = torch.zeros(rows, dtype=torch.int32, device=device)
+        zeros = torch.zeros(rows, dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return zeros          # filled only when the graph replays: not kept for eager calls
+        _ZERO_OFFSETS[key] = zeros
     return _ZERO_OFFSETS[key]
 
 

@@ -639,7 +639,7 @@ def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: to
     slots = _remap(positions, block_ids, counts, next_n)
     if values is not None:
         slots = torch.where(torch.isfinite(values), slots, -1)
-    if scores is not None:
+    if scores is not None and scores.shape[1] > 0:   # no columns: every slot is -1 already
         at = torch.where(slots >= 0, positions.long(), 0)
         slots = torch.where(torch.isfinite(scores.gather(1, at)), slots, -1)
     if ascending:

@@ -264,6 +264,9 @@ def test_remap_scores_drop_positions_of_non_finite_logits(seed):
                                      ascending=True),
                            brute_sorted_remap(pos, vals, ids[:, l], counts[:, l], R))
     assert kept > 0 and dropped > 0
+    none = torch.zeros(2, 0, dtype=torch.int32)                       # m_cap 0: nothing scored
+    assert (ops.remap(torch.zeros(2, 4, dtype=torch.int32), none, torch.ones(2, dtype=torch.int32),
+                      1, scores=torch.zeros(2, 0)) == -1).all()
     with pytest.raises(SpinError, match=r"scores must have shape \[2, W >= 192\]"):
         ops.remap(torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32),
                   torch.ones(2, dtype=torch.int32), 1, scores=torch.zeros(2, 191))

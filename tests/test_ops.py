@@ -34,6 +34,30 @@ def _spins_own_topk(monkeypatch):
     monkeypatch.setenv("SPIN_TOPK", "spin")
 
 
+def test_a_stale_native_library_is_not_used(tmp_path, monkeypatch, caplog):
+    """A library built before an op changed meaning under the same schema (update's layer -1)
+    would misread the call: its ABI version must match, else the reference runs."""
+    import logging
+
+    (tmp_path / "libspin_native_old.so").write_bytes(b"")
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: None)
+    monkeypatch.setattr(ops, "_native_abi", lambda: ops.NATIVE_ABI - 1)
+    with caplog.at_level(logging.WARNING, logger="spin_trtllm"):
+        assert ops._load_native(tmp_path) is False
+    assert f"libspin_native_old.so is stale (kernel ABI {ops.NATIVE_ABI - 1}, these ops need " \
+           f"{ops.NATIVE_ABI})" in caplog.text
+    monkeypatch.setattr(ops, "_native_abi", lambda: ops.NATIVE_ABI)
+    assert ops._load_native(tmp_path) is True
+    assert ops._load_native(tmp_path / "empty") is False          # no library there
+
+
+def test_native_abi_of_a_library_without_the_version_op():
+    if ops.NATIVE:
+        assert ops._native_abi() == ops.NATIVE_ABI
+    else:
+        assert ops._native_abi() == 1      # nothing loaded: spin_native has no abi_version
+
+
 # ---- random problem ------------------------------------------------------------------------------
 def make_cache(num_pages, gen, device="cpu"):
     """Random FP8 pages in the TRT-LLM/DeepGEMM layout: 64 rows of 128 fp8, then 64 fp32 scales."""

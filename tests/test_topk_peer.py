@@ -203,3 +203,10 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
     ids = torch.zeros(many, narrow, dtype=torch.int32, device="cuda")
     assert ops.topk_peer(wide, ids, 512) is None            # a row stride: spin's kernel
     assert ops.topk_peer(wide[:, :narrow * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
+
+
+def test_no_rows_never_reach_the_peer(fake_flashinfer, monkeypatch):
+    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    logits, ids, counts, _ = case(3, 2, 1, 3, 16, False)
+    assert ops.topk_peer(logits[:0], ids[:0], 16) is None
+    assert ops.topk(logits[:0], ids[:0], counts[:0], 1, 16).shape == (0, 16)

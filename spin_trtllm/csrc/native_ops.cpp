@@ -9,6 +9,12 @@
 
 namespace {
 
+// Raised whenever an op's meaning changes under the same schema; spin_trtllm.ops.NATIVE_ABI must
+// match, so that a library built before the change is not used. 2: update's layer -1 (every
+// layer in one launch), remap's scores.
+constexpr int64_t kAbiVersion = 2;
+int64_t spin_abi_version() { return kAbiVersion; }
+
 void check(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "spin::", what, " launch failed: ", cudaGetErrorString(err));
 }
@@ -229,6 +235,7 @@ void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
 }  // namespace
 
 TORCH_LIBRARY(spin_native, m) {
+  m.def("abi_version", &spin_abi_version);
   m.def("select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
         "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
         "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
