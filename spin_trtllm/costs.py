@@ -9,7 +9,10 @@ Each kernel's time per indexer layer is `fixed + work / rate`, fitted to the per
 benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
   logits   7.5 us + K-cache bytes at 3.66 TB/s; rows of an MTP step read the pages again,
            so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
-  top-K    max(22 us, 8 us + 11.5 ps per scored slot per row)
+  top-K    max(22 us, 8 us + 11.5 ps per scored slot per row) with spin's kernel; with
+           flashinfer's (peer_topk: where ops.topk hands it the rows) 19 us + 4.3 ps per scored
+           slot per row, fitted to the whole path (top-K, lengths, remap) at 8-192 rows x
+           32K-128K slots (fourteenth session, benchmarks/results_topk_paths.json: 19.8-118.6 us)
   select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
   update   3 us + 4.1 ps per scored slot per row (refitted in the eleventh session to the
            one-row launch of at most about 1,536 CTAs: 4.1-28.3 us at 8-96 x 32K-128K)
@@ -26,6 +29,7 @@ and it is insensitive to the shared terms (both sides read the same bytes per sc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -42,6 +46,9 @@ class CostModel:
     topk_floor_us: float = 22.0
     topk_fixed_us: float = 8.0
     topk_us_per_slot: float = 11.5e-6
+    peer_topk: bool = False  # ops.topk runs flashinfer's top-K (for_device sets it)
+    peer_topk_fixed_us: float = 19.0
+    peer_topk_us_per_slot: float = 4.3e-6
     select_fixed_us: float = 0.5
     select_us_per_slot: float = 1.44e-6
     update_fixed_us: float = 3.0
@@ -58,7 +65,21 @@ class CostModel:
         return self.logits_fixed_us + slots * KEY_BYTES_PER_SLOT * reread / self.logits_bytes_per_us
 
     def _topk(self, slots: float, next_n: int) -> float:
+        if self.peer_topk:
+            return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
+
+    def for_device(self, device) -> "CostModel":
+        """This model with the top-K ops.topk will run on `device`: flashinfer's where it is
+        installed on CUDA and SPIN_TOPK allows it (it takes most shapes; the 64-127 rows of
+        < 64K slots that keep spin's kernel cost about the same on both)."""
+        import os
+
+        from . import ops
+
+        peer = _device_type(device) == "cuda" and ops._flashinfer_topk() is not None \
+            and os.environ.get("SPIN_TOPK", "auto") != "spin"
+        return dataclasses.replace(self, peer_topk=peer)
 
     def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
         """All-keep indexer, one layer: logits over every visible block + top-K."""
@@ -109,6 +130,10 @@ def _block_slots(visible_slots: Sequence[int]) -> float:
     """Slots of the visible blocks of every request (whole 64-slot blocks are read)."""
     return float(sum(math.ceil(max(0, int(s)) / BLOCK_SLOTS) * BLOCK_SLOTS
                      for s in visible_slots))
+
+
+def _device_type(device) -> str:
+    return getattr(device, "type", str(device).split(":")[0])
 
 
 H200 = CostModel()

@@ -32,9 +32,9 @@ Contracts (DESIGN.md):
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. layer -1: every layer
   in one launch (MTP's deferred updates), from logits [L, B*R, W] (layers a multiple of 4
-  floats apart), block_ids [B, L, m_cap] and counts [B, L] as select writes them. A request's block ids
-  must be distinct, as select's are (on CUDA a repeated id races on its V/D entries). reset zeroes state
-  slots and restarts their warm-up.
+  floats apart), block_ids [B, L, m_cap] and counts [B, L] as select writes them. A request's
+  block ids must be distinct, as select's are (on CUDA a repeated id races on its V/D entries).
+  reset zeroes state slots and restarts their warm-up.
 - compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
   fp8_paged_mqa_logits as TensorRT-LLM uses it, over the selected blocks only): block_ids
   [B, m_cap] and counts [B] as select writes them (a strided layer view ids[:, l] is fine; the
@@ -828,12 +828,13 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # scores (read from the logits) and sorts the row (about 6 us at K 512). Rows below
 # TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform (flashinfer picks CUB's batched top-K or
 # its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
-# faster at 96 rows of 32K and 128K slots (at 64 and 192 rows of 32K the ragged entry was). H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's
-# kernel against those kernels alone, us: 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 /
-# 29.9 (ragged), 96 x 128K 146.2 / 63.2 (varlen). Spin's kernel against the whole flashinfer
-# path (lengths, top-K, remap): 26.4 / 20.0 us at 8 x 32K, 72.4 / 39.4 at 32 x 128K, 146.9 / 73.4
-# at 96 x 128K, 67.8 / 54.5 at 192 rows of 32K; spin's kernel stays the faster at 64-127 rows of
-# < 64K slots (96 x 32K: 22.3 / 26.4 at half the blocks, 33.1 / 32.6 dense; 64 x 32K: 28.3 / 32.7).
+# faster at 96 rows of 32K and 128K slots (at 64 and 192 rows of 32K the ragged entry was).
+# H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's kernel against those
+# kernels alone, us: 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 / 29.9 (ragged),
+# 96 x 128K 146.2 / 63.2 (varlen). Spin's kernel against the whole flashinfer path (lengths,
+# top-K, remap): 26.4 / 20.0 us at 8 x 32K, 72.4 / 39.4 at 32 x 128K, 146.9 / 73.4 at 96 x 128K,
+# 67.8 / 54.5 at 192 rows of 32K; spin's kernel stays the faster at 64-127 rows of < 64K slots
+# (96 x 32K: 22.3 / 26.4 at half the blocks, 33.1 / 32.6 dense; 64 x 32K: 28.3 / 32.7).
 TOPK_RAGGED_MAX_ROWS = 64
 TOPK_SPIN_ROWS = (64, 128)
 TOPK_SPIN_MAX_WIDTH = 1 << 16

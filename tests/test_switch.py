@@ -2,6 +2,7 @@
 switch between SPIN and the all-keep indexer (Engine(switch=...))."""
 
 import pytest
+import torch
 
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.costs import H200, CostModel
@@ -34,6 +35,38 @@ def test_cost_model_update_term_tracks_the_measured_update(batch, slots, update)
     scored = batch * slots * 0.5
     assert H200.update_fixed_us + H200.update_us_per_slot * scored == pytest.approx(update,
                                                                                    rel=0.2)
+
+
+# ops.topk through flashinfer on an H200 (benchmarks/results_topk_paths.json, fourteenth
+# session, K 512): (rows, slots per row, rho, us of the whole path).
+MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072, 0.0, 39.4),
+                      (96, 131072, 0.0, 73.4), (96, 131072, 0.5, 43.2), (192, 131072, 0.0, 118.6),
+                      (192, 32768, 0.0, 54.5), (64, 131072, 0.5, 43.1)]
+
+
+@pytest.mark.parametrize("rows,slots,rho,us", MEASURED_PEER_TOPK)
+def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us):
+    peer = CostModel(peer_topk=True)
+    assert peer._topk(rows * slots * (1 - rho), 1) == pytest.approx(us, rel=0.25)
+    assert H200._topk(rows * slots * (1 - rho), 1) != peer._topk(rows * slots * (1 - rho), 1)
+
+
+def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
+    from spin_trtllm import ops
+
+    monkeypatch.setattr(ops, "_flashinfer_topk", lambda: (object(), object()))
+    monkeypatch.delenv("SPIN_TOPK", raising=False)
+    assert H200.for_device("cuda:0").peer_topk and H200.for_device(torch.device("cuda")).peer_topk
+    assert not H200.for_device("cpu").peer_topk
+    monkeypatch.setenv("SPIN_TOPK", "spin")
+    assert not H200.for_device("cuda").peer_topk
+    monkeypatch.setattr(ops, "_flashinfer_topk", lambda: None)
+    monkeypatch.delenv("SPIN_TOPK")
+    assert not H200.for_device("cuda").peer_topk
+    # SPIN saves less top-K time with the peer's flatter cost (96 x 128K at rho 0.5)
+    ctx = [131072] * 96
+    saved = lambda m: m.dense_us(ctx) - m.spin_us(ctx, 0.5)   # noqa: E731
+    assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
 
 
 # Per layer on an H200, same run (benchmarks/RESULTS.md, tenth session, fp16 state, next_n 1):

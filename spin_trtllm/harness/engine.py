@@ -259,10 +259,10 @@ class Engine:
         context (StatePool.ensure_capacity). logits_backend: where the decode indexer's logits
         come from (spin_trtllm.logits: native, deepgemm, reference).
         switch (with SPIN): "spin" runs SPIN every step; "dense" runs the all-keep indexer;
-        "auto" picks per step from `cost_model` (spin_trtllm.costs; default H200 constants)
-        whether SPIN beats all-keep for the batch, so it is never the slower of the two. Steps
-        run all-keep do not update SPIN's state; a request SPIN takes over again restarts
-        warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there).
+        "auto" picks per step from `cost_model` (spin_trtllm.costs; default: H200 constants with
+        the top-K priced as ops.topk runs it here) whether SPIN beats all-keep for the batch, so
+        it is never the slower of the two. Steps run all-keep do not update SPIN's state; a
+        request SPIN takes over again restarts warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there).
         predictor (with SPIN): "spin" ranks blocks by SPIN's history, "probe" by each block's
         summary (mean key) scored with the current query (SpinIndexer), "hybrid" by both (the
         max of their rank shares); the summaries are built after every prefill and rebuilt
@@ -295,7 +295,8 @@ class Engine:
         if predictor != "spin" and spin is None:
             raise SpinError(f"predictor={predictor!r} needs a SpinConfig (spin=None runs all-keep)")
         self.predictor = predictor
-        self.cost_model = cost_model or costs.H200
+        # the default model prices the top-K that ops.topk runs here (flashinfer's if installed)
+        self.cost_model = cost_model or costs.H200.for_device(self.device)
         self._ran_spin = True
         self.spin_indexer: Optional[SpinIndexer] = None
         if spin is not None:
