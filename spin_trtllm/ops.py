@@ -866,8 +866,10 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
         return None
     if choice == "auto":
         rows, width = logits.shape[0], block_ids.shape[1] * BLOCK
-        # rows with a stride (DeepGEMM's) would need a copy of the whole logits first
-        if not logits.is_cuda or not logits[:, :width].is_contiguous() or \
+        # rows with a stride into a tensor that is not contiguous as a whole would need a
+        # copy first (a contiguous wider tensor, as DeepGEMM returns, is ranked in place)
+        if not logits.is_cuda or not (logits.is_contiguous() or
+                                      logits[:, :width].is_contiguous()) or \
                 (TOPK_SPIN_ROWS[0] <= rows < TOPK_SPIN_ROWS[1] and width < TOPK_SPIN_MAX_WIDTH):
             return None
     return "flashinfer"
@@ -893,7 +895,9 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     _validate_topk(logits, block_ids, counts, next_n, out, row_lens)
     varlen, ragged = _flashinfer_topk()
     m_cap = block_ids.shape[1]
-    x = logits[:, :m_cap * BLOCK].contiguous()     # a copy only for rows with a stride
+    # the rows are ranked over their first `lens` columns only, so a contiguous tensor wider
+    # than m_cap*64 (DeepGEMM's logits, width aligned up) goes as it is; a strided view is copied
+    x = logits if logits.is_contiguous() else logits[:, :m_cap * BLOCK].contiguous()
     lens = counts.clamp(min=0, max=m_cap).mul_(BLOCK)
     if next_n > 1:
         lens = lens.repeat_interleave(next_n)

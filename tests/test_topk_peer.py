@@ -19,6 +19,7 @@ BLOCK = ops.BLOCK
 
 def fake_top_k_varlen(x, seq_lens, k, return_values=False, **_):
     assert seq_lens.dtype == torch.int32 and seq_lens.shape == (x.shape[0],)
+    assert x.is_contiguous() and bool((seq_lens <= x.shape[1]).all())
     rows = x.shape[0]
     pos = torch.full((rows, k), -1, dtype=torch.int32)
     vals = torch.full((rows, k), float("-inf"))
@@ -58,7 +59,7 @@ def case(seed, B, R, m_cap, k, with_row_lens):
     for b in range(B):
         n = int(counts[b])
         ids[b, :n] = torch.randperm(3 * m_cap, generator=g)[:n].sort().values.to(torch.int32)
-    logits = torch.randn(B * R, m_cap * BLOCK + 8, generator=g)     # a row stride
+    logits = torch.randn(B * R, m_cap * BLOCK + 8, generator=g)     # wider rows (DeepGEMM's)
     # compact lengths per row: the last selected block partly visible, one more slot a row
     ragged = torch.randint(1, BLOCK + 1, (B,), generator=g)
     base = (counts.long() - 1).clamp(min=0) * BLOCK + ragged
@@ -75,8 +76,9 @@ def case(seed, B, R, m_cap, k, with_row_lens):
 @pytest.mark.parametrize("with_row_lens", [False, True])
 @pytest.mark.parametrize("k", [7, 64, 150])         # 150: more than most rows hold
 @pytest.mark.parametrize("entry", ["ragged", "varlen"])
+@pytest.mark.parametrize("layout", ["wide", "strided"])
 def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, with_row_lens, k,
-                                        entry):
+                                        entry, layout):
     monkeypatch.setenv("SPIN_TOPK", "flashinfer")
     monkeypatch.setattr(ops, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
     called = []
@@ -86,6 +88,9 @@ def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, w
                         lambda *a, **kw: called.append(1) or fake(*a, **kw))
     ops._flashinfer_topk.cache_clear()
     logits, ids, counts, row_lens = case(seed, 4, R, 3, k, with_row_lens)
+    if layout == "strided":                   # a view into wider rows: ranked from a copy
+        logits = torch.cat([logits, torch.full_like(logits, float("nan"))], 1)[:, :logits.shape[1]]
+        assert not logits.is_contiguous()
     assert ops.topk_peer(logits, ids, k) == "flashinfer"
     out = torch.full((logits.shape[0], k), 7, dtype=torch.int32)
     ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
@@ -201,7 +206,9 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
         assert ops.topk_peer(logits, ids, 512) == want, (rows, m_cap)
     wide = torch.zeros(many, narrow * BLOCK + 4, device="cuda")
     ids = torch.zeros(many, narrow, dtype=torch.int32, device="cuda")
-    assert ops.topk_peer(wide, ids, 512) is None            # a row stride: spin's kernel
+    assert ops.topk_peer(wide, ids, 512) == "flashinfer"    # wider rows, contiguous: in place
+    strided = torch.zeros(many, 2 * narrow * BLOCK, device="cuda")[:, :narrow * BLOCK + 4]
+    assert ops.topk_peer(strided, ids, 512) is None          # would need a copy: spin's kernel
     assert ops.topk_peer(wide[:, :narrow * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
 
 
