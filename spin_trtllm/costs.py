@@ -29,10 +29,12 @@ and it is insensitive to the shared terms (both sides read the same bytes per sc
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Sequence
+
+import torch
 
 from .reference import PAGE_SLOTS as BLOCK_SLOTS
 from .reference import SLOT_BYTES as KEY_BYTES_PER_SLOT   # FP8 key bytes + a 4-byte scale
@@ -73,13 +75,11 @@ class CostModel:
         """This model with the top-K ops.topk will run on `device`: flashinfer's where it is
         installed on CUDA and SPIN_TOPK allows it (it takes most shapes; the 64-127 rows of
         < 64K slots that keep spin's kernel cost about the same on both)."""
-        import os
-
         from . import ops
 
-        peer = _device_type(device) == "cuda" and ops._flashinfer_topk() is not None \
+        peer = torch.device(device).type == "cuda" and ops._flashinfer_topk() is not None \
             and os.environ.get("SPIN_TOPK", "auto") != "spin"
-        return dataclasses.replace(self, peer_topk=peer)
+        return replace(self, peer_topk=peer)
 
     def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
         """All-keep indexer, one layer: logits over every visible block + top-K."""
@@ -130,10 +130,6 @@ def _block_slots(visible_slots: Sequence[int]) -> float:
     """Slots of the visible blocks of every request (whole 64-slot blocks are read)."""
     return float(sum(math.ceil(max(0, int(s)) / BLOCK_SLOTS) * BLOCK_SLOTS
                      for s in visible_slots))
-
-
-def _device_type(device) -> str:
-    return getattr(device, "type", str(device).split(":")[0])
 
 
 H200 = CostModel()

@@ -301,7 +301,7 @@ class SpinIndexer:
         top = self.topk[layer, :B * R] if out is None else out
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top, row_lens=row_lens)
         if R == 1:
-            self._update(layer, logits, cnt, self.accepted_zero[:B])
+            self._update(layer, logits, ids, cnt, self.accepted_zero[:B])
             return top
         kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
         if logits.data_ptr() != kept.data_ptr():
@@ -316,18 +316,16 @@ class SpinIndexer:
         B = self.batch
         if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
             raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
-        # every layer in one launch: one op call's host cost instead of one per layer
-        ops.update(self.pool.state, self.slot[:B], self.logits[:, :B * self.next_n],
-                   self.block_ids[:B], self.ran_counts[:B], self.context_lens[:B],
-                   self.query_pos[:B], accepted, self.step[:B], -1, self.cfg, self._max_len())
+        # every layer in one launch (layer -1): one op call's host cost instead of one a layer
+        self._update(-1, self.logits[:, :B * self.next_n], self.block_ids[:B],
+                     self.ran_counts[:B], accepted)
 
-    def _update(self, layer: int, logits: torch.Tensor, counts: torch.Tensor,
-                accepted: torch.Tensor) -> None:
+    def _update(self, layer: int, logits: torch.Tensor, block_ids: torch.Tensor,
+                counts: torch.Tensor, accepted: torch.Tensor) -> None:
         B = self.batch
-        ops.update(self.pool.state, self.slot[:B], logits,
-                   self.block_ids[:B, layer], counts, self.context_lens[:B],
-                   self.query_pos[:B], accepted, self.step[:B], layer, self.cfg,
-                   self._max_len())
+        ops.update(self.pool.state, self.slot[:B], logits, block_ids, counts,
+                   self.context_lens[:B], self.query_pos[:B], accepted, self.step[:B], layer,
+                   self.cfg, self._max_len())
 
     def _max_len(self) -> int:
         # the ops clamp context lengths to this; it may not exceed the state's capacity

@@ -164,8 +164,8 @@ def _load_native(here: Optional[Path] = None) -> bool:
 NATIVE = _load_native()
 if not NATIVE and torch.cuda.is_available():   # CPU-only torch: the reference is the only path
     log.warning("spin_trtllm: native library not built or not usable; spin::%s run through the "
-                "reference "
-                "implementation (./build.sh builds it where torch has CUDA and nvcc exists)",
+                "reference implementation (./build.sh builds it where torch has CUDA and nvcc "
+                "exists)",
                 ", spin::".join(OPS))
 elif not NATIVE:
     log.info("spin_trtllm: no CUDA; spin ops run the reference implementation")
@@ -902,8 +902,7 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     if next_n > 1:
         lens = lens.repeat_interleave(next_n)
     if row_lens is not None:
-        lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), lens)
-    lens = lens.to(torch.int32)
+        lens = torch.minimum(row_lens.reshape(-1).clamp(min=0), lens)   # int32, as validated
     if ragged is not None and x.shape[0] < TOPK_RAGGED_MAX_ROWS:
         pos = ragged(x, _zero_offsets(x.shape[0], x.device), lens, k)
     else:

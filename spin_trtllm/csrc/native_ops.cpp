@@ -36,12 +36,12 @@ spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, 
 }
 
 // The fields every launcher takes from a [B, m_cap] block-id view and its [B] counts (both may
-// be strided layer views of select's [B, L, ...] outputs).
+// be strided layer views of select's [B, L, ...] outputs, or those outputs themselves).
 template <typename Params>
 void set_selection(Params& p, at::Tensor& block_ids, at::Tensor& counts) {
   p.block_ids = block_ids.data_ptr<int32_t>();
   p.counts = counts.data_ptr<int32_t>();
-  p.m_cap = static_cast<int>(block_ids.size(1));
+  p.m_cap = static_cast<int>(block_ids.size(-1));
   p.ids_stride = block_ids.stride(0);
   p.counts_stride = counts.stride(0);
 }
@@ -132,20 +132,14 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.state = state_view(V, D, last_seen, decode_steps);
   p.state_slot = state_slot.data_ptr<int32_t>();
   p.logits = logits.data_ptr<float>();
+  set_selection(p, block_ids, counts);
+  p.layer = static_cast<int>(layer);
   if (layer < 0) {  // every layer: logits [L, B*R, W], block_ids [B, L, m_cap], counts [B, L]
     p.layer = 0;
     p.layers = static_cast<int>(logits.size(0));
     p.logits_layer_stride = logits.stride(0);
-    p.block_ids = block_ids.data_ptr<int32_t>();
-    p.counts = counts.data_ptr<int32_t>();
-    p.m_cap = static_cast<int>(block_ids.size(2));
-    p.ids_stride = block_ids.stride(0);
     p.ids_layer_stride = block_ids.stride(1);
-    p.counts_stride = counts.stride(0);
     p.counts_layer_stride = counts.stride(1);
-  } else {
-    p.layer = static_cast<int>(layer);
-    set_selection(p, block_ids, counts);
   }
   p.n = context_lens.data_ptr<int32_t>();
   p.q = query_pos.data_ptr<int32_t>();

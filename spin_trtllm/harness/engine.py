@@ -262,7 +262,8 @@ class Engine:
         "auto" picks per step from `cost_model` (spin_trtllm.costs; default: H200 constants with
         the top-K priced as ops.topk runs it here) whether SPIN beats all-keep for the batch, so
         it is never the slower of the two. Steps run all-keep do not update SPIN's state; a
-        request SPIN takes over again restarts warm-up. Default: "auto" on CUDA, "spin" on the CPU (the reference ops there).
+        request SPIN takes over again restarts warm-up. Default: "auto" on CUDA, "spin" on the
+        CPU (the reference ops there).
         predictor (with SPIN): "spin" ranks blocks by SPIN's history, "probe" by each block's
         summary (mean key) scored with the current query (SpinIndexer), "hybrid" by both (the
         max of their rank shares); the summaries are built after every prefill and rebuilt
