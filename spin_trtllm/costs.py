@@ -23,6 +23,12 @@ The query-aware predictors replace select's share (tenth session, `bench_probe.p
            request per row
   hybrid   the probe's, plus the merge's V/D pooling and rank sort in that select: 0.6 ns per
            slot of the longest request per row (latency-bound: one CTA per request)
+In an engine's captured step SPIN pays about 15 us per indexer layer more than its kernels
+take alone (engine_overhead_us: its extra launches and their gaps, its state's bytes beside the
+layer's other traffic), fitted to the dsa-lite suite on an H200 (fifteenth session,
+benchmarks/results_dsa_s15_flashinfer_suite.jsonl; thirteenth, results_dsa_overlap.jsonl): the
+forward's indexer share per layer, SPIN minus all-keep, was 9-21 us above the kernels' model at
+rho 0.5. prefer_spin adds it; spin_us is the kernels alone.
 The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
 and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
 """
@@ -60,6 +66,7 @@ class CostModel:
     probe_select_fixed_us: float = 10.0
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3
+    engine_overhead_us: float = 15.0  # SPIN's per-layer cost in a captured step beyond its kernels
     margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
 
     def _logits(self, slots: float, next_n: int) -> float:
@@ -117,12 +124,14 @@ class CostModel:
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
                     predictor: str = "spin") -> bool:
-        """True when SPIN is predicted faster than all-keep for this batch (by `margin` when
-        switching to SPIN, so that a batch at the boundary does not flip every step)."""
+        """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
+        batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
+        every step)."""
         if sparsity <= 0 or not visible_slots:
             return False
         dense = self.dense_us(visible_slots, next_n)
-        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor)
+        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor) \
+            + self.engine_overhead_us
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
 

@@ -120,12 +120,47 @@ def test_cost_model_decisions():
     assert H200.spin_us(ctx, 0.5, state_bytes=4) > H200.spin_us(ctx, 0.5, state_bytes=2)
 
 
+# dsa-lite suites on an H200, captured steps, next_n 1: the first with flashinfer's top-K
+# installed on both sides (fifteenth session), the second without (thirteenth session).
+SUITES = [("results_dsa_s15_flashinfer_suite.jsonl", True), ("results_dsa_overlap.jsonl", False)]
+
+
+def _suite_cases():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    for name, peer in SUITES:
+        rows = [json.loads(line) for line in (root / name).read_text().splitlines() if line]
+        dense = {(r["indexer_slots"], r["batch"]): r["forward_ms"]
+                 for r in rows if r["indexer"] == "dense"}
+        for r in rows:
+            if r["indexer"] == "spin":
+                yield pytest.param(peer, r["indexer_slots"], r["batch"], r["rho"],
+                                   dense[r["indexer_slots"], r["batch"]] / r["forward_ms"],
+                                   id=f"{name[:-6]}-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
+
+
+@pytest.mark.parametrize("peer,slots,batch,rho,speedup", list(_suite_cases()))
+def test_switch_agrees_with_the_measured_suites(peer, slots, batch, rho, speedup):
+    """Where SPIN's captured forward won clearly (>= 3%) the model takes SPIN; where it did not
+    win at all (<= 1%) it keeps all-keep, from either side of the hysteresis."""
+    model = CostModel(peer_topk=peer)
+    ctx = [slots] * batch
+    if speedup >= 1.03:
+        assert model.prefer_spin(ctx, rho, running_spin=False)
+    elif speedup <= 1.01:
+        assert not model.prefer_spin(ctx, rho, running_spin=True)
+    else:
+        pytest.skip(f"measured speedup {speedup:.3f}: within the noise, either choice")
+
+
 def test_hysteresis_keeps_a_boundary_batch_where_it_is():
     model = CostModel(margin=0.05)
     # find a batch where SPIN is ahead by less than the margin
     for slots in range(4096, 1 << 20, 1024):
         ctx = [slots] * 8
-        d, s = model.dense_us(ctx), model.spin_us(ctx, 0.3)
+        d, s = model.dense_us(ctx), model.spin_us(ctx, 0.3) + model.engine_overhead_us
         if d * 0.95 <= s < d:
             break
     else:
