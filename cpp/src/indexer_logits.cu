@@ -29,7 +29,16 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 128;                       // one warpgroup
-constexpr int kStages = 4;                          // pages in flight per CTA
+// Pages in flight per CTA: 3 with one row (G 1), so that 6 CTAs fit an SM (shared memory and,
+// with wgmma, 85 registers); H200: 0-11% faster than 4 stages at 4 CTAs an SM. The mma.sync
+// build keeps the compiler's register choice.
+template <int G>
+__host__ __device__ constexpr int stages_for() { return G == 1 ? 3 : 4; }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr int kMinCtasOneRow = 6;
+#else
+constexpr int kMinCtasOneRow = 1;
+#endif
 constexpr int kPageKeyBytes = kBlockSize * kHeadDim;  // 8 KB of fp8 keys, then 64 fp32 scales
 constexpr int kQBytes = kHeads * kHeadDim;          // one MTP row's q: 8 KB
 constexpr int kKSteps = kHeadDim / 32;              // 32 fp8 dims per MMA k-step
@@ -45,22 +54,24 @@ static_assert(kChunksPerThread * kThreads * 16 == kPageKeyBytes && kThreads % 8 
 __host__ __device__ constexpr int group_for(int rows) { return rows <= 2 ? rows : 4; }
 // The kernels with one group (G <= 2) take G == rows: their rows' weights stay in registers.
 static_assert(group_for(1) == 1 && group_for(2) == 2, "G <= 2 must mean G == rows");
-// Page i (>= 0) of a CTA's run goes through stage i % kStages; its barriers' phase parity.
-__device__ __forceinline__ int stage_of(int i) { return static_cast<unsigned>(i) % kStages; }
+// Page i (>= 0) of a CTA's run goes through stage i % S; its barriers' phase parity.
+template <int S>
+__device__ __forceinline__ int stage_of(int i) { return static_cast<unsigned>(i) % S; }
+template <int S>
 __device__ __forceinline__ uint32_t parity_of(int i) {
-  return (static_cast<unsigned>(i) / kStages) & 1;
+  return (static_cast<unsigned>(i) / S) & 1;
 }
 
 // Shared-memory layout (offsets from a 1024-byte aligned base: the swizzle atom is 8 x 128 B).
 // q (row r at r * kQBytes) holds q_rows = rows rounded up to the group.
 struct Smem {
-  int q_rows;
+  int q_rows, stages;
   __host__ __device__ int page(int s) const { return q_rows * kQBytes + s * kPageKeyBytes; }
   __host__ __device__ int scales(int s) const {
-    return q_rows * kQBytes + kStages * kPageKeyBytes + s * kBlockSize * 4;
+    return q_rows * kQBytes + stages * kPageKeyBytes + s * kBlockSize * 4;
   }
   __host__ __device__ int weights(int r) const {
-    return q_rows * kQBytes + kStages * (kPageKeyBytes + kBlockSize * 4) + r * kHeads * 4;
+    return q_rows * kQBytes + stages * (kPageKeyBytes + kBlockSize * 4) + r * kHeads * 4;
   }
   __host__ __device__ int bytes() const { return weights(q_rows) + 1024; }  // + alignment slack
 };
@@ -385,13 +396,14 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 #endif
 
 template <int G>
-__global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int blocks_per_cta,
+__global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1) logits_kernel(LogitsParams p, int blocks_per_cta,
                                                          const __grid_constant__ CUtensorMap keys) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  const Smem lay{(p.rows + G - 1) / G * G};
+  constexpr int kStages = stages_for<G>();
+  const Smem lay{(p.rows + G - 1) / G * G, kStages};
 
   const int b = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -451,9 +463,9 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
 #if __CUDA_ARCH__ >= 900
     if (threadIdx.x != 0) return;  // one thread drives the copy engine
 #endif
-    const int stage = stage_of(i);
+    const int stage = stage_of<kStages>(i);
     const uint32_t full = full0 + 8 * stage;
-    if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of(i) ^ 1);
+    if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of<kStages>(i) ^ 1);
     const int page = page_s[i];
     if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
       mbar_arrive(full);
@@ -516,8 +528,8 @@ __global__ void __launch_bounds__(kThreads) logits_kernel(LogitsParams p, int bl
   };
   Acc<G> acc;
   for (int i = 0; i < run; ++i) {
-    const int c = c_begin + i, stage = stage_of(i);
-    mbar_wait(full0 + 8 * stage, parity_of(i));
+    const int c = c_begin + i, stage = stage_of<kStages>(i);
+    mbar_wait(full0 + 8 * stage, parity_of<kStages>(i));
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
     const bool factored =
@@ -559,7 +571,7 @@ template <int G>
 cudaError_t launch(const LogitsParams& p, int device, int sms, const CUtensorMap& keys,
                    cudaStream_t stream) {
   const int q_rows = (p.rows + G - 1) / G * G;
-  const int smem = Smem{q_rows}.bytes();
+  const int smem = Smem{q_rows, stages_for<G>()}.bytes();
   cudaError_t err = allow_dynamic_smem(logits_kernel<G>, smem);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
