@@ -11,15 +11,21 @@ those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
   forward ms   GPU time of the captured step (select + all layers), CUDA events
   indexer ms   forward ms minus the null step's
   speedups     against the fastest all-keep of the same case (any backend)
+With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
+(null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians:
+the host's share of a step moves by milliseconds between processes (fifteenth session), more
+than SPIN's gain at small batches. The rows keep every run's step and forward times.
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
-             [--state-dtype float16] [--predictor spin probe hybrid] [--json F] [--markdown F]
+             [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
+             [--json F] [--markdown F]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +49,53 @@ def in_fresh_process(spec: dict) -> dict:
     if proc.returncode or not lines:
         raise RuntimeError(f"case {spec} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+# the times a repeated engine reports as the median over its runs
+TIMES = ("step_ms", "forward_ms", "prepare_ms", "launch_ms", "wait_ms", "after_ms")
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One row from repeated runs of the same engine: the median of each time over the runs,
+    every run's step and forward times kept (step_ms_runs, forward_ms_runs)."""
+    if not runs:
+        raise ValueError("merge_runs: no runs")
+    row = dict(runs[0])
+    for key in TIMES:
+        row[key] = statistics.median(r[key] for r in runs)
+    row["step_ms_runs"] = [r["step_ms"] for r in runs]
+    row["forward_ms_runs"] = [r["forward_ms"] for r in runs]
+    row["repeats"] = len(runs)
+    return row
+
+
+def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, context: int,
+           batch: int, mtp: int, seconds: float) -> dict | None:
+    """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
+    so far), keep it, write it, print it. Returns the null row."""
+    if r["indexer"] == "null":
+        null = r
+    elif r["indexer"] == "dense":
+        dense.append(r)
+    r["indexer_ms"] = r["forward_ms"] - null["forward_ms"]
+    best = min(dense, key=lambda d: d["forward_ms"]) if dense else None
+    if best is not None and r["indexer"] != "null":
+        r["vs"] = label(best)
+        r["step_speedup"] = best["step_ms"] / r["step_ms"]
+        r["forward_speedup"] = best["forward_ms"] / r["forward_ms"]
+        r["indexer_vs_dense"] = r["indexer_ms"] / best["indexer_ms"] \
+            if best["indexer_ms"] > 0 else None
+    r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
+    rows.append(r)
+    if jf:
+        jf.write(json.dumps(r) + "\n")
+        jf.flush()
+    print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>24}: step "
+          f"{r['step_ms']:7.2f} ms  forward {r['forward_ms']:7.2f} ms  indexer "
+          f"{r['indexer_ms']:6.2f} ms ({r['indexer_share']:.0%})  sparsity "
+          f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
+          f"  x{r.get('step_speedup', 1):.3f}  [{seconds:.0f} s]", flush=True)
+    return null
 
 
 def backends_here() -> list[str]:
@@ -76,10 +129,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")
     ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every engine, each in a fresh process; times are medians")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -106,32 +163,16 @@ def main(argv=None) -> int:
                     specs += [dict(indexer="auto", rho=s, backend="native", predictor=p)
                               for p in args.predictor for s in args.sparsity]
                 null, dense = None, []
-                for spec in specs:
-                    t0 = time.time()
-                    r = in_fresh_process({**base, **spec})
-                    if r["indexer"] == "null":
-                        null = r
-                    elif r["indexer"] == "dense":
-                        dense.append(r)
-                    r["indexer_ms"] = r["forward_ms"] - null["forward_ms"]
-                    best = min(dense, key=lambda d: d["forward_ms"]) if dense else None
-                    if best is not None and r["indexer"] != "null":
-                        r["vs"] = label(best)
-                        r["step_speedup"] = best["step_ms"] / r["step_ms"]
-                        r["forward_speedup"] = best["forward_ms"] / r["forward_ms"]
-                        r["indexer_vs_dense"] = r["indexer_ms"] / best["indexer_ms"] \
-                            if best["indexer_ms"] > 0 else None
-                    r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
-                    rows.append(r)
-                    if jf:
-                        jf.write(json.dumps(r) + "\n")
-                        jf.flush()
-                    print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>24}: step "
-                          f"{r['step_ms']:7.2f} ms  forward {r['forward_ms']:7.2f} ms  indexer "
-                          f"{r['indexer_ms']:6.2f} ms ({r['indexer_share']:.0%})  sparsity "
-                          f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
-                          f"  x{r.get('step_speedup', 1):.3f}  [{time.time() - t0:.0f} s]",
-                          flush=True)
+                runs = [[] for _ in specs]
+                # round-robin, so that host drift hits every engine alike; the last round
+                # reports each engine as it ends (null and all-keep come first)
+                for round_ in range(args.repeats):
+                    for spec, done in zip(specs, runs):
+                        t0 = time.time()
+                        done.append(in_fresh_process({**base, **spec}))
+                        if round_ == args.repeats - 1:
+                            null = report(merge_runs(done), null, dense, rows, jf, context,
+                                          batch, mtp, time.time() - t0)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "

@@ -1,0 +1,80 @@
+"""bench_dsa_lite's driver on the CPU: every engine of a case in its own (faked) process,
+round-robin over --repeats, times as medians of the runs, rows written as engines end."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dsa_lite.py"
+ARGS = ["--contexts", "4096", "--batches", "2", "--sparsity", "0.5", "--mtp", "0",
+        "--backends", "native", "--no-auto"]
+
+
+def _bench(monkeypatch, times: dict[str, list[tuple[float, float]]], calls: list[str]):
+    """The module with in_fresh_process replaced: engine kind -> (step, forward) ms per run."""
+    spec = importlib.util.spec_from_file_location("bench_dsa_lite_under_test", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def fake(spec: dict) -> dict:
+        kind = spec["indexer"]
+        run = calls.count(kind)
+        calls.append(kind)
+        step, forward = times[kind][run]
+        return {"indexer": kind, "predictor": spec.get("predictor", "spin"),
+                "rho": spec.get("rho"), "backend": spec["backend"], "state_dtype": "float16",
+                "context_tokens": spec["context"], "indexer_slots": spec["context"] // 4,
+                "batch": spec["batch"], "next_n": spec["mtp"] + 1, "steps": 4,
+                "step_ms": step, "forward_ms": forward, "prepare_ms": 1.0 + run,
+                "launch_ms": 0.2, "wait_ms": forward, "after_ms": step - forward - 1.2 - run,
+                "spin_steps": 4 if kind == "spin" else 0,
+                "realized_sparsity": 0.5 if kind == "spin" else 0.0}
+
+    monkeypatch.setattr(mod, "in_fresh_process", fake)
+    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: True)
+    return mod
+
+
+def test_repeats_run_round_robin_and_report_medians(monkeypatch, tmp_path):
+    times = {"null": [(20.0, 10.0), (26.0, 10.2), (21.0, 10.1)],
+             "dense": [(25.0, 14.0), (24.0, 14.5), (30.0, 14.2)],
+             "spin": [(40.0, 12.6), (23.0, 12.0), (22.0, 12.3)]}   # medians differ from run 1
+    calls: list[str] = []
+    mod = _bench(monkeypatch, times, calls)
+    out = tmp_path / "rows.jsonl"
+    assert mod.main(ARGS + ["--repeats", "3", "--json", str(out)]) == 0
+    assert calls == ["null", "dense", "spin"] * 3
+    null, dense, spin = [json.loads(line) for line in out.read_text().splitlines()]
+    assert spin["step_ms_runs"] == [40.0, 23.0, 22.0] and spin["repeats"] == 3
+    assert spin["step_ms"] == 23.0 and spin["forward_ms"] == 12.3
+    assert spin["prepare_ms"] == 2.0                       # the median of 1, 2, 3
+    assert dense["step_ms"] == 25.0 and null["forward_ms"] == 10.1
+    assert spin["step_speedup"] == pytest.approx(25.0 / 23.0)
+    assert spin["forward_speedup"] == pytest.approx(14.2 / 12.3)
+    assert spin["indexer_ms"] == pytest.approx(12.3 - 10.1)
+    assert spin["indexer_vs_dense"] == pytest.approx((12.3 - 10.1) / (14.2 - 10.1))
+
+
+def test_one_run_writes_each_engine_as_it_ends(monkeypatch, tmp_path):
+    """A failing engine loses only its own row: the ones before it are already written."""
+    calls: list[str] = []
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)], "spin": []},
+                 calls)
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(IndexError):
+        mod.main(ARGS + ["--json", str(out)])
+    assert calls == ["null", "dense", "spin"]          # the third engine failed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["indexer"] for r in rows] == ["null", "dense"]
+    assert rows[1]["step_ms_runs"] == [25.0] and rows[1]["step_ms"] == 25.0
+
+
+def test_repeats_must_be_positive(monkeypatch, capsys):
+    mod = _bench(monkeypatch, {}, [])
+    with pytest.raises(SystemExit):
+        mod.main(ARGS + ["--repeats", "0"])
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no runs"):
+        mod.merge_runs([])
