@@ -27,8 +27,8 @@ In an engine's captured step SPIN pays about 15 us per indexer layer more than i
 take alone (engine_overhead_us: its extra launches and their gaps, its state's bytes beside the
 layer's other traffic), fitted to the dsa-lite suite on an H200 (fifteenth session,
 benchmarks/results_dsa_s15_flashinfer_suite.jsonl; thirteenth, results_dsa_overlap.jsonl): the
-forward's indexer share per layer, SPIN minus all-keep, was 9-21 us above the kernels' model at
-rho 0.5. prefer_spin adds it; spin_us is the kernels alone.
+measured SPIN / all-keep indexer time ratios, times the model's all-keep time, put SPIN 9-21 us
+a layer above the kernels' model at rho 0.5. prefer_spin adds it; spin_us is the kernels alone.
 The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
 and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
 """

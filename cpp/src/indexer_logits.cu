@@ -396,8 +396,8 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 #endif
 
 template <int G>
-__global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1) logits_kernel(LogitsParams p, int blocks_per_cta,
-                                                         const __grid_constant__ CUtensorMap keys) {
+__global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
+    logits_kernel(LogitsParams p, int blocks_per_cta, const __grid_constant__ CUtensorMap keys) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
