@@ -57,7 +57,8 @@ TIMES = ("step_ms", "forward_ms", "prepare_ms", "launch_ms", "wait_ms", "after_m
 
 def merge_runs(runs: list[dict]) -> dict:
     """One row from repeated runs of the same engine: the median of each time over the runs,
-    every run's step and forward times kept (step_ms_runs, forward_ms_runs)."""
+    every run's step and forward times kept (step_ms_runs, forward_ms_runs); the other fields
+    (realized sparsity, SPIN steps, ...) are the first run's: every run replays the same requests."""
     if not runs:
         raise ValueError("merge_runs: no runs")
     row = dict(runs[0])
@@ -164,15 +165,27 @@ def main(argv=None) -> int:
                               for p in args.predictor for s in args.sparsity]
                 null, dense = None, []
                 runs = [[] for _ in specs]
+                seconds = [0.0 for _ in specs]
+                reported = 0
                 # round-robin, so that host drift hits every engine alike; the last round
                 # reports each engine as it ends (null and all-keep come first)
-                for round_ in range(args.repeats):
-                    for spec, done in zip(specs, runs):
-                        t0 = time.time()
-                        done.append(in_fresh_process({**base, **spec}))
-                        if round_ == args.repeats - 1:
-                            null = report(merge_runs(done), null, dense, rows, jf, context,
-                                          batch, mtp, time.time() - t0)
+                try:
+                    for round_ in range(args.repeats):
+                        for i, spec in enumerate(specs):
+                            t0 = time.time()
+                            runs[i].append(in_fresh_process({**base, **spec}))
+                            seconds[i] += time.time() - t0
+                            if round_ == args.repeats - 1:
+                                null = report(merge_runs(runs[i]), null, dense, rows, jf,
+                                              context, batch, mtp, seconds[i])
+                                reported = i + 1
+                except BaseException:
+                    # a failed engine loses only its own row: report what the others ran
+                    for i in range(reported, len(specs)):
+                        if runs[i] and (null is not None or specs[i]["indexer"] == "null"):
+                            null = report(merge_runs(runs[i]), null, dense, rows, jf,
+                                          context, batch, mtp, seconds[i])
+                    raise
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "

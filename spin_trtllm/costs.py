@@ -28,7 +28,9 @@ take alone (engine_overhead_us: its extra launches and their gaps, its state's b
 layer's other traffic), fitted to the dsa-lite suite on an H200 (fifteenth session,
 benchmarks/results_dsa_s15_flashinfer_suite.jsonl; thirteenth, results_dsa_overlap.jsonl): the
 measured SPIN / all-keep indexer time ratios, times the model's all-keep time, put SPIN 9-21 us
-a layer above the kernels' model at rho 0.5. prefer_spin adds it; spin_us is the kernels alone.
+(fifteenth) and 5-24 us (thirteenth) a layer above the kernels' model at rho 0.5, next_n 1.
+prefer_spin adds it for every predictor and next_n (fitted only to SPIN's at next_n 1);
+spin_us is the kernels alone.
 The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
 and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
 """

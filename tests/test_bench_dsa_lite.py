@@ -78,3 +78,17 @@ def test_repeats_must_be_positive(monkeypatch, capsys):
     assert "--repeats must be >= 1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no runs"):
         mod.merge_runs([])
+
+
+def test_a_failure_in_a_later_round_keeps_every_engines_earlier_runs(monkeypatch, tmp_path):
+    calls: list[str] = []
+    times = {"null": [(20.0, 10.0), (22.0, 10.2)], "dense": [(25.0, 14.0), (27.0, 14.4)],
+             "spin": [(23.0, 12.0)]}                   # its second run fails
+    mod = _bench(monkeypatch, times, calls)
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(IndexError):
+        mod.main(ARGS + ["--repeats", "2", "--json", str(out)])
+    null, dense, spin = [json.loads(line) for line in out.read_text().splitlines()]
+    assert null["repeats"] == dense["repeats"] == 2 and spin["repeats"] == 1
+    assert dense["step_ms"] == 26.0 and spin["step_ms_runs"] == [23.0]
+    assert spin["step_speedup"] == pytest.approx(26.0 / 23.0)

@@ -131,11 +131,12 @@ def _suite_cases():
 
     root = Path(__file__).resolve().parents[1] / "benchmarks"
     for name, peer in SUITES:
-        rows = [json.loads(line) for line in (root / name).read_text().splitlines() if line]
+        rows = [r for r in map(json.loads, (root / name).read_text().splitlines())
+                if r["backend"] == "native" and r["next_n"] == 1 and r["state_dtype"] == "float16"]
         dense = {(r["indexer_slots"], r["batch"]): r["forward_ms"]
                  for r in rows if r["indexer"] == "dense"}
         for r in rows:
-            if r["indexer"] == "spin":
+            if r["indexer"] == "spin" and r.get("predictor", "spin") == "spin":
                 yield pytest.param(peer, r["indexer_slots"], r["batch"], r["rho"],
                                    dense[r["indexer_slots"], r["batch"]] / r["forward_ms"],
                                    id=f"{name[:-6]}-{r['indexer_slots']}x{r['batch']}-{r['rho']}")

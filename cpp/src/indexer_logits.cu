@@ -31,7 +31,7 @@ namespace {
 constexpr int kThreads = 128;                       // one warpgroup
 // Pages in flight per CTA: 3 with one row (G 1), so that 6 CTAs fit an SM (35 KB of shared
 // memory each, 63 registers with wgmma) instead of 5 with 4 stages: H200, same runs, 1-4% less
-// time at 5 of 6 shapes (1% more at 32 x 128K). The mma.sync build keeps the register choice.
+// time at 5 of 6 shapes (1-2% more at 32 x 128K). The mma.sync build keeps the register choice.
 template <int G>
 __host__ __device__ constexpr int stages_for() { return G == 1 ? 3 : 4; }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
