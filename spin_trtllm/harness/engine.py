@@ -670,7 +670,7 @@ class Engine:
             stats._events.append((f0, f1, "forward_seconds"))
         t_wait = time.perf_counter()
         stats.launch_seconds = t_wait - t_launch
-        greedy = logits.argmax(-1).cpu()
+        greedy = logits.argmax(-1).cpu().tolist()   # Python ints: no tensor index per row
         stats.wait_seconds = time.perf_counter() - t_wait
         sampled = [b for b, live in enumerate(batch)
                    if live.req.temperature > 0 or live.req.forced is not None]
@@ -693,7 +693,7 @@ class Engine:
                     row = row_logits[sampled.index(b), j]
                     targets.append(self._target(live, row, j, p + j + 1))
                 else:
-                    targets.append(int(greedy[b, j]))
+                    targets.append(greedy[b][j])
                 if j < R - 1 and live.drafts[j] == targets[j]:
                     a += 1
                 else:
@@ -708,7 +708,7 @@ class Engine:
                     self._record_trace(observed, rid, ctx[b], qpos[b], accepted[b])
         redraft = []
         # one gather, not a copy per request: graph outputs are overwritten next replay
-        kept_hidden = hidden[torch.arange(B, device=hidden.device), acc.to(torch.int64)]
+        kept_hidden = hidden[torch.arange(B, device=hidden.device), acc.to(torch.int64)].unbind(0)
         for b, live in enumerate(batch):
             a = accepted[b]
             live.context += [live.pending] + live.drafts[:a]
