@@ -179,13 +179,13 @@ def main(argv=None) -> int:
                                 null = report(merge_runs(runs[i]), null, dense, rows, jf,
                                               context, batch, mtp, seconds[i])
                                 reported = i + 1
-                except BaseException:
-                    # a failed engine loses only its own row: report what the others ran
+                finally:
+                    # after a failure the engines not yet reported report the runs they have
+                    # (null runs first every round, so it has runs whenever another does)
                     for i in range(reported, len(specs)):
-                        if runs[i] and (null is not None or specs[i]["indexer"] == "null"):
+                        if runs[i]:
                             null = report(merge_runs(runs[i]), null, dense, rows, jf,
                                           context, batch, mtp, seconds[i])
-                    raise
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
