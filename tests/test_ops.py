@@ -512,6 +512,46 @@ def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay, R, cap):
 
 @gpu
 @pytest.mark.parametrize("state_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cap", [4096, 4100])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
+    """The one-row update walks interior blocks in vectors (8 fp16 or 4 fp32 entries when cap
+    allows): contexts 3993-4000 and 2049-2052 put q + 1 at every residue mod 8, so D's vectors
+    meet the blocks' windows at every skew; random block ids in random order (neighbouring
+    blocks kept or not), non-finite logits inside interior blocks, 1-65 slot contexts, a row
+    with accepted 0 among R 2 (it takes the one-row path), and a request with nothing kept."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype)
+    lens = (3993, 3994, 3995, 3996, 3997, 3998, 3999, 4000, 2049, 2050, 2051, 2052, 1, 65, 640)
+    gen = torch.Generator().manual_seed(100 + seed)
+    for R in (1, 2):
+        p_cpu, p_gpu = _gpu_problem(B=len(lens), R=R, L=1, lens=lens, cap=cap, seed=seed, cfg=cfg)
+        if R == 2:
+            for p in (p_cpu, p_gpu):
+                p.accepted.copy_(torch.zeros(len(lens), dtype=torch.int32))
+        m_cap = p_cpu.m_cap
+        ids = torch.full((len(lens), m_cap), -1, dtype=torch.int32)
+        cnt = torch.zeros(len(lens), dtype=torch.int32)
+        for b, length in enumerate(lens):
+            blocks = -(-(length + R - 1) // 64)
+            keep = torch.randperm(blocks, generator=gen)[:max(1, (blocks * 3) // 5)]
+            if b == len(lens) - 1:
+                keep = keep[:0]
+            ids[b, :len(keep)] = keep.to(torch.int32)
+            cnt[b] = len(keep)
+        z = torch.randn(len(lens) * R, m_cap * 64, generator=gen)
+        bad = torch.rand(z.shape, generator=gen) < 0.02
+        z[bad] = torch.tensor([float("nan"), float("inf"), -float("inf")])[
+            torch.randint(0, 3, (int(bad.sum()),), generator=gen)]
+        before = p_gpu.clone_state()
+        for p, dev in ((p_gpu, "cuda"), (p_cpu, "cpu")):
+            ops.update(p.state, p.slot, z.to(dev), ids.to(dev), cnt.to(dev), p.n, p.q,
+                       p.accepted, p.step, 0, cfg, p.max_ctx)
+        for a, b, old in zip(p_cpu.state.tensors(), p_gpu.state.tensors(), before.tensors()):
+            assert torch.equal(a, b.cpu()) and not torch.equal(b, old)
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("R", [1, 4])
 def test_gpu_update_every_layer_matches_reference(state_dtype, R):
     """One launch for every layer (grid z) against the reference one layer at a time: strided

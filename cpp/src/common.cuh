@@ -90,6 +90,16 @@ struct StateVec {
       w[0] = r.x; w[1] = r.y;
     }
   }
+  // vector vi of a row (entries kVec*vi..): 32-bit index, the row pointer carries the base
+  __device__ __forceinline__ void load_vec(const void* row, int vi) {
+    if constexpr (kWords == 4) {
+      const uint4 r = static_cast<const uint4*>(row)[vi];
+      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
+    } else {
+      const uint2 r = static_cast<const uint2*>(row)[vi];
+      w[0] = r.x; w[1] = r.y;
+    }
+  }
   __device__ __forceinline__ float operator[](int e) const {
     if constexpr (kHalf) {
       const __half2 h = *reinterpret_cast<const __half2*>(&w[e / 2]);

@@ -10,12 +10,97 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One-row update on 16-byte vectors (K entries) for interior blocks: all 64 slots below n and
+// the state's capacity, the block's D window [q - 64j - 63, q - 64j] inside [0, cap). A warp
+// takes 32 K consecutive compact positions; lane h of a block the slots i = 64j + K h .. + K - 1
+// (one V vector, K logits). D goes by aligned vectors too: lane h owns the vector A that holds
+// offset q - i - K + 1. With skew S = (q + 1) % K, A's first S entries are the next lane's first
+// S slots' (their logits come by shuffle). At a block's edges A reaches into the neighbouring
+// block's window, so the last lane stores only A's entries S..K-1 and the first lane the S
+// entries of the vector above its own, one at a time: two blocks never store the same vector.
+// Same arithmetic and rounding as the scalar path, so the results are bit for bit the same.
+template <bool kHalf>
+struct RowVectors {
+  static constexpr int K = kHalf ? 8 : 4;      // entries per 16-byte vector
+  static constexpr int kGroup = kBlockSize / K;  // lanes per block
+  using Vec = StateVec<kHalf, K>;
+
+  __device__ static void store(void* row, int vi, const float (&x)[K]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if constexpr (kHalf) {
+        const __half2 h2 =
+            __halves2half2(__float2half_rn(fminf(fmaxf(x[2 * u], -65504.0f), 65504.0f)),
+                           __float2half_rn(fminf(fmaxf(x[2 * u + 1], -65504.0f), 65504.0f)));
+        w[u] = *reinterpret_cast<const uint32_t*>(&h2);
+      } else {
+        w[u] = __float_as_uint(fminf(fmaxf(x[u], -FLT_MAX), FLT_MAX));
+      }
+    }
+    static_cast<uint4*>(row)[vi] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+
+  // old unless z is observed (finite): then one EMA step
+  __device__ static float step(float a, float one_minus_a, float old, float z) {
+    return isfinite(z) ? ema(a, one_minus_a, old, z) : old;
+  }
+
+  // The vectors of one lane once its block is known to be interior; S: the D skew.
+  template <int S>
+  __device__ static void apply(void* V_row, void* D_row, int i, int q, const float (&z)[K],
+                               float a, float one_minus_a) {
+    const int h = (threadIdx.x & 31) % kGroup;
+    const int d_at = (q - i - K + 1 - S) / K;  // A's vector index (q - i - K + 1 - S >= 0)
+    Vec v, d, up;
+    v.load_vec(V_row, i / K);
+    d.load_vec(D_row, d_at);
+    if (S != 0 && h == 0) up.load_vec(D_row, d_at + 1);
+    float zn[S > 0 ? S : 1];  // the next lane's first S logits
+#pragma unroll
+    for (int e = 0; e < S; ++e) zn[e] = __shfl_down_sync(0xffffffffu, z[e], 1);
+    float nv[K], nd[K];
+#pragma unroll
+    for (int e = 0; e < K; ++e) {
+      nv[e] = step(a, one_minus_a, v[e], z[e]);
+      // entry e of A is offset q - i - K + 1 - S + e, slot i + K - 1 + S - e
+      const int at = K - 1 + S - e;
+      nd[e] = step(a, one_minus_a, d[e], at < K ? z[at < K ? at : 0] : zn[at >= K ? at - K : 0]);
+    }
+    store(V_row, i / K, nv);
+    if (S == 0 || h != kGroup - 1) {
+      store(D_row, d_at, nd);
+    } else {  // entries below S are the next block's
+#pragma unroll
+      for (int e = S; e < K; ++e)
+        if (isfinite(z[K - 1 + S - e])) store_state(D_row, kHalf, d_at * K + e, nd[e]);
+    }
+    if (S != 0 && h == 0) {  // entries e < S of the vector above: slots i + S - 1 - e
+#pragma unroll
+      for (int e = 0; e < S; ++e) {
+        const float zz = z[S > 0 ? S - 1 - e : 0];
+        if (isfinite(zz))
+          store_state(D_row, kHalf, (d_at + 1) * K + e, ema(a, one_minus_a, up[e], zz));
+      }
+    }
+  }
+
+  template <int S = 0>
+  __device__ static void apply_skew(int skew, void* V_row, void* D_row, int i, int q,
+                                    const float (&z)[K], float a, float one_minus_a) {
+    if constexpr (S + 1 < K) {
+      if (skew != S) return apply_skew<S + 1>(skew, V_row, D_row, i, q, z, a, one_minus_a);
+    }
+    apply<S>(V_row, D_row, i, q, z, a, one_minus_a);
+  }
+};
+
 // kHalf: V/D are fp16 (a template argument so that no load or store branches on it).
 template <bool kHalf>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
-  // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads scored
-  // slots and of offsets of request y in layer layer + z
+  // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads (K x
+  // kThreads on the vector path) scored slots and of offsets of request y in layer layer + z
   const int b = blockIdx.y, layer = p.layer + blockIdx.z;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -30,7 +115,8 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       min(p.counts[b * p.counts_stride + blockIdx.z * p.counts_layer_stride], p.m_cap);
   const int accepted = p.accepted[b];
   const int q0 = p.q[b * p.rows];
-  // One-row path: a warp takes 128 consecutive compact positions (2 scored blocks) from chunk0
+  // One-row path without vectors (the state rows or the logits not aligned for them): a warp
+  // takes 128 consecutive compact positions (2 scored blocks) from chunk0
   // on, lane l the positions l + 32e (e < 4), so V, D and the logits move in whole lines.
   // Block ids and logits are loaded one chunk ahead (the first before the count and the row
   // count are known; unused with several rows): V and D then wait on one load, not on a chain
@@ -53,7 +139,30 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
       z_ahead[e] = pos < width ? z_row[pos] : 0.0f;
     }
   };
-  prefetch(chunk0);
+  // The one-row path on vectors (RowVectors) when the state rows and the logits allow it; a
+  // warp's chunk with a block that is not interior goes one position at a time. H200, fp16
+  // state, rho 0.5, one layer: 96 x 128K slots 28.5 -> 24.7 us, 96 x 32K 12.9 -> 9.6, 32 x 128K
+  // 14.2 -> 10.3, 8 x 32K 4.7 both (benchmarks/results_select_update_vectors_s16.json).
+  using RV = RowVectors<kHalf>;
+  constexpr int K = RV::K;
+  const bool row_vectors =
+      state_vectorizable(s, K) && reinterpret_cast<uintptr_t>(z_row) % 16 == 0;
+  const int span0 = (static_cast<int>(first) - lane) * K;
+  const int span_step = static_cast<int>(stride) * K;
+  int jv_ahead = -1;
+  float zv_ahead[K];
+  auto prefetch_vectors = [&](int chunk) {
+    const int c = chunk / kBlockSize + lane / RV::kGroup;
+    jv_ahead = c < p.m_cap ? ids[c] : -1;
+    const int pos = chunk + K * lane;
+#pragma unroll
+    for (int e = 0; e < K; e += 4) {
+      const float4 z4 = pos < width ? *reinterpret_cast<const float4*>(z_row + pos + e)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      zv_ahead[e] = z4.x; zv_ahead[e + 1] = z4.y; zv_ahead[e + 2] = z4.z; zv_ahead[e + 3] = z4.w;
+    }
+  };
+  if (row_vectors) prefetch_vectors(span0); else prefetch(chunk0);
   if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
   const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + layer;
   const int64_t base = stream * s.cap;
@@ -77,7 +186,39 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const int vlimit = static_cast<int>(min(static_cast<int64_t>(n), s.cap));
     void* V_row = static_cast<char*>(s.V) + base * (kHalf ? 2 : 4);
     void* D_row = static_cast<char*>(s.D) + base * (kHalf ? 2 : 4);
-    for (int chunk = chunk0; chunk < scored; chunk += chunk_step) {
+    // one scored position the scalar way (blocks at the context's or the state's edges)
+    auto update_position = [&](int pos) {
+      if (pos >= scored) return;
+      const int jb = ids[pos / kBlockSize];
+      const float zz = z_row[pos];
+      if (jb < 0 || jb >= p.max_blocks || !isfinite(zz)) return;
+      const int i = jb * kBlockSize + pos % kBlockSize, o = q - i;
+      if (i < vlimit)
+        store_state(V_row, kHalf, i, ema(a, one_minus_a, load_state(V_row, kHalf, i), zz));
+      if (i < n && o >= 0 && o < olimit)
+        store_state(D_row, kHalf, o, ema(a, one_minus_a, load_state(D_row, kHalf, o), zz));
+    };
+    const int skew = (q + 1) & (K - 1);
+    for (int chunk = span0; row_vectors && chunk < scored; chunk += span_step) {
+      const int c = chunk / kBlockSize + lane / RV::kGroup;
+      const int jb = c < count ? jv_ahead : -1;
+      float z[K];
+#pragma unroll
+      for (int e = 0; e < K; ++e) z[e] = zv_ahead[e];
+      if (chunk + span_step < scored) prefetch_vectors(chunk + span_step);
+      const bool interior = jb >= 0 && jb < p.max_blocks &&
+                            jb * kBlockSize + kBlockSize - 1 < vlimit &&
+                            q - jb * kBlockSize - (kBlockSize - 1) >= 0 &&
+                            q - jb * kBlockSize < s.cap;
+      if (__all_sync(0xffffffffu, interior)) {
+        RV::apply_skew(skew, V_row, D_row, jb * kBlockSize + K * (lane % RV::kGroup), q, z, a,
+                       one_minus_a);
+      } else {
+#pragma unroll 1
+        for (int e = 0; e < K; ++e) update_position(chunk + lane + 32 * e);
+      }
+    }
+    for (int chunk = chunk0; !row_vectors && chunk < scored; chunk += chunk_step) {
       int j[2];
       float z[4];
       #pragma unroll
