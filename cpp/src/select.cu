@@ -65,13 +65,14 @@ struct MaxBlockWindow {
   }
 };
 
-template <bool kHalf, int kVec>
+// kInterior false: the caller passes no interior block (the lean path took them)
+template <bool kHalf, int kVec, bool kInterior = true>
 __device__ __forceinline__ void load_block_max(const StateView& s, int64_t base, int j, int n,
                                                int q, MaxBlockLoads<kHalf, kVec>& L) {
   const MaxBlockWindow<kVec> w(s, j, n, q);
   const bool lead = threadIdx.x % MaxBlockWindow<kVec>::kGroup == 0;
-  L.interior = w.interior;
-  if (w.interior) {
+  L.interior = kInterior && w.interior;
+  if (L.interior) {
     L.v.load(s.V, base + w.i0);
     L.d.load(s.D, base + w.a);
     if (lead && (w.o_lo & (kVec - 1))) L.d_tail.load(s.D, base + w.a + kBlockSize);
@@ -83,14 +84,14 @@ __device__ __forceinline__ void load_block_max(const StateView& s, int64_t base,
 }
 
 // Every lane of the warp must call this (shuffles); `active`: the group's block exists.
-template <bool kHalf, int kVec>
+template <bool kHalf, int kVec, bool kInterior = true>
 __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int n, int q,
                                                   const MaxBlockLoads<kHalf, kVec>& L,
                                                   bool active) {
   constexpr int kGroup = MaxBlockWindow<kVec>::kGroup;
   const bool lead = threadIdx.x % kGroup == 0;
   float m = -CUDART_INF_F;
-  if (active && L.interior) {
+  if (kInterior && active && L.interior) {
     // the lead lane's entries below the window start are replaced by the tail past a + 63
     const int skew = (q - j * kBlockSize - (kBlockSize - 1)) & (kVec - 1);
 #pragma unroll
@@ -116,26 +117,95 @@ __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int
 
 // Max-pooled scores of blocks 0..B-1 into score[]: 32 / kGroup blocks per warp (one per group)
 // x kMaxPerStep per step, all loads issued first; the loop and its shuffles stay warp-uniform.
-template <bool kHalf, int kVec>
+// Blocks [skip_lo, skip_end) are left out (the lean path scores them): k counts the others.
+template <bool kHalf, int kVec, int kSteps = kMaxPerStep, bool kInterior = true>
 __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n, int q,
-                                 float* score) {
+                                 float* score, int skip_lo = 0, int skip_end = 0) {
   constexpr int kGroup = MaxBlockWindow<kVec>::kGroup, kPerWarp = 32 / kGroup;
   constexpr int kWarps = kThreads / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
-  for (int jw = kPerWarp * warp; jw < B; jw += kPerWarp * kMaxPerStep * kWarps) {
-    MaxBlockLoads<kHalf, kVec> L[kMaxPerStep];
+  const int gap = skip_end - skip_lo, blocks = B - gap;
+  auto block_of = [&](int k) { return k < skip_lo ? k : k + gap; };
+  for (int kw = kPerWarp * warp; kw < blocks; kw += kPerWarp * kSteps * kWarps) {
+    MaxBlockLoads<kHalf, kVec> L[kSteps];
 #pragma unroll
-    for (int u = 0; u < kMaxPerStep; ++u) {
-      const int j = jw + kPerWarp * u * kWarps + group;
-      if (j < B) load_block_max(s, base, j, n, q, L[u]);
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = kw + kPerWarp * u * kWarps + group;
+      if (k < blocks) load_block_max<kHalf, kVec, kInterior>(s, base, block_of(k), n, q, L[u]);
     }
 #pragma unroll
-    for (int u = 0; u < kMaxPerStep; ++u) {
-      const int j = jw + kPerWarp * u * kWarps + group;
-      const float m = reduce_block_max(s, j, n, q, L[u], j < B);
-      if (lane % kGroup == 0 && j < B) score[j] = m;
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = kw + kPerWarp * u * kWarps + group, j = block_of(k);
+      const float m = reduce_block_max<kHalf, kVec, kInterior>(s, j, n, q, L[u], k < blocks);
+      if (lane % kGroup == 0 && k < blocks) score[j] = m;
     }
   }
+}
+
+// The interior blocks [j_lo, j_end) of a row (see MaxBlockWindow): the same loads and the same
+// max in the same order as score_blocks_max, on 32-bit vector indices from the row's base (a
+// row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h, D
+// vector dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where dvec0 = (q - 63) / kVec.
+template <bool kHalf, int kVec, int kPer>
+__device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
+                                      int q, float* score) {
+  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  const int h = lane % kGroup;
+  const bool lead = h == 0;
+  const int dvec0 = (q - (kBlockSize - 1)) / kVec, skew = (q - (kBlockSize - 1)) & (kVec - 1);
+  const bool tail = lead && skew != 0;
+#pragma unroll 1
+  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
+    StateVec<kHalf, kVec> v[kPer], d[kPer], t[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      if (j < j_end) {
+        v[u].load_vec(V_row, kGroup * j + h);
+        d[u].load_vec(D_row, dvec0 - kGroup * j + h);
+        if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      float m = -CUDART_INF_F;
+      if (j < j_end) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          m = fmaxf(m, fmaxf(v[u][e], tail && e < skew ? t[u][e] : d[u][e]));
+      }
+      for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lead && j < j_end) score[j] = m;
+    }
+  }
+}
+
+// Blocks 0..B-1 of a row: the interior ones on the lean path, the rest (the newest block, and
+// blocks whose slots or D window reach past the state) on the general one. H200, fp16 state,
+// all 21 layers in one launch, us a layer: 96 x 128K slots 18.65 -> 18.32, 96 x 32K 6.34 ->
+// 6.08, 32 x 128K 8.12 -> 7.92, 8 x 32K 1.12 -> 1.06 (benchmarks/results_select_update_vectors_s16.json;
+// 4 blocks a lane group in flight, or 3 CTAs an SM, were slower at 3 of the 4 shapes).
+template <bool kHalf, int kVec>
+__device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
+                             float* score) {
+  // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
+  const int64_t visible = min(static_cast<int64_t>(n), s.cap);
+  const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
+                                            (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
+                                        static_cast<int64_t>(B) - 1));
+  const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
+  const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
+                                                         static_cast<int64_t>(B)));
+  const int j_end = max(j_hi + 1, j_lo);
+  const int elem = kHalf ? 2 : 4;
+  score_interior_blocks<kHalf, kVec, kMaxPerStep>(static_cast<const char*>(s.V) + base * elem,
+                                                  static_cast<const char*>(s.D) + base * elem,
+                                                  j_lo, j_end, q, score);
+  // the few other blocks one at a time (fewer registers beside the lean path's)
+  score_blocks_max<kHalf, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
 }
 
 // Pool one block's values across the warp.
@@ -291,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
     const bool history = p.block_scores == nullptr || p.merge_history;
     if constexpr (kVec > 0) {
-      if (history) score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+      if (history) score_blocks<kHalf, kVec>(s, base, B, n, q, score);
     }
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
     for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
