@@ -55,6 +55,52 @@ def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None
     buffer[:B, cols:] = -1
 
 
+class _BatchMetadata:
+    """A step's per-request metadata (request ids, steps, state slots, row lengths and query
+    positions) as views of one device buffer at fixed offsets, so CUDA graphs keep their
+    addresses. On a GPU the host fills a pinned staging buffer of the same layout and one
+    asynchronous copy uploads it: one transfer a step instead of one per field (each a
+    pageable copy and a launch). Sources already on the device are copied after it."""
+
+    FIELDS = (("slot", torch.int32, 1), ("request", torch.int64, 1), ("step", torch.int64, 1),
+              ("context_lens", torch.int32, 0), ("query_pos", torch.int32, 0))  # 0: next_n wide
+
+    def __init__(self, max_batch: int, next_n: int, device: torch.device):
+        offsets, at = {}, 0
+        for name, dtype, width in self.FIELDS:
+            shape = (max_batch,) if width else (max_batch, next_n)
+            nbytes = math.prod(shape) * dtype.itemsize
+            offsets[name] = (at, nbytes, dtype, shape)
+            at += -(-nbytes // 8) * 8                    # every view 8-byte aligned
+        self.buffer = torch.zeros(at, dtype=torch.uint8, device=device)
+        self.staged = device.type == "cuda"
+        self.staging = (torch.zeros(at, dtype=torch.uint8, pin_memory=True) if self.staged
+                        else self.buffer)
+        views = lambda buf: {name: buf[o:o + n].view(dtype).view(shape)
+                             for name, (o, n, dtype, shape) in offsets.items()}
+        self.device, self.host = views(self.buffer), views(self.staging)
+        self._uploaded = None       # event after the last upload: the staging buffer is free
+
+    def upload(self, B: int, **values) -> None:
+        """values: name -> tensor (any device) or sequence, its first B rows set."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+        late = []
+        for name, value in values.items():
+            if not torch.is_tensor(value):
+                value = torch.as_tensor(value, dtype=self.host[name].dtype)
+            if value.device.type != "cpu" and self.staged:
+                late.append((self.device[name][:B], value))
+            else:
+                self.host[name][:B].copy_(value)
+        if self.staged:
+            self.buffer.copy_(self.staging, non_blocking=True)
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+        for dst, value in late:
+            dst.copy_(value)
+
+
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
@@ -113,11 +159,10 @@ class SpinIndexer:
             else:
                 self.logits = logits_storage.view(-1)[:size].view(shape)
         self.topk = torch.full((L, rows, cfg.index_topk), -1, dtype=torch.int32, device=dev)
-        self.slot = torch.zeros(max_batch, dtype=torch.int32, device=dev)
-        self.request = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        self.step = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
-        self.query_pos = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
+        # the batch metadata of a step: views of one device buffer, uploaded by one copy
+        self._meta = _BatchMetadata(max_batch, next_n, dev)
+        self.slot, self.request, self.step, self.context_lens, self.query_pos = (
+            self._meta.device[name] for name, _, _ in _BatchMetadata.FIELDS)
         self.page_slots = page_slots
         self.block_table = torch.full((max_batch, self.m_cap * (ops.BLOCK // page_slots)), -1,
                                       dtype=torch.int32, device=dev)
@@ -163,14 +208,13 @@ class SpinIndexer:
         if query_pos.numel():
             self.pool.ensure_capacity(int(query_pos.max()) + 1)
         self.batch = B
-        self.slot[:B].copy_(self.pool.slots(request_ids) if state_slots is None else state_slots)
-        self.request[:B].copy_(torch.as_tensor([int(r) & ((1 << 63) - 1) for r in request_ids],
-                                               dtype=torch.int64))
-        self.step[:B].copy_(torch.as_tensor(steps, dtype=torch.int64))
-        self.context_lens[:B].copy_(context_lens)
-        self.query_pos[:B].copy_(query_pos)
+        slots = self.pool.slots(request_ids, device="cpu") if state_slots is None else state_slots
+        self._meta.upload(B, slot=slots, step=steps, context_lens=context_lens,
+                          query_pos=query_pos,
+                          request=[int(r) & ((1 << 63) - 1) for r in request_ids])
         _copy_table(self.block_table, block_table, B)
-        self.ran_counts[:B] = 0
+        if self.next_n > 1:
+            self.ran_counts[:B] = 0
         if self.query_aware:
             self._newest_pages(context_lens, block_table, B)
 

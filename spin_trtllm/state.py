@@ -101,15 +101,18 @@ class StatePool:
             raise SpinError(f"request {request_id} holds no state slot")
         self._free.append(slot)
 
-    def slots(self, request_ids: Iterable[int]) -> torch.Tensor:
-        """int32 state slots of the requests, in order (the state_slot input of the ops)."""
+    def slots(self, request_ids: Iterable[int],
+              device: Optional[torch.device | str] = None) -> torch.Tensor:
+        """int32 state slots of the requests, in order (the state_slot input of the ops), on
+        the pool's device unless `device` is given."""
         out = []
         for rid in request_ids:
             slot = self._slot_of.get(int(rid))
             if slot is None:
                 raise SpinError(f"request {rid} holds no state slot (admit it first)")
             out.append(slot)
-        return torch.tensor(out, dtype=torch.int32, device=self.device)
+        return torch.tensor(out, dtype=torch.int32,
+                            device=self.device if device is None else device)
 
     def ensure_capacity(self, needed: int) -> bool:
         """Grow every slot to hold `needed` context slots / query positions (doubling, in whole

@@ -110,3 +110,35 @@ def test_bad_metadata_is_rejected():
     idx.prepare([1], n, n - 1, [0], torch.zeros(1, 16, dtype=torch.int32))
     with pytest.raises(SpinError, match="accepted must be int32"):
         idx.finish(None)
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs a CUDA GPU"))])
+def test_prepare_uploads_every_field_of_the_batch(device):
+    """prepare() writes request ids, steps, state slots, lengths and query positions through one
+    buffer (one upload on a GPU): each field lands in its own rows, batches of changing size
+    overwrite them, sources already on the device (state_slots here) and step tensors work."""
+    cfg = SpinConfig(index_topk=64)
+    R, max_batch = 2, 5
+    pool = StatePool(L, max_requests=max_batch, cfg=cfg, device=device)
+    idx = SpinIndexer(cfg, pool, max_batch=max_batch, next_n=R, max_context=1024)
+    for rid in (7, 3, 11, 2**40, 5):
+        pool.admit(rid)
+    gen = torch.Generator().manual_seed(0)
+    for ids, on_device in (([7, 3, 11, 2**40, 5], False), ([11, 7], True), ([5, 3, 2**40], False)):
+        B = len(ids)
+        n = torch.randint(10, 1000, (B, R), generator=gen, dtype=torch.int32)
+        q = n - torch.randint(1, 5, (B, R), generator=gen, dtype=torch.int32)
+        steps = torch.randint(0, 2**40, (B,), generator=gen)
+        slots = pool.slots(ids, device="cpu").flip(0)             # any valid slots
+        idx.prepare(ids, n, q, steps if B != 2 else steps.tolist(),
+                    torch.zeros(B, 16, dtype=torch.int32),
+                    state_slots=slots.to(device) if on_device else slots)
+        assert idx.request[:B].cpu().tolist() == ids
+        assert torch.equal(idx.step[:B].cpu(), steps)
+        assert torch.equal(idx.slot[:B].cpu(), slots)
+        assert torch.equal(idx.context_lens[:B].cpu(), n)
+        assert torch.equal(idx.query_pos[:B].cpu(), q)
+        idx.prepare(ids, n, q, steps, torch.zeros(B, 16, dtype=torch.int32))
+        assert torch.equal(idx.slot[:B].cpu(), pool.slots(ids, device="cpu"))

@@ -155,8 +155,7 @@ class SpinDecodeAdapter:
         context = torch.where(padded, 0, tokens // self.ratio).to(torch.int32)
         query = torch.where(padded, 0, (tokens - 1) // self.ratio).to(torch.int32)
         steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
-        self.indexer.prepare(ids, context, query, steps, batch.block_table,
-                             state_slots=slots.to(self.pool.device))
+        self.indexer.prepare(ids, context, query, steps, batch.block_table, state_slots=slots)
         self.indexer.select(keep_all=dense)
         for rid in real:
             self._steps[rid] += 1
