@@ -16,6 +16,9 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
   select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
   update   3 us + 4.1 ps per scored slot per row (refitted in the eleventh session to the
            one-row launch of at most about 1,536 CTAs: 4.1-28.3 us at 8-96 x 32K-128K)
+           kept after the sixteenth session's vector update (4.5-24.5 us at those shapes):
+           it now prices it 13-18% high at 32-96 x 32K-128K and 21% low at 8 x 32K, and the
+           suites the switch is tested against ran the older kernel
 state bytes scale the select and update terms (float32 state: twice the fp16 figures).
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
