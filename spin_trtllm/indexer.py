@@ -96,7 +96,8 @@ class _BatchMetadata:
         if self.staged:
             self.buffer.copy_(self.staging, non_blocking=True)
             self._uploaded = torch.cuda.Event()
-            self._uploaded.record()
+            # the copy runs on the buffer's device's stream, whatever device is current
+            self._uploaded.record(torch.cuda.current_stream(self.buffer.device))
         for dst, value in late:
             dst.copy_(value)
 

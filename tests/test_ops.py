@@ -519,7 +519,8 @@ def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
     allows): contexts 3993-4000 and 2049-2052 put q + 1 at every residue mod 8, so D's vectors
     meet the blocks' windows at every skew; random block ids in random order (neighbouring
     blocks kept or not), non-finite logits inside interior blocks, 1-65 slot contexts, a row
-    with accepted 0 among R 2 (it takes the one-row path), and a request with nothing kept."""
+    with accepted 0 among R 2 (it takes the one-row path), a request with nothing kept, block
+    ids -1 and past the context inside a count, and query positions ahead of the context."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype)
     lens = (3993, 3994, 3995, 3996, 3997, 3998, 3999, 4000, 2049, 2050, 2051, 2052, 1, 65, 640)
     gen = torch.Generator().manual_seed(100 + seed)
@@ -538,6 +539,9 @@ def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
                 keep = keep[:0]
             ids[b, :len(keep)] = keep.to(torch.int32)
             cnt[b] = len(keep)
+        ids[2, 1], ids[3, 2] = -1, m_cap + 3                 # skipped by both paths
+        for p in (p_cpu, p_gpu):
+            p.q[4:6] += torch.tensor([[3], [21]], dtype=torch.int32, device=p.q.device)
         z = torch.randn(len(lens) * R, m_cap * 64, generator=gen)
         bad = torch.rand(z.shape, generator=gen) < 0.02
         z[bad] = torch.tensor([float("nan"), float("inf"), -float("inf")])[

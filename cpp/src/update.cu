@@ -18,7 +18,10 @@ constexpr int kThreads = 256;
 // S slots' (their logits come by shuffle). At a block's edges A reaches into the neighbouring
 // block's window, so the last lane stores only A's entries S..K-1 and the first lane the S
 // entries of the vector above its own, one at a time: two blocks never store the same vector.
-// Same arithmetic and rounding as the scalar path, so the results are bit for bit the same.
+// Same arithmetic and rounding as the scalar path, so the results are bit for bit the same on
+// finite state (all the ops write); an entry whose logit is not finite is stored back unchanged
+// within a vector, so a non-finite entry put there from outside would be saturated (NaN to
+// the most negative value) where the scalar path leaves it.
 template <bool kHalf>
 struct RowVectors {
   static constexpr int K = kHalf ? 8 : 4;      // entries per 16-byte vector
