@@ -183,14 +183,19 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
   }
 }
 
-// Blocks 0..B-1 of a row: the interior ones on the lean path, the rest (the newest block, and
-// blocks whose slots or D window reach past the state) on the general one. H200, fp16 state,
-// all 21 layers in one launch, us a layer: 96 x 128K slots 18.65 -> 18.32, 96 x 32K 6.34 ->
-// 6.08, 32 x 128K 8.12 -> 7.92, 8 x 32K 1.12 -> 1.06 (benchmarks/results_select_update_vectors_s16.json;
-// 4 blocks a lane group in flight, or 3 CTAs an SM, were slower at 3 of the 4 shapes).
+// Blocks 0..B-1 of a row: with fp16 state the interior ones on the lean path, the rest (the
+// newest block, and blocks whose slots or D window reach past the state) on the general one.
+// H200, all 21 layers in one launch, us a layer: 96 x 128K slots 18.65 -> 18.32, 96 x 32K
+// 6.34 -> 6.08, 32 x 128K 8.12 -> 7.92, 8 x 32K 1.12 -> 1.06
+// (benchmarks/results_select_update_vectors_s16.json; 4 blocks a lane group in flight, or 3
+// CTAs an SM, were slower at 3 of the 4 shapes).
 template <bool kHalf, int kVec>
 __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
                              float* score) {
+  if constexpr (!kHalf) {  // fp32: the lean path was not timed there and spills more (40 B)
+    score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+    return;
+  }
   // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
   const int64_t visible = min(static_cast<int64_t>(n), s.cap);
   const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
