@@ -556,6 +556,43 @@ def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
 
 @gpu
 @pytest.mark.parametrize("state_dtype", ["float32", "float16"])
+def test_gpu_update_vector_path_equals_scalar_path_over_several_passes(state_dtype):
+    """96 requests x 70K slots with 60% of the blocks kept: each thread of the vector path makes
+    two passes (its prefetch of the next pass runs). The same update on state rows that cannot
+    be read in vectors (capacity not a multiple of the vector) takes the scalar path; both
+    must leave identical V and D."""
+    cfg = SpinConfig(index_topk=512, target_sparsity=0.4, state_dtype=state_dtype)
+    B, slots = 96, 70000
+    vec = 8 if state_dtype == "float16" else 4
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    m_cap = -(-slots // 64)
+    keep = (torch.rand(B, m_cap, generator=gen, device="cuda") < 0.6).to(torch.int32)
+    keep[:, -1] = 1
+    cnt = keep.sum(1).to(torch.int32)
+    order = torch.sort(keep, dim=1, descending=True, stable=True).indices.to(torch.int32)
+    ids = torch.where(torch.arange(m_cap, device="cuda") < cnt.view(-1, 1), order, -1)
+    z = torch.randn(B, m_cap * 64, generator=gen, device="cuda")
+    z[torch.rand(z.shape, generator=gen, device="cuda") < 0.01] = float("nan")
+    n = torch.full((B, 1), slots, dtype=torch.int32, device="cuda")
+    n[::7] = slots - 1000                            # some shorter rows
+    slot = torch.arange(B, dtype=torch.int32, device="cuda")
+    acc = torch.zeros(B, dtype=torch.int32, device="cuda")
+    step = torch.full((B,), 10, device="cuda")
+    states = []
+    for cap in (slots + 16, slots + vec // 2 + 8 * (vec == 4)):
+        state = ops.OpState.zeros(B, 1, cap, cfg, device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(5)
+        state.V[:, :, :slots].copy_(torch.randn(B, 1, slots, generator=g, device="cuda"))
+        state.D[:, :, :slots].copy_(torch.randn(B, 1, slots, generator=g, device="cuda"))
+        ops.update(state, slot, z, ids, cnt, n, n - 1, acc, step, 0, cfg, slots)
+        states.append(state)
+    assert states[1].V.shape[2] % vec != 0               # the second really is scalar
+    for a, b in ((states[0].V, states[1].V), (states[0].D, states[1].D)):
+        assert torch.equal(a[:, :, :slots], b[:, :, :slots])
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("R", [1, 4])
 def test_gpu_update_every_layer_matches_reference(state_dtype, R):
     """One launch for every layer (grid z) against the reference one layer at a time: strided
