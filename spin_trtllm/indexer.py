@@ -79,12 +79,13 @@ class _BatchMetadata:
         views = lambda buf: {name: buf[o:o + n].view(dtype).view(shape)
                              for name, (o, n, dtype, shape) in offsets.items()}
         self.device, self.host = views(self.buffer), views(self.staging)
-        self._uploaded = None       # event after the last upload: the staging buffer is free
+        # recorded after each upload: once it completes the staging buffer may be rewritten
+        self._uploaded = torch.cuda.Event() if self.staged else None
 
     def upload(self, B: int, **values) -> None:
         """values: name -> tensor (any device) or sequence, its first B rows set."""
-        if self._uploaded is not None:
-            self._uploaded.synchronize()
+        if self.staged:
+            self._uploaded.synchronize()          # returns at once before the first record
         late = []
         for name, value in values.items():
             if not torch.is_tensor(value):
@@ -95,7 +96,6 @@ class _BatchMetadata:
                 self.host[name][:B].copy_(value)
         if self.staged:
             self.buffer.copy_(self.staging, non_blocking=True)
-            self._uploaded = torch.cuda.Event()
             # the copy runs on the buffer's device's stream, whatever device is current
             self._uploaded.record(torch.cuda.current_stream(self.buffer.device))
         for dst, value in late:

@@ -72,6 +72,12 @@ __host__ __device__ __forceinline__ bool state_vectorizable(const StateView& s, 
          reinterpret_cast<uintptr_t>(s.D) % bytes == 0;
 }
 
+// The value a state entry stores: saturated at the dtype's largest finite value, as
+// reference._store does.
+__device__ __forceinline__ float saturate_state(bool half, float v) {
+  return half ? fminf(fmaxf(v, -65504.0f), 65504.0f) : fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
+}
+
 // kVec state entries of one 8- or 16-byte load, kept raw until read: converting fp16 at the
 // load makes the compiler wait on each load in turn instead of issuing them all first.
 template <bool kHalf, int kVec>
@@ -100,6 +106,24 @@ struct StateVec {
       w[0] = r.x; w[1] = r.y;
     }
   }
+  // x saturated and stored as vector vi of a row (the counterpart of load_vec)
+  __device__ __forceinline__ static void store_vec(void* row, int vi, const float (&x)[kVec]) {
+    uint32_t o[kWords];
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      if constexpr (kHalf) {
+        const __half2 h2 = __halves2half2(__float2half_rn(saturate_state(true, x[2 * u])),
+                                          __float2half_rn(saturate_state(true, x[2 * u + 1])));
+        o[u] = *reinterpret_cast<const uint32_t*>(&h2);
+      } else {
+        o[u] = __float_as_uint(saturate_state(false, x[u]));
+      }
+    }
+    if constexpr (kWords == 4)
+      static_cast<uint4*>(row)[vi] = make_uint4(o[0], o[1], o[2], o[3]);
+    else
+      static_cast<uint2*>(row)[vi] = make_uint2(o[0], o[1]);
+  }
   __device__ __forceinline__ float operator[](int e) const {
     if constexpr (kHalf) {
       const __half2 h = *reinterpret_cast<const __half2*>(&w[e / 2]);
@@ -110,14 +134,11 @@ struct StateVec {
   }
 };
 
-// Saturate at the dtype's largest finite value, as reference._store does.
 __device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, float v) {
-  if (half) {
-    v = fminf(fmaxf(v, -65504.0f), 65504.0f);
-    static_cast<__half*>(base)[idx] = __float2half_rn(v);
-  } else {
-    static_cast<float*>(base)[idx] = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
-  }
+  if (half)
+    static_cast<__half*>(base)[idx] = __float2half_rn(saturate_state(true, v));
+  else
+    static_cast<float*>(base)[idx] = saturate_state(false, v);
 }
 
 // EMA in the reference's order: round(a * old) + round(b * z), no fused multiply-add.

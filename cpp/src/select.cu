@@ -194,23 +194,22 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
                              float* score) {
   if constexpr (!kHalf) {  // fp32: the lean path was not timed there and spills more (40 B)
     score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
-    return;
+  } else {
+    // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
+    const int64_t visible = min(static_cast<int64_t>(n), s.cap);
+    const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
+                                              (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
+                                          static_cast<int64_t>(B) - 1));
+    const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
+    const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
+                                                           static_cast<int64_t>(B)));
+    const int j_end = max(j_hi + 1, j_lo);
+    score_interior_blocks<kHalf, kVec, kMaxPerStep>(static_cast<const __half*>(s.V) + base,
+                                                    static_cast<const __half*>(s.D) + base,
+                                                    j_lo, j_end, q, score);
+    // the few other blocks one at a time (fewer registers beside the lean path's)
+    score_blocks_max<kHalf, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
   }
-  // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
-  const int64_t visible = min(static_cast<int64_t>(n), s.cap);
-  const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
-                                            (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
-                                        static_cast<int64_t>(B) - 1));
-  const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
-  const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
-                                                         static_cast<int64_t>(B)));
-  const int j_end = max(j_hi + 1, j_lo);
-  const int elem = kHalf ? 2 : 4;
-  score_interior_blocks<kHalf, kVec, kMaxPerStep>(static_cast<const char*>(s.V) + base * elem,
-                                                  static_cast<const char*>(s.D) + base * elem,
-                                                  j_lo, j_end, q, score);
-  // the few other blocks one at a time (fewer registers beside the lean path's)
-  score_blocks_max<kHalf, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
 }
 
 // Pool one block's values across the warp.

@@ -28,22 +28,6 @@ struct RowVectors {
   static constexpr int kGroup = kBlockSize / K;  // lanes per block
   using Vec = StateVec<kHalf, K>;
 
-  __device__ static void store(void* row, int vi, const float (&x)[K]) {
-    uint32_t w[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if constexpr (kHalf) {
-        const __half2 h2 =
-            __halves2half2(__float2half_rn(fminf(fmaxf(x[2 * u], -65504.0f), 65504.0f)),
-                           __float2half_rn(fminf(fmaxf(x[2 * u + 1], -65504.0f), 65504.0f)));
-        w[u] = *reinterpret_cast<const uint32_t*>(&h2);
-      } else {
-        w[u] = __float_as_uint(fminf(fmaxf(x[u], -FLT_MAX), FLT_MAX));
-      }
-    }
-    static_cast<uint4*>(row)[vi] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-
   // old unless z is observed (finite): then one EMA step
   __device__ static float step(float a, float one_minus_a, float old, float z) {
     return isfinite(z) ? ema(a, one_minus_a, old, z) : old;
@@ -70,9 +54,9 @@ struct RowVectors {
       const int at = K - 1 + S - e;
       nd[e] = step(a, one_minus_a, d[e], at < K ? z[at < K ? at : 0] : zn[at >= K ? at - K : 0]);
     }
-    store(V_row, i / K, nv);
+    Vec::store_vec(V_row, i / K, nv);
     if (S == 0 || h != kGroup - 1) {
-      store(D_row, d_at, nd);
+      Vec::store_vec(D_row, d_at, nd);
     } else {  // entries below S are the next block's
 #pragma unroll
       for (int e = S; e < K; ++e)
@@ -174,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
-    return kHalf ? __half2float(__float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f))) : v;
+    return kHalf ? __half2float(__float2half_rn(saturate_state(true, v))) : v;
   };
 
   const int64_t scored = static_cast<int64_t>(count) * kBlockSize;
