@@ -9,8 +9,10 @@ Each kernel's time per indexer layer is `fixed + work / rate`, fitted to the per
 benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
   logits   7.5 us + K-cache bytes at 3.66 TB/s; rows of an MTP step read the pages again,
            so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
-  top-K    max(22 us, 8 us + 11.5 ps per scored slot per row) with spin's kernel; with
-           flashinfer's (peer_topk: where ops.topk hands it the rows) 19 us + 4.3 ps per scored
+  top-K    max(16 us, 7.5 us + 7.75 ps per scored slot per row) with spin's kernel (refitted in
+           the seventeenth session, benchmarks/results_topk_s17.json: 15.8-225 us at 8-192 rows
+           x 32K-128K slots, within a third); with flashinfer's (peer_topk, at the shapes where
+           ops.topk hands it the rows: spin_topk_is_faster false) 19 us + 4.3 ps per scored
            slot per row, fitted to the whole path (top-K, lengths, remap) at 8-192 rows x
            32K-128K slots (fourteenth session, benchmarks/results_topk_paths.json: 19.8-118.6 us)
   select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
@@ -56,9 +58,9 @@ class CostModel:
     logits_fixed_us: float = 7.5
     logits_bytes_per_us: float = 3.66e6
     mtp_reread: float = 0.45
-    topk_floor_us: float = 22.0
-    topk_fixed_us: float = 8.0
-    topk_us_per_slot: float = 11.5e-6
+    topk_floor_us: float = 16.0
+    topk_fixed_us: float = 7.5
+    topk_us_per_slot: float = 7.75e-6
     peer_topk: bool = False  # ops.topk runs flashinfer's top-K (for_device sets it)
     peer_topk_fixed_us: float = 19.0
     peer_topk_us_per_slot: float = 4.3e-6
@@ -78,15 +80,20 @@ class CostModel:
         reread = 1.0 + self.mtp_reread * (next_n - 1)
         return self.logits_fixed_us + slots * KEY_BYTES_PER_SLOT * reread / self.logits_bytes_per_us
 
-    def _topk(self, slots: float, next_n: int) -> float:
-        if self.peer_topk:
+    def _topk(self, slots: float, next_n: int, visible_slots: Sequence[int] = ()) -> float:
+        """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
+        rows and their width, which decide whether ops.topk runs flashinfer's path."""
+        from .ops import spin_topk_is_faster
+
+        rows = len(visible_slots) * next_n
+        width = max((_block_slots([s]) for s in visible_slots), default=0.0)
+        if self.peer_topk and not spin_topk_is_faster(rows, int(width)):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
 
     def for_device(self, device) -> "CostModel":
         """This model with the top-K ops.topk will run on `device`: flashinfer's where it is
-        installed on CUDA and SPIN_TOPK allows it (it takes most shapes; the 64-127 rows of
-        < 64K slots that keep spin's kernel cost about the same on both)."""
+        installed on CUDA and SPIN_TOPK allows it, at the shapes ops.topk hands it."""
         from . import ops
 
         peer = torch.device(device).type == "cuda" and ops._flashinfer_topk() is not None \
@@ -96,7 +103,7 @@ class CostModel:
     def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
         """All-keep indexer, one layer: logits over every visible block + top-K."""
         slots = _block_slots(visible_slots)
-        return self._logits(slots, next_n) + self._topk(slots, next_n)
+        return self._logits(slots, next_n) + self._topk(slots, next_n, visible_slots)
 
     def _choose(self, visible_slots: Sequence[int], slots: float, next_n: int, state: float,
                 predictor: str) -> float:
@@ -123,7 +130,7 @@ class CostModel:
         scored = slots * (1.0 - sparsity)
         state = state_bytes / 2
         return (self._choose(visible_slots, slots, next_n, state, predictor)
-                + self._logits(scored, next_n) + self._topk(scored, next_n)
+                + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
                 + self.update_fixed_us + self.update_us_per_slot * scored * next_n * state)
 
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,

@@ -829,15 +829,20 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform (flashinfer picks CUB's batched top-K or
 # its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
 # faster at 96 rows of 32K and 128K slots (at 64 and 192 rows of 32K the ragged entry was).
-# H200, K 512, one run (benchmarks/RESULTS.md, fourteenth session): spin's kernel against those
-# kernels alone, us: 8 x 32K slots 26.6 / 12.3 (ragged), 32 x 128K 73.4 / 29.9 (ragged),
-# 96 x 128K 146.2 / 63.2 (varlen). Spin's kernel against the whole flashinfer path (lengths,
-# top-K, remap): 26.4 / 20.0 us at 8 x 32K, 72.4 / 39.4 at 32 x 128K, 146.9 / 73.4 at 96 x 128K,
-# 67.8 / 54.5 at 192 rows of 32K; spin's kernel stays the faster at 64-127 rows of < 64K slots
-# (96 x 32K: 22.3 / 26.4 at half the blocks, 33.1 / 32.6 dense; 64 x 32K: 28.3 / 32.7).
+# H200, K 512, same process (benchmarks/RESULTS.md, seventeenth session), spin's kernel against
+# the whole flashinfer path, us, all blocks / half: 8 x 32K slots 16.4 / 20.7, 16.4 / 21.0;
+# 96 x 32K 24.1 / 31.8, 16.5 / 26.5; 16 rows x 128K 27.1 / 31.3; 32 x 128K 59.3 / 40.1,
+# 35.5 / 30.4; 64 rows x 128K 61.7 / 63.3; 96 x 128K 122.3 / 72.2, 57.7 / 45.2. So spin's kernel
+# keeps rows narrower than TOPK_SPIN_MAX_WIDTH and batches of at most TOPK_SPIN_MAX_ROWS rows.
 TOPK_RAGGED_MAX_ROWS = 64
-TOPK_SPIN_ROWS = (64, 128)
+TOPK_SPIN_MAX_ROWS = 16
 TOPK_SPIN_MAX_WIDTH = 1 << 16
+
+
+def spin_topk_is_faster(rows: int, width: int) -> bool:
+    """Whether spin's top-K kernel was measured faster than flashinfer's path at `rows` rows
+    of `width` compact slots (the auto choice of ops.topk; the cost model prices the same)."""
+    return width < TOPK_SPIN_MAX_WIDTH or rows <= TOPK_SPIN_MAX_ROWS
 
 
 @functools.lru_cache(maxsize=None)
@@ -870,7 +875,7 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
         # copy first (a contiguous wider tensor, as DeepGEMM returns, is ranked in place)
         if not logits.is_cuda or not (logits.is_contiguous() or
                                       logits[:, :width].is_contiguous()) or \
-                (TOPK_SPIN_ROWS[0] <= rows < TOPK_SPIN_ROWS[1] and width < TOPK_SPIN_MAX_WIDTH):
+                spin_topk_is_faster(rows, width):
             return None
     return "flashinfer"
 

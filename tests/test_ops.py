@@ -861,6 +861,46 @@ def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
     assert torch.equal(got.cpu(), want)
 
 
+def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
+                        gen: torch.Generator) -> torch.Tensor:
+    """Rows whose K-th value lies in a coarse (fp16) bin of exactly `in_bin` entries, `tied` of
+    them equal, at random positions (so across the CTAs of a cluster): K - t larger values above
+    it (t = in_bin // 3 taken from the bin, at least 1, at most K / 2), the rest far below, and a
+    few non-finite entries."""
+    z = torch.rand(rows, width, generator=gen) * 4
+    z[:, 7::101] = float("nan")
+    z[:, 11::103] = float("-inf")
+    take = max(1, min(in_bin // 3, k // 2))
+    for r in range(rows):
+        perm = torch.randperm(width, generator=gen)
+        z[r, perm[:k - take]] = 100.0 + torch.arange(k - take, dtype=torch.float32)
+        # [50.25, 50.75]: one bin (fp16 spacing 1/32 there, bins of 32 fp16 values = 1.0)
+        vals = 50.25 + torch.rand(in_bin, generator=gen) * 0.5
+        vals[:tied] = 50.5
+        z[r, perm[k - take:k - take + in_bin]] = vals[torch.randperm(in_bin, generator=gen)]
+    return z
+
+
+@gpu
+@pytest.mark.parametrize("rows,blocks", [(3, 1024), (20, 1024), (40, 1024), (140, 300)])
+@pytest.mark.parametrize("in_bin,tied", [(1, 0), (40, 0), (40, 25), (256, 256), (257, 100),
+                                         (1000, 0), (5000, 60)])
+def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied):
+    # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row; bins up to 256 entries are ranked by
+    # counting (gathered over the cluster), larger ones by radix passes (over the candidates, or
+    # over the whole row past 4096)
+    gen = torch.Generator().manual_seed(rows * 13 + in_bin + tied)
+    k = 512
+    z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
+    ids = torch.stack([torch.randperm(blocks + 50, generator=gen)[:blocks].sort().values
+                       for _ in range(rows)]).int()
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    assert (want >= 0).all()
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
 @gpu
 @pytest.mark.parametrize("R", [1, 2, 3, 6])
 def test_gpu_logits_negative_zero_and_infinite_scales(R):

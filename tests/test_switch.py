@@ -45,10 +45,42 @@ MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072
 
 
 @pytest.mark.parametrize("rows,slots,rho,us", MEASURED_PEER_TOPK)
-def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us):
+def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us, monkeypatch):
+    from spin_trtllm import ops
+
+    monkeypatch.setattr(ops, "spin_topk_is_faster", lambda rows, width: False)
     peer = CostModel(peer_topk=True)
-    assert peer._topk(rows * slots * (1 - rho), 1) == pytest.approx(us, rel=0.25)
-    assert H200._topk(rows * slots * (1 - rho), 1) != peer._topk(rows * slots * (1 - rho), 1)
+    scored = rows * slots * (1 - rho)
+    assert peer._topk(scored, 1, [slots] * rows) == pytest.approx(us, rel=0.25)
+    assert H200._topk(scored, 1, [slots] * rows) != peer._topk(scored, 1, [slots] * rows)
+
+
+# spin's top-K kernel on an H200 (benchmarks/results_topk_s17.json, seventeenth session, K 512):
+# (requests, slots per request, next_n, rho, us).
+MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 2, 0.5, 15.8), (8, 131072, 1, 0.0, 21.5),
+                      (32, 131072, 1, 0.0, 59.3),
+                      (8, 131072, 2, 0.0, 27.1), (32, 32768, 1, 0.5, 16.2),
+                      (32, 131072, 1, 0.5, 35.5), (32, 131072, 2, 0.0, 61.7),
+                      (96, 32768, 1, 0.5, 16.5), (96, 32768, 2, 0.0, 49.4),
+                      (96, 131072, 1, 0.0, 122.3), (96, 131072, 2, 0.5, 124.2)]
+
+
+@pytest.mark.parametrize("batch,slots,next_n,rho,us", MEASURED_SPIN_TOPK)
+def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next_n, rho, us):
+    assert H200._topk(batch * slots * (1 - rho), next_n, [slots] * batch) == \
+        pytest.approx(us, rel=0.35)
+
+
+def test_with_flashinfer_the_model_prices_spin_topk_where_ops_topk_keeps_it(monkeypatch):
+    from spin_trtllm import ops
+
+    peer = CostModel(peer_topk=True)
+    for batch, slots in ((8, 131072), (96, 32768)):      # kept by ops.topk: spin's kernel
+        assert ops.spin_topk_is_faster(batch, slots)
+        assert peer._topk(batch * slots, 1, [slots] * batch) == \
+            H200._topk(batch * slots, 1, [slots] * batch)
+    assert not ops.spin_topk_is_faster(96, 131072)      # handed to flashinfer
+    assert peer._topk(96 * 131072, 1, [131072] * 96) != H200._topk(96 * 131072, 1, [131072] * 96)
 
 
 def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):

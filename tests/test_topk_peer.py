@@ -196,11 +196,11 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
         pytest.skip("flashinfer is not installed")
     monkeypatch.setenv("SPIN_TOPK", "auto")
     narrow = ops.TOPK_SPIN_MAX_WIDTH // BLOCK
-    lo, hi = ops.TOPK_SPIN_ROWS
-    many = lo
-    for rows, m_cap, want in ((lo, narrow, "flashinfer"), (lo, narrow - 1, None),
-                              (hi - 1, narrow - 1, None), (hi, narrow - 1, "flashinfer"),
-                              (lo - 1, narrow - 1, "flashinfer"), (8, 16, "flashinfer")):
+    few = ops.TOPK_SPIN_MAX_ROWS
+    many = few + 1
+    for rows, m_cap, want in ((many, narrow, "flashinfer"), (many, narrow - 1, None),
+                              (192, narrow - 1, None), (few, narrow, None), (few, 4 * narrow, None),
+                              (96, 2 * narrow, "flashinfer"), (8, 16, None)):
         logits = torch.zeros(rows, m_cap * BLOCK, device="cuda")
         ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
         assert ops.topk_peer(logits, ids, 512) == want, (rows, m_cap)

@@ -3,13 +3,15 @@
 // value go to the lower slot id.
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
-// contiguous share), each warp owning a contiguous segment; a share up to 48K slots is first
-// copied to shared memory as ordered keys:
+// contiguous share), each warp owning a contiguous segment; a share up to 48K slots is copied
+// to shared memory as ordered keys in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
-//      is monotone in the value) and the bin holding the K-th value;
-//   B. the entries of that bin become candidates (at most kCandCap; otherwise the exact search
-//      runs over the whole row), and radix passes over the candidates find the exact K-th key
-//      and, among entries equal to it, the last position taken;
+//      is monotone in the value), whose scan gives the finite count and the bin holding the
+//      K-th value;
+//   B. the entries of that bin become candidates. Up to kRankCand of them (the usual case: a
+//      few dozen) are ranked by counting, each against all; up to kCandCap go through radix
+//      passes; beyond that the exact search runs over the whole row. Either finds the exact
+//      K-th key and, among entries equal to it, the last position taken;
 //   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
 //      each warp writes its entries in position order.
 #include <cooperative_groups.h>
@@ -52,6 +54,11 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2 * kThreads;             // each thread scans two bins
 constexpr int kCandCap = 4096;
+// Candidates ranked one per thread against all (about 5 n^2 / 128 cycles for n of them): a
+// handful of barriers instead of the radix passes' dozens, which cost 4-11 us per row on an
+// H200 (cluster barriers included) with the few dozen candidates a row usually has.
+constexpr int kRankCand = 256;
+static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins, "one candidate per thread");
 // shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
 // shared memory this is 2.4 KB under the 227 KB a CTA may have
 constexpr size_t kMaxCachedBytes = 192 * 1024;
@@ -67,6 +74,33 @@ __device__ __forceinline__ int coarse_digit(uint32_t key) {
 }
 
 __device__ __forceinline__ uint32_t key_of(float v) { return isfinite(v) ? ordered_key(v) : 0u; }
+
+// The keys of finite floats (ordered_key(-FLT_MAX) .. ordered_key(FLT_MAX)), where coarse_digit
+// is monotone: a bin is one key range.
+constexpr uint32_t kMinFiniteKey = 0x00800000u, kMaxFiniteKey = 0xFF7FFFFFu;
+
+// The smallest finite-float key whose coarse digit is >= digit (kMaxFiniteKey + 1 if none),
+// searched by one warp in 32-way steps (7 rounds); every lane returns it. Comparing keys with
+// a bin's range costs two instructions where its digit costs a conversion and a dozen more.
+__device__ uint32_t first_key_of_digit(int digit) {
+  const int lane = threadIdx.x & 31;
+  uint64_t lo = kMinFiniteKey, hi = uint64_t{kMaxFiniteKey} + 1;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const uint64_t step = (hi - lo + 31) / 32;
+    const uint64_t x = lo + lane * step;
+    const unsigned at_least = __ballot_sync(
+        0xffffffffu, x >= hi || coarse_digit(static_cast<uint32_t>(x)) >= digit);
+    if (at_least == 0) {
+      lo += 31 * step + 1;
+      continue;
+    }
+    const int f = __ffs(at_least) - 1;
+    if (f == 0) return static_cast<uint32_t>(lo);
+    hi = min(hi, lo + f * step);
+    lo += (f - 1) * step + 1;
+  }
+  return static_cast<uint32_t>(hi);
+}
 
 // Request-local slot id of offset `off` in block `block`; -1 for a negative block id or one
 // whose slots do not fit int32 (the reference's rule).
@@ -114,9 +148,10 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
-// The bin holding the T-th largest entry (bins scanned from the top) and how many entries lie
-// in higher bins. 1 <= T <= sum(hist).
-__device__ void find_bin(const int* hist, int T, int* warp_sums, int* bcast) {
+// The entries counted in hist (returned), and for T = min(k, that) below it the bin holding
+// the T-th largest entry (bins scanned from the top) and how many entries lie in higher bins,
+// in bcast[0] and bcast[1].
+__device__ int find_bin(const int* hist, int k, int* warp_sums, int* bcast) {
   const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
   const int hi = kBins - 1 - 2 * i;
   const int h0 = hist[hi], h1 = hist[hi - 1];
@@ -125,13 +160,15 @@ __device__ void find_bin(const int* hist, int T, int* warp_sums, int* bcast) {
   __syncthreads();
   if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
   __syncthreads();
+  const int total = warp_sums[kWarps - 1], T = min(k, total);
   const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (h0 + h1);
-  if (before < T && before + h0 + h1 >= T) {
+  if (T < total && before < T && before + h0 + h1 >= T) {
     const bool first = before + h0 >= T;
     bcast[0] = first ? hi : hi - 1;
     bcast[1] = first ? before : before + h0;
   }
   __syncthreads();
+  return total;
 }
 
 // One row per CTA, or per thread-block cluster of kCluster CTAs when there are few rows: each
@@ -147,6 +184,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   __shared__ long long scratch[kWarps];
   __shared__ int warp_sums[kWarps];
   __shared__ int bcast[2];
+  __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
   __shared__ int warp_counts[2 * kWarps];
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
@@ -196,36 +234,33 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
 
   for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
   if (threadIdx.x == 0) n_cand = 0;
-  if (kCached) {
-    const Row<false> global_row{z, nullptr, 0, limit};
-    walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
-      if (pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
-    });
-  }
   __syncthreads();
 
-  // A. histogram of the coarse digit
-  long long finite = 0;
-  walk_segment(row, seg_begin, seg_end, [&](int, uint4 k) {
+  // A. histogram of the coarse digit, in the pass that caches the share's keys
+  const Row<false> global_row{z, nullptr, 0, limit};
+  walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
+    if (kCached && pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
     const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      if (ks[e]) {
-        ++finite;
-        atomicAdd(&hist[coarse_digit(ks[e])], 1);
-      }
+      if (ks[e]) atomicAdd(&hist[coarse_digit(ks[e])], 1);
   });
-  finite = block_sum<kThreads>(finite, scratch);  // its barriers also complete the histogram
-  finite = cluster_sum(finite);
-  const int T = static_cast<int>(min(static_cast<long long>(p.k), finite));
+  __syncthreads();
+  merge_bins(kBins);
+  const int finite = find_bin(merged, p.k, warp_sums, bcast);
+  const int T = min(p.k, finite);
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
   int last_tie = INT_MAX;
   if (T > 0 && T < finite) {
-    merge_bins(kBins);
-    find_bin(merged, T, warp_sums, bcast);
     const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
-    __syncthreads();  // hist (and hist_all) are reused as radix_threshold's 256 bins
+    if (warp < 2) {
+      const uint32_t key = first_key_of_digit(bin + warp);
+      if (lane == 0) bin_keys[warp] = key;
+    }
+    __syncthreads();  // hist (and hist_all) are reused below
+    const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
+    auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
     // The exact T_bin-th key among `count` entries (entry i at row position pos_of(i)) and,
     // when not all its ties fit, the last tied position taken.
     auto exact_threshold = [&](int count, auto pos_of, auto key, auto eligible) {
@@ -245,21 +280,67 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         last_tie = static_cast<int>(~thr_pos);
       }
     };
-    if (in_bin <= kCandCap) {
-      // B. candidates: the entries of the threshold bin (each CTA keeps those of its share)
+    // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
+    // their keys in `hist` when they are to be ranked by counting)
+    uint32_t* const cand_key = reinterpret_cast<uint32_t*>(hist);
+    auto collect = [&](bool with_keys) {
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine += ks[e] && coarse_digit(ks[e]) == bin;
+        for (int e = 0; e < 4; ++e) mine += in_the_bin(ks[e]);
         if (mine) {
           int at = atomicAdd(&n_cand, mine);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (ks[e] && coarse_digit(ks[e]) == bin) cand[at++] = pos + e;
+            if (in_the_bin(ks[e])) {
+              if (with_keys) cand_key[at] = ks[e];
+              cand[at++] = pos + e;
+            }
         }
       });
       __syncthreads();
+    };
+    if (in_bin <= kRankCand) {
+      collect(true);
+      const uint32_t* keys = cand_key;
+      const int* positions = cand;
+      if constexpr (kCluster > 1) {  // every CTA gathers the cluster's candidates
+        cluster_barrier();
+        int* const peer_counts = warp_counts;  // free until C
+        if (threadIdx.x < kCluster) peer_counts[threadIdx.x] = *cluster_peer(&n_cand, threadIdx.x);
+        __syncthreads();
+        if (threadIdx.x < in_bin) {
+          int r = 0, i = threadIdx.x;
+          for (; r < kCluster - 1 && i >= peer_counts[r]; ++r) i -= peer_counts[r];
+          hist_all[threadIdx.x] = static_cast<int>(cluster_peer(cand_key, r)[i]);
+          hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
+        }
+        __syncthreads();  // peers' lists are read again only after C's cluster barriers
+        keys = reinterpret_cast<const uint32_t*>(hist_all);
+        positions = hist_all + kRankCand;
+      }
+      // the candidate ranked T_bin - 1 by (key descending, position ascending) is the last
+      // one taken; a warp ranks one candidate at a time, its lanes splitting the others
+      for (int c = warp; c < in_bin; c += kWarps) {
+        const uint32_t mine = keys[c];
+        const int pos = positions[c];
+        int ahead = 0;
+        for (int j = lane; j < in_bin; j += 32) {
+          const uint32_t other = keys[j];
+          ahead += other > mine || (other == mine && positions[j] < pos);
+        }
+        for (int o = 16; o > 0; o >>= 1) ahead += __shfl_xor_sync(0xffffffffu, ahead, o);
+        if (lane == 0 && ahead == T_bin - 1) {
+          bcast[0] = static_cast<int>(mine);
+          bcast[1] = pos;
+        }
+      }
+      __syncthreads();
+      thr_key = static_cast<uint32_t>(bcast[0]);
+      last_tie = bcast[1];
+    } else if (in_bin <= kCandCap) {
+      collect(false);
       auto cand_pos = [&](int i) { return cand[i]; };
       exact_threshold(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); },
                       [](int) { return true; });
@@ -267,18 +348,23 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
       // too many in one bin (many equal values): the exact search over the whole row
       auto row_pos = [&](int i) { return cta_begin + i; };
       exact_threshold(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
-                      [&](int i) {
-                        const uint32_t k = row.key(cta_begin + i);
-                        return k != 0u && coarse_digit(k) == bin;
-                      });
+                      [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
     }
   }
   auto selected = [&](int pos, uint32_t k) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
 
-  // C. per-warp counts, offsets (CTAs of a cluster in rank order), ordered writes
+  // C. per-warp counts, offsets (CTAs of a cluster in rank order), ordered writes. The share's
+  // block ids go to shared memory first (hist_all, or cand without a cluster: peers may still
+  // read this CTA's candidates), off the writes' path.
   if (T > 0) {
+    const int first_block = cta_begin / kBlockSize;
+    const int share_blocks = (cta_end + kBlockSize - 1) / kBlockSize - first_block;
+    int* const ids_s = kCluster > 1 ? hist_all : cand;
+    const bool ids_in_smem = share_blocks <= (kCluster > 1 ? kBins : kCandCap);
+    if (ids_in_smem)
+      for (int i = threadIdx.x; i < share_blocks; i += kThreads) ids_s[i] = ids[first_block + i];
     int mine = 0;
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       mine += selected(pos, k.x) + selected(pos + 1, k.y) + selected(pos + 2, k.z) +
@@ -312,7 +398,11 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
       int r = at + incl - n;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (sel[e]) out[r++] = slot_id(ids[(pos + e) / kBlockSize], (pos + e) % kBlockSize);
+        if (sel[e]) {
+          const int block = (pos + e) / kBlockSize;
+          out[r++] = slot_id(ids_in_smem ? ids_s[block - first_block] : ids[block],
+                             (pos + e) % kBlockSize);
+        }
       at += __shfl_sync(0xffffffffu, incl, 31);
     });
   }
