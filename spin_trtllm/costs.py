@@ -10,7 +10,7 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
   logits   7.5 us + K-cache bytes at 3.66 TB/s; rows of an MTP step read the pages again,
            so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
   top-K    max(16 us, 7.5 us + 7.75 ps per scored slot per row) with spin's kernel (refitted in
-           the seventeenth session, benchmarks/results_topk_s17.json: 15.8-225 us at 8-192 rows
+           the seventeenth session, benchmarks/results_topk_s17.json: 14.6-224 us at 8-192 rows
            x 32K-128K slots, within a third); with flashinfer's (peer_topk, at the shapes where
            ops.topk hands it the rows: spin_topk_is_faster false) 19 us + 4.3 ps per scored
            slot per row, fitted to the whole path (top-K, lengths, remap) at 8-192 rows x

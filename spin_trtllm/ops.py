@@ -830,9 +830,9 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
 # its radix kernel), more rows through top_k_varlen (radix_cutlass on SM90), which was the
 # faster at 96 rows of 32K and 128K slots (at 64 and 192 rows of 32K the ragged entry was).
 # H200, K 512, same process (benchmarks/RESULTS.md, seventeenth session), spin's kernel against
-# the whole flashinfer path, us, all blocks / half: 8 x 32K slots 16.4 / 20.7, 16.4 / 21.0;
-# 96 x 32K 24.1 / 31.8, 16.5 / 26.5; 16 rows x 128K 27.1 / 31.3; 32 x 128K 59.3 / 40.1,
-# 35.5 / 30.4; 64 rows x 128K 61.7 / 63.3; 96 x 128K 122.3 / 72.2, 57.7 / 45.2. So spin's kernel
+# the whole flashinfer path, us, all blocks then half: 8 x 32K slots 16.4 / 20.6, 14.6 / 20.3;
+# 96 x 32K 24.4 / 32.0, 16.4 / 26.4; 16 rows x 128K 27.2 / 31.5; 32 x 128K 59.4 / 40.1,
+# 35.0 / 30.3; 64 rows x 128K 62.0 / 63.3; 96 x 128K 121.0 / 71.7, 58.4 / 45.2. So spin's kernel
 # keeps rows narrower than TOPK_SPIN_MAX_WIDTH and batches of at most TOPK_SPIN_MAX_ROWS rows.
 TOPK_RAGGED_MAX_ROWS = 64
 TOPK_SPIN_MAX_ROWS = 16

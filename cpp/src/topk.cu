@@ -458,11 +458,13 @@ cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (major < 9) return launch_cluster<1>(p, stream);  // no thread-block clusters
   // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
-  // one GPC) so that about every SM takes a share.
+  // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: at 8 rows
+  // of 32K slots, half selected, 4 CTAs a row took 14.8 us against 16.3 with 8 (H200,
+  // benchmarks/results_topk_cluster_sweep_s17.json).
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   cudaError_t err = cudaErrorNotSupported;  // a cluster size that cannot be scheduled: smaller
-  if (slots >= 8 * 4096 && rows * 8 <= sms) err = launch_cluster<8>(p, stream);
+  if (slots >= 8 * 8192 && rows * 8 <= sms) err = launch_cluster<8>(p, stream);
   if (err == cudaErrorNotSupported && slots >= 4 * 4096 && rows * 4 <= sms)
     err = launch_cluster<4>(p, stream);
   if (err == cudaErrorNotSupported && slots >= 2 * 4096 && rows * 2 <= sms)
