@@ -8,10 +8,10 @@
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
-//   B. the entries of that bin become candidates. Up to kRankCand of them (the usual case: a
-//      few dozen) are ranked by counting, each against all; up to kCandCap go through radix
-//      passes; beyond that the exact search runs over the whole row. Either finds the exact
-//      K-th key and, among entries equal to it, the last position taken;
+//   B. the entries of that bin (one range of keys) become candidates. Up to kRankCand of them
+//      (the usual case: a few dozen) are ranked by counting, each against all; up to kCandCap
+//      go through radix passes; beyond that the exact search runs over the whole row. Either
+//      finds the exact K-th key and, among entries equal to it, the last position taken;
 //   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
 //      each warp writes its entries in position order.
 #include <cooperative_groups.h>

@@ -43,6 +43,10 @@
 # toolkit's libs for the prebuilt module, ~30 min on 2 cores): from the repository root,
 #   source tests/gpu/flashinfer_env.sh; build_flashinfer_bundle
 # (FI_PREBUILT_SO=path/to/topk.so reuses a module built before, FI_PREBUILT_SO=none skips it).
+# On the development machine (2026-12-02: ~17 min, MAX_JOBS=2) its toolkit lacked
+# lib64/stubs/libcuda.so, which flashinfer's link names although the module calls no driver
+# API: CUDA_HOME pointed at a symlinked copy of the toolkit with an empty stub there, and
+# python3 came from a venv with the CPU torch wheel.
 FI_ENV=/tmp/flashinfer_env
 FI_BUNDLE=third_party/flashinfer_topk.tar.gz
 # JIT cache/workspace (FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) off the copied working tree.
