@@ -20,7 +20,8 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
   via_fi:     ops.topk with SPIN_TOPK=flashinfer: flashinfer's positions over counts*64 columns
               (top_k_ragged_transform below 64 rows, else top_k_varlen), then one
               spin.remap(scores=, ascending=True) launch (slot ids, ascending; what ops.topk
-              runs where flashinfer is installed, except at 64-127 rows of < 64K slots)
+              runs where flashinfer is installed, except where ops.spin_topk_is_faster:
+              rows of < 64K slots, or at most 16 rows)
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)
