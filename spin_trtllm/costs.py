@@ -86,7 +86,7 @@ class CostModel:
         from .ops import spin_topk_is_faster
 
         rows = len(visible_slots) * next_n
-        width = max((_block_slots([s]) for s in visible_slots), default=0.0)
+        width = _block_slots([max(visible_slots, default=0)])    # the longest request's blocks
         if self.peer_topk and not spin_topk_is_faster(rows, int(width)):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)

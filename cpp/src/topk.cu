@@ -54,11 +54,12 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2 * kThreads;             // each thread scans two bins
 constexpr int kCandCap = 4096;
-// Candidates ranked one per thread against all (about 5 n^2 / 128 cycles for n of them): a
-// handful of barriers instead of the radix passes' dozens, which cost 4-11 us per row on an
-// H200 (cluster barriers included) with the few dozen candidates a row usually has.
+// Candidates ranked by counting, a warp per candidate against all: a handful of barriers
+// instead of the radix passes' dozens, which cost 4-11 us per row on an H200 (cluster barriers
+// included) with the few dozen candidates a row usually has.
 constexpr int kRankCand = 256;
-static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins, "one candidate per thread");
+static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
+              "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
 // shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
 // shared memory this is 2.4 KB under the 227 KB a CTA may have
 constexpr size_t kMaxCachedBytes = 192 * 1024;
