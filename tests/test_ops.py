@@ -627,6 +627,46 @@ def test_gpu_select_overflow_truncates_like_reference():
 
 
 @gpu
+@pytest.mark.parametrize("values", ["distinct", "few", "one"])
+@pytest.mark.parametrize("policy,R", [("random", 1), ("staleness", 1), ("random", 2)])
+def test_gpu_select_ties_and_whole_bins_match_reference(values, policy, R):
+    """The top-m blocks by 16-bit keys (fp16 state) and the exploration's 32-bit priorities:
+    block scores all distinct (the threshold's bin is taken whole, the passes may stop early),
+    from 5 values (the first `need` of many ties, in index order, across the warps' ranges), or
+    one value (every block tied). Up to 2600 blocks a row, so each warp's range spans several
+    rounds and a ragged end. V is constant within a block and D below it, so the block scores
+    are exactly the drawn values."""
+    cfg = SpinConfig(index_topk=512, target_sparsity=0.45, exploration=0.1,
+                     exploration_policy=policy, state_dtype="float16")
+    lens = (166_400, 64 * 300 + 17, 64 * 9, 100_001)
+    B, L, cap = len(lens), 2, 166_400
+    gen = torch.Generator().manual_seed(11 + R)
+    state = ops.OpState.zeros(B, L, cap, cfg)
+    blocks = cap // 64
+    if values == "distinct":  # consecutive fp16 bit patterns from 1.0 up, shuffled per row
+        pool = torch.arange(0x3C00, 0x3C00 + blocks, dtype=torch.int16).view(torch.float16)
+        per_block = pool[torch.argsort(torch.rand(B, L, blocks, generator=gen), -1)]
+    elif values == "few":
+        per_block = torch.randint(0, 5, (B, L, blocks), generator=gen).half() - 2
+    else:
+        per_block = torch.full((B, L, blocks), 1.5, dtype=torch.float16)
+    state.V.copy_(per_block.repeat_interleave(64, -1))
+    state.D.fill_(-100.0)
+    state.last_seen.copy_(torch.randint(0, 8, state.last_seen.shape, generator=gen))
+    state.decode_steps.fill_(5)
+    n = torch.tensor([[c - R + 1 + r for r in range(R)] for c in lens], dtype=torch.int32)
+    slot = torch.arange(B, dtype=torch.int32)
+    req, step = torch.arange(B) + 40, torch.full((B,), 9)
+    m_cap = -(-max(lens) // 64)
+    ids_c, cnt_c = ops.select(state, slot, n, n - 1, req, step, cfg, m_cap, max(lens))
+    gpu_state = ops.OpState(*(t.cuda() for t in state.tensors()))
+    ids_g, cnt_g = ops.select(gpu_state, slot.cuda(), n.cuda(), (n - 1).cuda(), req.cuda(),
+                              step.cuda(), cfg, m_cap, max(lens))
+    assert torch.equal(cnt_g.cpu(), cnt_c)
+    assert torch.equal(ids_g.cpu(), ids_c)
+
+
+@gpu
 def test_gpu_random_exploration_distribution():
     # Exploration picks e blocks uniformly among the candidates: count over many steps.
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.25, keep_sink=False,

@@ -30,6 +30,14 @@ __device__ __forceinline__ uint32_t ordered_key(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// ordered_key on 16 bits for a value fp16 holds exactly (fp16 state and its max pooling): the
+// same order and ties, in half the radix passes.
+__device__ __forceinline__ uint32_t ordered_key16(float x) {
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t h = __half_as_ushort(__float2half_rn(x));
+  return (h & 0x8000u) ? (~h & 0xFFFFu) : (h | 0x8000u);
+}
+
 __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
@@ -192,20 +200,25 @@ __device__ __forceinline__ float block_min_max(float v, bool want_max, float* sc
 
 namespace spin {
 
-// Exact descending selection of T entries by a 32-bit key, ties to the lower index.
-// radix_threshold: the T-th largest key among eligible entries (4 passes of 8-bit digit
-// histograms) and how many entries equal to it are taken (`need`); entries with a larger key
-// are all taken. Requires 1 <= T <= #eligible. `hist` holds 256 ints; `bcast` 2 ints.
+// Exact descending selection of T entries by a kKeyBits-bit key (32 or 16), ties to the lower
+// index. radix_threshold: the T-th largest key among eligible entries (kKeyBits / 8 passes of
+// 8-bit digit histograms) and how many entries equal to it are taken (`need`); entries with a
+// larger key are all taken. Requires 1 <= T <= #eligible. `hist` holds 256 ints; `bcast` 2 ints
+// (3 with `whole`). With `whole`, the passes stop once the T-th key's bin is taken entirely;
+// *whole then says that every eligible entry with a key >= thr is taken (thr may be below the
+// T-th key, no tie order needed), else thr and need are exact as without it.
 // With several CTAs sharing one selection (a thread-block cluster), each counts its own entries
 // into `hist` and merge() leaves the sum over the CTAs in `merged` (256 ints) after each pass;
 // T and #eligible are then totals over the CTAs.
-template <int THREADS, typename Key, typename Eligible, typename Merge>
+template <int THREADS, int kKeyBits = 32, typename Key, typename Eligible, typename Merge>
 __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, int* hist,
                                 const int* merged, Merge merge, int* bcast, uint32_t& thr,
-                                int& need) {
+                                int& need, bool* whole = nullptr) {
+  static_assert(kKeyBits == 32 || kKeyBits == 16, "32- or 16-bit keys");
   uint32_t prefix = 0, mask = 0;
   int remaining = T;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  if (whole != nullptr) *whole = false;
+  for (int shift = kKeyBits - 8; shift >= 0; shift -= 8) {
     for (int d = threadIdx.x; d < 256; d += THREADS) hist[d] = 0;
     __syncthreads();
     for (int base = 0; base < count; base += THREADS) {
@@ -236,66 +249,29 @@ __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, in
         for (; d > 0 && cum + merged[d] < remaining; --d) cum += merged[d];
         bcast[0] = d;
         bcast[1] = remaining - cum;
+        if (whole != nullptr) bcast[2] = merged[d] == remaining - cum;
       }
     }
     __syncthreads();
     prefix |= static_cast<uint32_t>(bcast[0]) << shift;
     mask |= 255u << shift;
     remaining = bcast[1];
+    const bool bin_taken = whole != nullptr && bcast[2];
     __syncthreads();
+    if (bin_taken) {
+      *whole = true;
+      break;
+    }
   }
   thr = prefix;
   need = remaining;
 }
 
-template <int THREADS, typename Key, typename Eligible>
+template <int THREADS, int kKeyBits = 32, typename Key, typename Eligible>
 __device__ void radix_threshold(int count, int T, Key key, Eligible eligible, int* hist,
-                                int* bcast, uint32_t& thr, int& need) {
-  radix_threshold<THREADS>(count, T, key, eligible, hist, hist, [] {}, bcast, thr, need);
-}
-
-// Walk [0, count) in index order and call take(i, rank) for each selected entry: those with a
-// key above thr and the first `need` ties; rank counts the taken entries in index order.
-// `warp_counts` holds 2 * THREADS / 32 ints. Every thread of the block must call it.
-template <int THREADS, typename Key, typename Eligible, typename Take>
-__device__ int ordered_take(int count, uint32_t thr, int need, Key key, Eligible eligible,
-                            Take take, int* warp_counts) {
-  constexpr int kWarpsPer = THREADS / 32;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int taken = 0, ties = 0;
-  for (int start = 0; start < count; start += THREADS) {
-    const int i = start + threadIdx.x;
-    bool gt = false, tie = false;
-    if (i < count && eligible(i)) {
-      const uint32_t k = key(i);
-      gt = k > thr;
-      tie = k == thr;
-    }
-    const unsigned tie_ballot = __ballot_sync(0xffffffffu, tie);
-    if (lane == 0) warp_counts[kWarpsPer + warp] = __popc(tie_ballot);
-    __syncthreads();
-    int tie_rank = ties + __popc(tie_ballot & ((1u << lane) - 1));
-    int chunk_ties = 0;
-    for (int w = 0; w < kWarpsPer; ++w) {
-      if (w < warp) tie_rank += warp_counts[kWarpsPer + w];
-      chunk_ties += warp_counts[kWarpsPer + w];
-    }
-    const bool sel = gt || (tie && tie_rank < need);
-    const unsigned sel_ballot = __ballot_sync(0xffffffffu, sel);
-    if (lane == 0) warp_counts[warp] = __popc(sel_ballot);
-    __syncthreads();
-    int rank = taken + __popc(sel_ballot & ((1u << lane) - 1));
-    int chunk_taken = 0;
-    for (int w = 0; w < kWarpsPer; ++w) {
-      if (w < warp) rank += warp_counts[w];
-      chunk_taken += warp_counts[w];
-    }
-    if (sel) take(i, rank);
-    taken += chunk_taken;
-    ties += chunk_ties;
-    __syncthreads();
-  }
-  return taken;
+                                int* bcast, uint32_t& thr, int& need, bool* whole = nullptr) {
+  radix_threshold<THREADS, kKeyBits>(count, T, key, eligible, hist, hist, [] {}, bcast, thr, need,
+                                     whole);
 }
 
 }  // namespace spin

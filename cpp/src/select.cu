@@ -2,6 +2,7 @@
 // the MTP union, for every (request, layer) stream in one launch. One CTA per stream; the
 // top-m blocks come from 8-bit radix passes over the score keys, ties to the lower block id.
 #include <cfloat>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -142,26 +143,38 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
   }
 }
 
-// The interior blocks [j_lo, j_end) of a row (see MaxBlockWindow): the same loads and the same
-// max in the same order as score_blocks_max, on 32-bit vector indices from the row's base (a
-// row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h, D
-// vector dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where dvec0 = (q - 63) / kVec.
-template <bool kHalf, int kVec, int kPer>
+// The interior blocks [j_lo, j_end) of a row of fp16 state (see MaxBlockWindow): the same loads
+// and the same max as score_blocks_max, on 32-bit vector indices from the row's base (a row's
+// positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h, D vector
+// dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where dvec0 = (q - 63) / kVec.
+// The max runs on packed fp16 pairs (max of fp16 values is exact); the lead lane's first `skew`
+// D entries come from the tail by a mask fixed for the row: a few instructions a vector
+// instead of a conversion and a branch per entry.
+template <int kVec, int kPer>
 __device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
                                       int q, float* score) {
   constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
   constexpr int kWarps = kThreads / 32;
+  using Vec = StateVec<true, kVec>;
+  constexpr int kWords = Vec::kWords;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
   const int h = lane % kGroup;
   const bool lead = h == 0;
   const int dvec0 = (q - (kBlockSize - 1)) / kVec, skew = (q - (kBlockSize - 1)) & (kVec - 1);
   const bool tail = lead && skew != 0;
+  uint32_t from_tail[kWords];  // per word, the halves taken from the tail
+#pragma unroll
+  for (int k = 0; k < kWords; ++k)
+    from_tail[k] = tail ? (2 * k < skew ? 0xFFFFu : 0u) | (2 * k + 1 < skew ? 0xFFFF0000u : 0u)
+                        : 0u;
 #pragma unroll 1
   for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
-    StateVec<kHalf, kVec> v[kPer], d[kPer], t[kPer];
+    Vec v[kPer], d[kPer], t[kPer];
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int j = jw + kPerWarp * u * kWarps + group;
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) t[u].w[k] = 0u;
       if (j < j_end) {
         v[u].load_vec(V_row, kGroup * j + h);
         d[u].load_vec(D_row, dvec0 - kGroup * j + h);
@@ -173,9 +186,14 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
       const int j = jw + kPerWarp * u * kWarps + group;
       float m = -CUDART_INF_F;
       if (j < j_end) {
+        __half2 acc = __float2half2_rn(-CUDART_INF_F);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e)
-          m = fmaxf(m, fmaxf(v[u][e], tail && e < skew ? t[u][e] : d[u][e]));
+        for (int k = 0; k < kWords; ++k) {
+          const uint32_t dw = (t[u].w[k] & from_tail[k]) | (d[u].w[k] & ~from_tail[k]);
+          acc = __hmax2(acc, __hmax2(*reinterpret_cast<const __half2*>(&v[u].w[k]),
+                                     *reinterpret_cast<const __half2*>(&dw)));
+        }
+        m = fmaxf(__low2float(acc), __high2float(acc));
       }
       for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       if (lead && j < j_end) score[j] = m;
@@ -204,7 +222,7 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
     const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
                                                            static_cast<int64_t>(B)));
     const int j_end = max(j_hi + 1, j_lo);
-    score_interior_blocks<kHalf, kVec, kMaxPerStep>(static_cast<const __half*>(s.V) + base,
+    score_interior_blocks<kVec, kMaxPerStep>(static_cast<const __half*>(s.V) + base,
                                                     static_cast<const __half*>(s.D) + base,
                                                     j_lo, j_end, q, score);
     // the few other blocks one at a time (fewer registers beside the lean path's)
@@ -245,6 +263,44 @@ __device__ float pool_block(float (&v)[2], int pooling) {
     }
   }
   return cnt > 0 ? sum / cnt : -CUDART_INF_F;
+}
+
+// Flags what radix_threshold selected: every eligible entry with a key >= thr when `whole`,
+// else those above thr and the first `need` ties in index order. A warp walks one contiguous
+// range, so the tie ranks cost one block barrier (not two per kThreads entries).
+// `warp_ties` holds kThreads / 32 ints; the caller syncs before its next use.
+template <typename Key, typename Eligible, typename Flag>
+__device__ void flag_taken(int count, uint32_t thr, int need, bool whole, Key key,
+                           Eligible eligible, Flag flag, int* warp_ties) {
+  if (whole) {
+    for (int j = threadIdx.x; j < count; j += kThreads)
+      if (eligible(j) && key(j) >= thr) flag(j);
+    return;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int span = (count + kThreads - 1) / kThreads * 32;
+  const int lo = warp * span, hi = min(lo + span, count);
+  int ties = 0;
+  for (int j0 = lo; j0 < hi; j0 += 32) {  // warp-uniform: j0 is the same in every lane
+    const int j = j0 + lane;
+    ties += __popc(__ballot_sync(0xffffffffu, j < hi && eligible(j) && key(j) == thr));
+  }
+  if (lane == 0) warp_ties[warp] = ties;
+  __syncthreads();
+  int rank = 0;
+  for (int w = 0; w < warp; ++w) rank += warp_ties[w];
+  for (int j0 = lo; j0 < hi; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, tie = false;
+    if (j < hi && eligible(j)) {
+      const uint32_t k = key(j);
+      gt = k > thr;
+      tie = k == thr;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+    if (gt || (tie && rank + __popc(ballot & ((1u << lane) - 1)) < need)) flag(j);
+    rank += __popc(ballot);
+  }
 }
 
 // Sorts a[0, P) and b[0, P) ascending (P a power of two), bitonic. Thread t owns entries
@@ -319,8 +375,8 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   uint32_t* sorted_p = sorted_s + sort_capacity(p.max_blocks);
   __shared__ float fscratch[kThreads / 32];
   __shared__ int hist[256];
-  __shared__ int bcast[2];
-  __shared__ int warp_counts[2 * kThreads / 32];
+  __shared__ int bcast[3];
+  __shared__ int warp_counts[kThreads / 32];
 
   const int layer = p.layer >= 0 ? p.layer : blockIdx.x, b = blockIdx.y;
   const StateView& s = p.state;
@@ -406,12 +462,28 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     __syncthreads();
     uint32_t thr;
     int need;
-    auto score_key = [&](int j) { return ordered_key(score[j]); };
+    bool whole;
     auto rest = [&](int j) { return !forced(j); };
+    auto take_top = [&](auto key_of_score, auto key_bits) {
+      auto score_key = [&](int j) { return key_of_score(score[j]); };
+      radix_threshold<kThreads, decltype(key_bits)::value>(B, static_cast<int>(top), score_key,
+                                                            rest, hist, bcast, thr, need, &whole);
+      flag_taken(B, thr, need, whole, score_key, rest, [&](int j) { row_flag[j] = 1; },
+                 warp_counts);
+    };
+    using Bits16 = std::integral_constant<int, 16>;
+    using Bits32 = std::integral_constant<int, 32>;
+    auto key32 = [](float x) { return ordered_key(x); };
     if (top > 0) {
-      radix_threshold<kThreads>(B, static_cast<int>(top), score_key, rest, hist, bcast, thr, need);
-      ordered_take<kThreads>(B, thr, need, score_key, rest,
-                             [&](int j, int) { row_flag[j] = 1; }, warp_counts);
+      // pooled fp16 state is fp16 values: 16-bit keys, two radix passes
+      if constexpr (kHalf && kVec > 0) {
+        if (p.block_scores == nullptr)
+          take_top([](float x) { return ordered_key16(x); }, Bits16{});
+        else
+          take_top(key32, Bits32{});
+      } else {
+        take_top(key32, Bits32{});
+      }
     }
     __syncthreads();
     if (e > 0) {
@@ -442,9 +514,10 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
         }
       __syncthreads();
       auto prio_key = [&](int j) { return prio[j]; };
-      radix_threshold<kThreads>(B, static_cast<int>(e), prio_key, candidate, hist, bcast, thr, need);
-      ordered_take<kThreads>(B, thr, need, prio_key, candidate,
-                             [&](int j, int) { row_flag[j] = 2; }, warp_counts);
+      radix_threshold<kThreads>(B, static_cast<int>(e), prio_key, candidate, hist, bcast, thr, need,
+                                &whole);
+      flag_taken(B, thr, need, whole, prio_key, candidate, [&](int j) { row_flag[j] = 2; },
+                 warp_counts);
     }
     __syncthreads();
     for (int j = threadIdx.x; j < B; j += kThreads)
@@ -452,23 +525,27 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   }
   __syncthreads();
 
-  // Compact the union into ascending ids.
+  // Compact the union into ascending ids: a warp counts one contiguous range, one barrier.
   __shared__ int warp_total[kThreads / 32];
-  int written = 0;
-  for (int start = 0; start < nb_all; start += kThreads) {
-    const int j = start + threadIdx.x;
-    const bool f = j < nb_all && union_flag[j];
+  const int span = (nb_all + kThreads - 1) / kThreads * 32;
+  const int lo = warp * span, hi = min(lo + span, nb_all);
+  int mine = 0;
+  for (int j0 = lo; j0 < hi; j0 += 32)
+    mine += __popc(__ballot_sync(0xffffffffu, j0 + lane < hi && union_flag[j0 + lane]));
+  if (lane == 0) warp_total[warp] = mine;
+  __syncthreads();
+  int rank = 0, written = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) rank += warp_total[w];
+    written += warp_total[w];
+  }
+  for (int j0 = lo; j0 < hi; j0 += 32) {
+    const int j = j0 + lane;
+    const bool f = j < hi && union_flag[j];
     const unsigned ballot = __ballot_sync(0xffffffffu, f);
-    if (lane == 0) warp_total[warp] = __popc(ballot);
-    __syncthreads();
-    int before = written;
-    for (int w = 0; w < warp; ++w) before += warp_total[w];
-    const int rank = before + __popc(ballot & ((1u << lane) - 1));
-    if (f && rank < p.m_cap) out[rank] = j;
-    int chunk = 0;
-    for (int w = 0; w < kThreads / 32; ++w) chunk += warp_total[w];
-    written += chunk;
-    __syncthreads();
+    const int at = rank + __popc(ballot & ((1u << lane) - 1));
+    if (f && at < p.m_cap) out[at] = j;
+    rank += __popc(ballot);
   }
   for (int c = written + threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
   if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = written;
