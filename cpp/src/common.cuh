@@ -46,14 +46,19 @@ __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
   return h ^ (h >> 16);
 }
 
-// Same chain as reference.counter_hash: h = fmix32(seed ^ C0); h = fmix32(h ^ v ^ Ck).
-__device__ __forceinline__ uint32_t counter_hash(uint32_t seed, int64_t request, int64_t layer,
-                                                 int64_t step, int64_t block) {
+// Same chain as reference.counter_hash: h = fmix32(seed ^ C0); h = fmix32(h ^ v ^ Ck), split
+// where the block comes in: the first four rounds are one value for a whole (request, layer)
+// stream, counter_hash_block(counter_hash_stream(seed, request, layer, step), block).
+__device__ __forceinline__ uint32_t counter_hash_stream(uint32_t seed, int64_t request,
+                                                        int64_t layer, int64_t step) {
   uint32_t h = fmix32(seed ^ 0x9E3779B9u);
   h = fmix32(h ^ static_cast<uint32_t>(request) ^ 0x85EBCA77u);
   h = fmix32(h ^ static_cast<uint32_t>(layer) ^ 0xC2B2AE3Du);
-  h = fmix32(h ^ static_cast<uint32_t>(step) ^ 0x27D4EB2Fu);
-  return fmix32(h ^ static_cast<uint32_t>(block) ^ 0x165667B1u);
+  return fmix32(h ^ static_cast<uint32_t>(step) ^ 0x27D4EB2Fu);
+}
+
+__device__ __forceinline__ uint32_t counter_hash_block(uint32_t stream_hash, int64_t block) {
+  return fmix32(stream_hash ^ static_cast<uint32_t>(block) ^ 0x165667B1u);
 }
 
 __device__ __forceinline__ float load_state(const void* base, bool half, int64_t idx) {

@@ -1,6 +1,7 @@
 // spin::select: predict block scores from V/D (or take given ones, one layer), apply budget, forced blocks, exploration and
 // the MTP union, for every (request, layer) stream in one launch. One CTA per stream; the
-// top-m blocks come from 8-bit radix passes over the score keys, ties to the lower block id.
+// top-m blocks come from 8-bit radix passes over the score keys (16-bit keys when the scores
+// are pooled fp16 state, 32-bit otherwise), ties to the lower block id.
 #include <cfloat>
 #include <type_traits>
 
@@ -206,7 +207,9 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 // H200, all 21 layers in one launch, us a layer: 96 x 128K slots 18.65 -> 18.32, 96 x 32K
 // 6.34 -> 6.08, 32 x 128K 8.12 -> 7.92, 8 x 32K 1.12 -> 1.06
 // (benchmarks/results_select_update_vectors_s16.json; 4 blocks a lane group in flight, or 3
-// CTAs an SM, were slower at 3 of the 4 shapes).
+// CTAs an SM, were slower at 3 of the 4 shapes). With the packed fp16 max, 16-bit keys and
+// one-barrier takes: 18.18 -> 15.33, 5.94 -> 4.80, 7.80 -> 6.51, 0.99 -> 0.75
+// (benchmarks/results_select_s18.jsonl).
 template <bool kHalf, int kVec>
 __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
                              float* score) {
@@ -496,16 +499,17 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
         hi = block_min_max<kThreads>(hi, true, fscratch);
       }
       const float span = __fsub_rn(hi, lo);
+      const uint32_t stream_hash = p.policy == kExploreRandom
+          ? counter_hash_stream(p.seed, p.request_id[b], layer, step) : 0u;
       auto priority = [&](int j) -> uint32_t {
-        if (p.policy == kExploreRandom) return counter_hash(p.seed, p.request_id[b], layer, step, j);
+        if (p.policy == kExploreRandom) return counter_hash_block(stream_hash, j);
         long long age = step - (j < s.block_cap ? last_seen[j] : 0);
         age = max(age, 0ll);  // the reference clamps too
         if (p.policy == kExploreAge) return static_cast<uint32_t>(min(age, 0xFFFFFFFFll));
         const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
         return ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm)));
       };
-      // each priority once (the random one is a 5-round hash), over the scores: they are not
-      // read again for this row
+      // each priority once, over the scores: they are not read again for this row
       uint32_t* prio = reinterpret_cast<uint32_t*>(score);
       for (int j = threadIdx.x; j < B; j += kThreads)
         if (candidate(j)) {
