@@ -15,12 +15,18 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            ops.topk hands it the rows: spin_topk_is_faster false) 19 us + 4.3 ps per scored
            slot per row, fitted to the whole path (top-K, lengths, remap) at 8-192 rows x
            32K-128K slots (fourteenth session, benchmarks/results_topk_paths.json: 19.8-118.6 us)
-  select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch)
+  select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch); kept after
+           the eighteenth session's faster select (0.75-15.3 us a layer at 8-96 x 32K-128K,
+           benchmarks/results_select_s18.jsonl, fp16 state), which it prices 1-21% high (fp32
+           state, priced at twice that: 9-42% high, results_select_fp32_s18.jsonl)
   update   3 us + 4.1 ps per scored slot per row (refitted in the eleventh session to the
            one-row launch of at most about 1,536 CTAs: 4.1-28.3 us at 8-96 x 32K-128K)
            kept after the sixteenth session's vector update (4.5-24.5 us at those shapes):
            it now prices it 13-18% high at 32-96 x 32K-128K and 21% low at 8 x 32K, and the
-           suites the switch is tested against ran the older kernel
+           suites the switch is tested against ran the older kernel. Timed where a step runs
+           it, after the masked logits and top-K (eighteenth session,
+           benchmarks/results_update_in_sequence_s18.jsonl: 2.0-26.1 us), it is within 20% at
+           32-96 x 32K-128K and inside the 2.0-4.5 us measured at 8 x 32K
 state bytes scale the select and update terms (float32 state: twice the fp16 figures).
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
