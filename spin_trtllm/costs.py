@@ -26,7 +26,13 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            suites the switch is tested against ran the older kernel. Timed where a step runs
            it, after the masked logits and top-K (eighteenth session,
            benchmarks/results_update_in_sequence_s18.jsonl: 2.0-26.1 us), it is within 20% at
-           32-96 x 32K-128K and inside the 2.0-4.5 us measured at 8 x 32K
+           32-96 x 32K-128K and inside the 2.0-4.5 us measured at 8 x 32K. Those timings
+           used contexts of whole blocks; a step's context ends mid-block 63 times in 64, which
+           cost 7.9-39.9 us in sequence before the nineteenth session's fix of the update's
+           edge chunk and 6.0-33.7 after (mean over the 8 D skews, bench_update_skew.py,
+           benchmarks/results_update_skew_s19.jsonl): the term prices that 15% low at 96 x
+           128K and 34-58% low at the smaller shapes. It is kept: engine_overhead_us below was
+           fitted to dsa-lite steps, whose contexts end mid-block
 state bytes scale the select and update terms (float32 state: twice the fp16 figures).
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
