@@ -10,7 +10,8 @@ turn, one per token. For each skew s (context n = slots - 8 + s, query n - 1, so
 (q + 1) % 8 == s) this times the update alone and right after the native masked logits and
 top-K it follows in a step ("in sequence": the difference of the two captured sequences), and
 prints the bytes it moves (scored slots' logits, V and D read and written) against a device
-copy's bandwidth. bench_deepgemm_path.py times the update at skew 0 only.
+copy's bandwidth. bench_deepgemm_path.py times the update on whole-block contexts only
+(n = slots: skew 0, every block full), where no row has an edge block.
 """
 
 from __future__ import annotations
