@@ -80,6 +80,16 @@ def time_ms(fn, iters: int, sets: int, calls: int = 12) -> float:
     return ms
 
 
+def time_after_ms(before, extra, iters: int, sets: int, tries: int = 1) -> float:
+    """Milliseconds `extra(i)` adds right after `before(i)`, as a decode step runs it: the
+    difference of the two captured sequences (the smallest of `tries`; timed alone and
+    repeated, a small case's inputs stay in L2, which flatters it)."""
+    def both(i):
+        before(i)
+        extra(i)
+    return min(time_ms(both, iters, sets) - time_ms(before, iters, sets) for _ in range(tries))
+
+
 def time_eager_ms(fn, iters: int, sets: int) -> float:
     """Median milliseconds of single eager calls (for code that cannot be captured)."""
     for i in range(min(3, iters)):

@@ -39,7 +39,8 @@ from spin_trtllm.logits import DeepGemmLogits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import (PAGE_BYTES, cannot_run, copy_bandwidth,  # noqa: E402
-                                  gpu_clocks, make_inputs, spin_case, time_ms)
+                                  gpu_clocks, make_inputs, spin_case, time_after_ms,
+                                  time_ms)
 
 
 def same_sets(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -101,12 +102,10 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         spin_native(i)
         ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top)
 
-    def native_topk_update(i):
-        native_then_topk(i)
+    def update(i):
         ops.update(state, slot, z, ids[:, 0], cnt[:, 0], n, q_pos, acc, step, 0, cfg, slots)
 
-    t_update_seq = max(0.0, time_ms(native_topk_update, iters, sets) -
-                       time_ms(native_then_topk, iters, sets))
+    t_update_seq = max(0.0, time_after_ms(native_then_topk, update, iters, sets))
     dense_ms = t_dense + t_dense_topk
     per_layer_select = t_select / layers
     spin_dg_ms = per_layer_select + t_spin_dg + t_spin_topk + t_update
