@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decode_indexer.py [--batch 8 32] [--slots 32768 131072]
         [--next-n 1] [--topk 512] [--sparsity 0 0.3 0.5] [--layers 21] [--json OUT]
-        [--markdown OUT] [--iters 30] [--state-dtype float32|float16]
+        [--markdown OUT] [--iters 30] [--state-dtype float32|float16|float8_e4m3fn]
     python benchmarks/bench_decode_indexer.py --suite [--json OUT] [--markdown OUT]
 
 Per case (batch x slots per request x next_n x K x target sparsity): each op is called 12 times
@@ -166,8 +166,8 @@ def spin_case(n, batch, slots, next_n, k, rho, layers, state_dtype):
     logits buffer, top-K buffer)."""
     cfg = SpinConfig(index_topk=k, target_sparsity=rho, state_dtype=state_dtype)
     state = ops.OpState.zeros(batch, layers, slots + 64, cfg, device="cuda")
-    state.V.normal_()
-    state.D.normal_()
+    state.V.copy_(torch.randn(state.V.shape, device="cuda"))  # normal_ lacks float8
+    state.D.copy_(torch.randn(state.D.shape, device="cuda"))
     state.decode_steps.fill_(5)
     slot = torch.arange(batch, dtype=torch.int32, device="cuda")
     req = torch.arange(batch, device="cuda")
@@ -317,7 +317,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=3, help="rotating input sets")
     ap.add_argument("--reference", action="store_true", help="also time the torch reference")
-    ap.add_argument("--state-dtype", choices=["float32", "float16"], default="float32",
+    ap.add_argument("--state-dtype", choices=["float32", "float16", "float8_e4m3fn"],
+                    default="float32",
                     help="dtype of the V/D state (select and update traffic)")
     ap.add_argument("--suite", action="store_true",
                     help="run the fixed sweep SUITE instead of --batch/--slots/...")

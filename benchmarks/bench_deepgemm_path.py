@@ -207,7 +207,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=21)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=2)
-    ap.add_argument("--state-dtype", choices=["float32", "float16"], default="float16")
+    ap.add_argument("--state-dtype", choices=["float32", "float16", "float8_e4m3fn"],
+                    default="float16")
     ap.add_argument("--logits-only", action="store_true",
                     help="time only dense logits, native against DeepGEMM")
     ap.add_argument("--json")

@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mtp", type=int, nargs="+", default=[0, 3])
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--state-dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--state-dtype", choices=["float32", "float16", "float8_e4m3fn"],
+                    default="float16")
     ap.add_argument("--backends", nargs="+", choices=["native", "deepgemm"],
                     help="logits backends to run (default: native, and deepgemm if it imports)")
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")

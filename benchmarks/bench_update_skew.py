@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32, 96])
     ap.add_argument("--slots", type=int, nargs="+", default=[32768, 131072])
     ap.add_argument("--sparsity", type=float, default=0.5)
-    ap.add_argument("--state-dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--state-dtype", choices=["float32", "float16", "float8_e4m3fn"],
+                    default="float16")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", help="append one JSON line per case")
     args = ap.parse_args(argv)

@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--modes", nargs="+", default=["dense", "0.3", "0.5"])
-    ap.add_argument("--state-dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--state-dtype", choices=["float32", "float16", "float8_e4m3fn"],
+                    default="float16")
     ap.add_argument("--backend", default="native")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)

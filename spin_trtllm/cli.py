@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay, spec_=p)
 
     p = sub.add_parser("ablate", help="the paper's ablations (reduction, exploration, mtp) and "
-                                      "fp32 vs fp16 state (state_dtype)")
+                                      "fp32 vs fp16 vs fp8 state (state_dtype)")
     _add_traces(p)
     # replay.evaluate.STUDIES (not imported here: it pulls in torch)
     p.add_argument("--study", required=True,

@@ -45,7 +45,8 @@ class SpinConfig(BaseModel):
     pooling: Literal["max", "mean", "top4"] = "max"
     mtp_mask: Literal["row0", "union"] = "union"
     mtp_update: Literal["row0", "prefix_valid"] = "prefix_valid"
-    state_dtype: Literal["float32", "float16"] = "float32"
+    # float8_e4m3fn: a quarter of fp32's state bytes; EMAs saturate at +-448
+    state_dtype: Literal["float32", "float16", "float8_e4m3fn"] = "float32"
     seed: int = Field(0, ge=0, lt=1 << 32, description="exploration RNG seed (uint32)")
 
     def __init__(self, **data: Any) -> None:

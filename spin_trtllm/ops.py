@@ -10,8 +10,8 @@ All ops write into caller-provided buffers and return nothing, so a decode step 
 can be captured in a CUDA graph; fake (meta) implementations let torch.compile trace them.
 
 Contracts (DESIGN.md):
-- state: V, D float32/float16 [num_state_slots, L, cap]; last_seen int64 [.., L, ceil(cap/64)];
-  decode_steps int64 [num_state_slots, L]. Request b uses state slot state_slot[b] (distinct
+- state: V, D float32/float16/float8_e4m3fn [num_state_slots, L, cap]; last_seen int64
+  [.., L, ceil(cap/64)]; decode_steps int64 [num_state_slots, L]. Request b uses state slot state_slot[b] (distinct
   per batch). cap must cover every context length and query position.
 - context_lens int32 [B, R] (row j of a request with length N sees N - R + j + 1 slots),
   query_pos int32 [B, R] (slot coordinates), request_id/step int64 [B], accepted int32 [B].
@@ -204,7 +204,7 @@ def _shape(op: str, name: str, t: torch.Tensor, expected: tuple) -> None:
 
 
 I32, I64 = (torch.int32,), (torch.int64,)
-STATE_DTYPES = (torch.float32, torch.float16)
+STATE_DTYPES = (torch.float32, torch.float16, torch.float8_e4m3fn)
 
 
 def _check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
@@ -673,8 +673,8 @@ def _reset_impl(V, D, last_seen, decode_steps, state_slots, step) -> None:
     _tensor("reset", "step", step, I64, 1, dev)
     _shape("reset", "step", step, tuple(state_slots.shape))
     idx = state_slots.long()
-    V.index_fill_(0, idx, 0)
-    D.index_fill_(0, idx, 0)
+    ref.state_bits(V).index_fill_(0, idx, 0)
+    ref.state_bits(D).index_fill_(0, idx, 0)
     last_seen.index_copy_(0, idx, step.view(-1, 1, 1).expand(-1, *last_seen.shape[1:]).contiguous())
     decode_steps.index_fill_(0, idx, 0)
 

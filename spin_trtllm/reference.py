@@ -142,11 +142,17 @@ class SpinState:
         """Zero V/D and restart warm-up for the streams in `which` (bool [G]; None = all)."""
         if which is None:
             which = torch.ones(self.V.shape[0], dtype=torch.bool, device=self.V.device)
-        self.V[which] = 0
-        self.D[which] = 0
+        state_bits(self.V)[which] = 0
+        state_bits(self.D)[which] = 0
         step = torch.as_tensor(step, dtype=torch.int64, device=self.V.device).expand(which.shape)
         self.last_seen[which] = step[which].unsqueeze(-1)
         self.decode_steps[which] = 0
+
+
+def state_bits(t: torch.Tensor) -> torch.Tensor:
+    """V or D viewed as integers of the same width. Zero bits are +0.0 in every state dtype, and
+    torch implements fills on this view that it lacks for float8."""
+    return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
 
 
 @dataclass
@@ -401,7 +407,8 @@ def _ema_vd(state: SpinState, z: torch.Tensor, scored: torch.Tensor, q: torch.Te
 
 
 def _store(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast to the state dtype, saturating at its largest finite value (fp16 overflows)."""
+    """Cast to the state dtype (round to nearest even), saturating at its largest finite value
+    (fp16 and float8_e4m3fn overflow)."""
     big = torch.finfo(dtype).max
     return x.clamp(-big, big).to(dtype)
 

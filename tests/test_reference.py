@@ -340,6 +340,50 @@ def test_ema_float16_state_stored_in_state_dtype():
     assert st.V.dtype == torch.float16
 
 
+def test_ema_float8_state_rounds_to_nearest_even_and_saturates():
+    cfg = mk(ema_decay=0.5, state_dtype="float8_e4m3fn")
+    st = SpinState.zeros(1, 4, cfg)
+    assert st.V.dtype == torch.float8_e4m3fn and st.D.dtype == torch.float8_e4m3fn
+    # 0.5 * z = [1.5, 1.15, 1.1875, 900]: e4m3 holds 1.5; 1.15 -> 1.125 (steps of 1/8 in [1, 2));
+    # 1.1875 sits halfway between 1.125 and 1.25 -> the even mantissa, 1.25; 900 -> 448
+    update_state(st, f32([[[3.0, 2.3, 2.375, 1800.0]]]), torch.tensor([[True]]), i64([[4]]),
+                 i64([[3]]), i64([0]), cfg, i64([0]))
+    assert st.V[0].float().tolist() == [1.5, 1.125, 1.25, 448.0]
+    assert st.D[0].float().tolist() == [448.0, 1.25, 1.125, 1.5]
+    SpinState.reset(st)
+    assert st.V.float().abs().sum() == 0 and st.D.float().abs().sum() == 0
+
+
+@pytest.mark.parametrize("reduction", ["A1", "A2"])
+def test_float8_state_is_the_float32_update_rounded(reduction):
+    """From the same (e4m3-exact) state and scores, the fp8 update equals the fp32 update
+    rounded to e4m3 entry by entry, and both select the same blocks."""
+    gen = torch.Generator().manual_seed(4)
+    cfgs = [mk(block_size=8, reduction=reduction, state_dtype=d, ema_decay=0.75)
+            for d in ("float32", "float8_e4m3fn")]
+    states = [SpinState.zeros(2, 96, c) for c in cfgs]
+    start = (torch.randn(2, states[0].V.shape[1], generator=gen) * 8).to(torch.float8_e4m3fn).float()
+    for st in states:
+        st.V.copy_(start.to(st.V.dtype))
+        st.D.copy_(start.flip(-1).to(st.D.dtype))
+        st.decode_steps.fill_(3)
+    z = torch.randn(2, 1, 90, generator=gen) * 50
+    z[0, 0, 7] = float("nan")
+    mask = torch.rand(2, 12, generator=gen) < 0.6
+    n, q = i64([[90], [61]]), i64([[89], [60]])
+    for st, cfg in zip(states, cfgs):
+        update_state(st, z, mask, n, q, i64([0, 0]), cfg, i64([5]))
+    for name in ("V", "D"):
+        want = getattr(states[0], name).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(want.view(torch.uint8), getattr(states[1], name).view(torch.uint8))
+    exact = SpinState(states[1].V.float(), states[1].D.float(), states[1].last_seen.clone(),
+                      states[1].decode_steps.clone())
+    args = (z, n, q, i64([0, 0]), torch.tensor([0.5, 0.5]), i64([0, 1]), i64([0, 0]), i64([6, 6]))
+    got = decode_step(states[1], cfgs[1], *args)[0]
+    want = decode_step(exact, cfgs[0], *args)[0]
+    assert torch.equal(got.mask, want.mask)
+
+
 # ---- reset and warm-up -----------------------------------------------------------------------------
 def _step(st, cfg, t, rho=0.5, z=2.0):
     """One decode step of one stream: n = 16, q = 15 (B = 4), dense scores z."""

@@ -120,10 +120,13 @@ def test_studies():
         study_variants("bogus", SpinConfig(), 1)
     dtypes = study_variants("state_dtype", SpinConfig(target_sparsity=0.3), 1)
     assert [(label, v.state_dtype, v.target_sparsity) for label, v in dtypes] == [
-        ("float32", "float32", 0.3), ("float16", "float16", 0.3)]
+        ("float32", "float32", 0.3), ("float16", "float16", 0.3),
+        ("float8_e4m3fn", "float8_e4m3fn", 0.3)]
     res = run_study(trace, "state_dtype", [0.4])
-    assert [r["variant"] for r in res] == ["float32", "float16"]
+    assert [r["variant"] for r in res] == ["float32", "float16", "float8_e4m3fn"]
     assert res[1] == replay(trace, [0.4], SpinConfig(state_dtype="float16"), label="float16")[0]
+    assert res[2] == replay(trace, [0.4], SpinConfig(state_dtype="float8_e4m3fn"),
+                            label="float8_e4m3fn")[0]
 
 
 def test_cli_study_choices_match_studies():

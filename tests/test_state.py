@@ -70,7 +70,8 @@ def test_capacity_grows_in_pages_and_keeps_state():
     assert pool.ensure_capacity(1000) and pool.capacity == 1024
 
 
-@pytest.mark.parametrize("dtype,expected", [("float32", 8.125), ("float16", 4.125)])
+@pytest.mark.parametrize("dtype,expected", [("float32", 8.125), ("float16", 4.125),
+                                            ("float8_e4m3fn", 2.125)])
 def test_bytes_per_slot_per_layer(dtype, expected):
     pool = StatePool(num_layers=3, max_requests=2, cfg=SpinConfig(state_dtype=dtype),
                      initial_capacity=640)

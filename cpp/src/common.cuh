@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math_constants.h>
 
 #include "spin/spin_kernels.h"
@@ -30,8 +31,8 @@ __device__ __forceinline__ uint32_t ordered_key(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// ordered_key on 16 bits for a value fp16 holds exactly (fp16 state and its max pooling): the
-// same order and ties, in half the radix passes.
+// ordered_key on 16 bits for a value fp16 holds exactly (fp16 or fp8 state and its max
+// pooling): the same order and ties, in half the radix passes.
 __device__ __forceinline__ uint32_t ordered_key16(float x) {
   if (x == 0.0f) x = 0.0f;
   const uint32_t h = __half_as_ushort(__float2half_rn(x));
@@ -61,46 +62,73 @@ __device__ __forceinline__ uint32_t counter_hash_block(uint32_t stream_hash, int
   return fmix32(stream_hash ^ static_cast<uint32_t>(block) ^ 0x165667B1u);
 }
 
-__device__ __forceinline__ float load_state(const void* base, bool half, int64_t idx) {
-  return half ? __half2float(static_cast<const __half*>(base)[idx])
-              : static_cast<const float*>(base)[idx];
+__host__ __device__ constexpr int state_bytes(int type) {
+  return type == kStateF32 ? 4 : type == kStateF16 ? 2 : 1;
+}
+
+// The largest finite value of a state type: stores saturate there, as reference._store does.
+__host__ __device__ constexpr float state_max(int type) {
+  return type == kStateF32 ? FLT_MAX : type == kStateF16 ? 65504.0f : 448.0f;
+}
+
+__device__ __forceinline__ float saturate_state(int type, float v) {
+  return fminf(fmaxf(v, -state_max(type)), state_max(type));
+}
+
+__device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Two e4m3 entries (the low 16 bits, first entry in the low byte) as a packed fp16 pair:
+// exact, as every e4m3 value is an fp16 value.
+__device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  return __half2(h);
+}
+
+// Round to nearest even, saturated (NaN, never stored by the ops, goes to -448 like fp16's).
+__device__ __forceinline__ uint32_t float_to_e4m3(float v) {
+  return __nv_cvt_float_to_fp8(saturate_state(kStateE4M3, v), __NV_SATFINITE, __NV_E4M3);
 }
 
 // The raw bits of one entry, converted later by state_from_bits: a loop that loads several
 // entries then issues every load before the first conversion waits on it.
-__device__ __forceinline__ uint32_t load_state_bits(const void* base, bool half, int64_t idx) {
-  return half ? static_cast<const uint16_t*>(base)[idx] : static_cast<const uint32_t*>(base)[idx];
+__device__ __forceinline__ uint32_t load_state_bits(const void* base, int type, int64_t idx) {
+  if (type == kStateF32) return static_cast<const uint32_t*>(base)[idx];
+  if (type == kStateF16) return static_cast<const uint16_t*>(base)[idx];
+  return static_cast<const uint8_t*>(base)[idx];
 }
 
-__device__ __forceinline__ float state_from_bits(uint32_t bits, bool half) {
-  return half ? __half2float(__ushort_as_half(static_cast<unsigned short>(bits)))
-              : __uint_as_float(bits);
+__device__ __forceinline__ float state_from_bits(uint32_t bits, int type) {
+  if (type == kStateF32) return __uint_as_float(bits);
+  if (type == kStateF16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  return e4m3_to_float(bits);
 }
 
-// Whole rows of V/D can be read kVec entries at a time: cap % kVec == 0 and both arrays
-// aligned to kVec entries.
+__device__ __forceinline__ float load_state(const void* base, int type, int64_t idx) {
+  return state_from_bits(load_state_bits(base, type, idx), type);
+}
+
+// Whole rows of V/D can be read vec entries at a time: cap % vec == 0 and both arrays aligned
+// to vec entries.
 __host__ __device__ __forceinline__ bool state_vectorizable(const StateView& s, int vec = 4) {
-  const uintptr_t bytes = static_cast<uintptr_t>(vec) * (s.half ? 2 : 4);
+  const uintptr_t bytes = static_cast<uintptr_t>(vec) * state_bytes(s.type);
   return s.cap % vec == 0 && reinterpret_cast<uintptr_t>(s.V) % bytes == 0 &&
          reinterpret_cast<uintptr_t>(s.D) % bytes == 0;
 }
 
-// The value a state entry stores: saturated at the dtype's largest finite value, as
-// reference._store does.
-__device__ __forceinline__ float saturate_state(bool half, float v) {
-  return half ? fminf(fmaxf(v, -65504.0f), 65504.0f) : fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
-}
-
-// kVec state entries of one 8- or 16-byte load, kept raw until read: converting fp16 at the
-// load makes the compiler wait on each load in turn instead of issuing them all first.
-template <bool kHalf, int kVec>
+// kVec state entries of one 8- or 16-byte load, kept raw until read: converting at the load
+// makes the compiler wait on each load in turn instead of issuing them all first.
+template <int kType, int kVec>
 struct StateVec {
-  static constexpr int kWords = kHalf ? kVec / 2 : kVec;
+  static constexpr int kWords = kVec * state_bytes(kType) / 4;
   static_assert(kWords == 2 || kWords == 4, "8- or 16-byte loads");
   uint32_t w[kWords];
   // entries idx..idx+kVec-1; idx % kVec == 0 on a state_vectorizable(s, kVec) row
   __device__ __forceinline__ void load(const void* base, int64_t idx) {
-    const char* at = static_cast<const char*>(base) + idx * (kHalf ? 2 : 4);
+    const char* at = static_cast<const char*>(base) + idx * state_bytes(kType);
     if constexpr (kWords == 4) {
       const uint4 r = *reinterpret_cast<const uint4*>(at);
       w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
@@ -124,12 +152,15 @@ struct StateVec {
     uint32_t o[kWords];
 #pragma unroll
     for (int u = 0; u < kWords; ++u) {
-      if constexpr (kHalf) {
-        const __half2 h2 = __halves2half2(__float2half_rn(saturate_state(true, x[2 * u])),
-                                          __float2half_rn(saturate_state(true, x[2 * u + 1])));
+      if constexpr (kType == kStateF16) {
+        const __half2 h2 = __halves2half2(__float2half_rn(saturate_state(kType, x[2 * u])),
+                                          __float2half_rn(saturate_state(kType, x[2 * u + 1])));
         o[u] = *reinterpret_cast<const uint32_t*>(&h2);
+      } else if constexpr (kType == kStateE4M3) {
+        o[u] = float_to_e4m3(x[4 * u]) | float_to_e4m3(x[4 * u + 1]) << 8 |
+               float_to_e4m3(x[4 * u + 2]) << 16 | float_to_e4m3(x[4 * u + 3]) << 24;
       } else {
-        o[u] = __float_as_uint(saturate_state(false, x[u]));
+        o[u] = __float_as_uint(saturate_state(kType, x[u]));
       }
     }
     if constexpr (kWords == 4)
@@ -138,20 +169,24 @@ struct StateVec {
       static_cast<uint2*>(row)[vi] = make_uint2(o[0], o[1]);
   }
   __device__ __forceinline__ float operator[](int e) const {
-    if constexpr (kHalf) {
+    if constexpr (kType == kStateF16) {
       const __half2 h = *reinterpret_cast<const __half2*>(&w[e / 2]);
       return (e & 1) ? __high2float(h) : __low2float(h);
+    } else if constexpr (kType == kStateE4M3) {
+      return e4m3_to_float((w[e / 4] >> (8 * (e % 4))) & 0xFFu);
     } else {
       return __uint_as_float(w[e]);
     }
   }
 };
 
-__device__ __forceinline__ void store_state(void* base, bool half, int64_t idx, float v) {
-  if (half)
-    static_cast<__half*>(base)[idx] = __float2half_rn(saturate_state(true, v));
+__device__ __forceinline__ void store_state(void* base, int type, int64_t idx, float v) {
+  if (type == kStateF32)
+    static_cast<float*>(base)[idx] = saturate_state(type, v);
+  else if (type == kStateF16)
+    static_cast<__half*>(base)[idx] = __float2half_rn(saturate_state(type, v));
   else
-    static_cast<float*>(base)[idx] = saturate_state(false, v);
+    static_cast<uint8_t*>(base)[idx] = static_cast<uint8_t>(float_to_e4m3(v));
 }
 
 // EMA in the reference's order: round(a * old) + round(b * z), no fused multiply-add.

@@ -22,8 +22,8 @@ __device__ __forceinline__ void block_values(const StateView& s, int64_t base, i
     const int64_t i = static_cast<int64_t>(j) * kBlockSize + lane + 32 * h;
     if (i < n) {
       const int64_t o = static_cast<int64_t>(q) - i;
-      const float vv = i < s.cap ? load_state(s.V, s.half, base + i) : 0.0f;
-      const float dd = (o >= 0 && o < s.cap) ? load_state(s.D, s.half, base + o) : 0.0f;
+      const float vv = i < s.cap ? load_state(s.V, s.type, base + i) : 0.0f;
+      const float dd = (o >= 0 && o < s.cap) ? load_state(s.D, s.type, base + o) : 0.0f;
       v[h] = fmaxf(vv, dd);
     } else {
       v[h] = -CUDART_INF_F;
@@ -39,9 +39,9 @@ __device__ __forceinline__ void block_values(const StateView& s, int64_t base, i
 // half the steps of fp32 for the same bytes in flight.
 // Interior blocks (all 64 slots visible and inside the state, the whole D window
 // [q - first - 63, q - first] inside [0, cap)) take a path without per-entry bounds checks.
-template <bool kHalf, int kVec>
+template <int kType, int kVec>
 struct MaxBlockLoads {
-  StateVec<kHalf, kVec> v, d, d_tail;
+  StateVec<kType, kVec> v, d, d_tail;
   bool interior;
 };
 
@@ -68,9 +68,9 @@ struct MaxBlockWindow {
 };
 
 // kInterior false: the caller passes no interior block (the lean path took them)
-template <bool kHalf, int kVec, bool kInterior = true>
+template <int kType, int kVec, bool kInterior = true>
 __device__ __forceinline__ void load_block_max(const StateView& s, int64_t base, int j, int n,
-                                               int q, MaxBlockLoads<kHalf, kVec>& L) {
+                                               int q, MaxBlockLoads<kType, kVec>& L) {
   const MaxBlockWindow<kVec> w(s, j, n, q);
   const bool lead = threadIdx.x % MaxBlockWindow<kVec>::kGroup == 0;
   L.interior = kInterior && w.interior;
@@ -86,9 +86,9 @@ __device__ __forceinline__ void load_block_max(const StateView& s, int64_t base,
 }
 
 // Every lane of the warp must call this (shuffles); `active`: the group's block exists.
-template <bool kHalf, int kVec, bool kInterior = true>
+template <int kType, int kVec, bool kInterior = true>
 __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int n, int q,
-                                                  const MaxBlockLoads<kHalf, kVec>& L,
+                                                  const MaxBlockLoads<kType, kVec>& L,
                                                   bool active) {
   constexpr int kGroup = MaxBlockWindow<kVec>::kGroup;
   const bool lead = threadIdx.x % kGroup == 0;
@@ -120,7 +120,7 @@ __device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int
 // Max-pooled scores of blocks 0..B-1 into score[]: 32 / kGroup blocks per warp (one per group)
 // x kMaxPerStep per step, all loads issued first; the loop and its shuffles stay warp-uniform.
 // Blocks [skip_lo, skip_end) are left out (the lean path scores them): k counts the others.
-template <bool kHalf, int kVec, int kSteps = kMaxPerStep, bool kInterior = true>
+template <int kType, int kVec, int kSteps = kMaxPerStep, bool kInterior = true>
 __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n, int q,
                                  float* score, int skip_lo = 0, int skip_end = 0) {
   constexpr int kGroup = MaxBlockWindow<kVec>::kGroup, kPerWarp = 32 / kGroup;
@@ -129,16 +129,16 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
   const int gap = skip_end - skip_lo, blocks = B - gap;
   auto block_of = [&](int k) { return k < skip_lo ? k : k + gap; };
   for (int kw = kPerWarp * warp; kw < blocks; kw += kPerWarp * kSteps * kWarps) {
-    MaxBlockLoads<kHalf, kVec> L[kSteps];
+    MaxBlockLoads<kType, kVec> L[kSteps];
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int k = kw + kPerWarp * u * kWarps + group;
-      if (k < blocks) load_block_max<kHalf, kVec, kInterior>(s, base, block_of(k), n, q, L[u]);
+      if (k < blocks) load_block_max<kType, kVec, kInterior>(s, base, block_of(k), n, q, L[u]);
     }
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int k = kw + kPerWarp * u * kWarps + group, j = block_of(k);
-      const float m = reduce_block_max<kHalf, kVec, kInterior>(s, j, n, q, L[u], k < blocks);
+      const float m = reduce_block_max<kType, kVec, kInterior>(s, j, n, q, L[u], k < blocks);
       if (lane % kGroup == 0 && k < blocks) score[j] = m;
     }
   }
@@ -151,23 +151,28 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
 // The max runs on packed fp16 pairs (max of fp16 values is exact); the lead lane's first `skew`
 // D entries come from the tail by a mask fixed for the row: a few instructions a vector
 // instead of a conversion and a branch per entry.
-template <int kVec, int kPer>
+template <int kType, int kVec, int kPer>
 __device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
                                       int q, float* score) {
   constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
   constexpr int kWarps = kThreads / 32;
-  using Vec = StateVec<true, kVec>;
+  using Vec = StateVec<kType, kVec>;
   constexpr int kWords = Vec::kWords;
+  constexpr int kPerWord = kVec / kWords;   // entries per 32-bit word: 2 (fp16) or 4 (fp8)
+  constexpr int kBits = 32 / kPerWord;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
   const int h = lane % kGroup;
   const bool lead = h == 0;
   const int dvec0 = (q - (kBlockSize - 1)) / kVec, skew = (q - (kBlockSize - 1)) & (kVec - 1);
   const bool tail = lead && skew != 0;
-  uint32_t from_tail[kWords];  // per word, the halves taken from the tail
+  uint32_t from_tail[kWords];  // per word, the entries taken from the tail
 #pragma unroll
-  for (int k = 0; k < kWords; ++k)
-    from_tail[k] = tail ? (2 * k < skew ? 0xFFFFu : 0u) | (2 * k + 1 < skew ? 0xFFFF0000u : 0u)
-                        : 0u;
+  for (int k = 0; k < kWords; ++k) {
+    from_tail[k] = 0u;
+#pragma unroll
+    for (int e = 0; e < kPerWord; ++e)
+      if (tail && kPerWord * k + e < skew) from_tail[k] |= ((1u << (kBits - 1)) * 2u - 1u) << (kBits * e);
+  }
 #pragma unroll 1
   for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
     Vec v[kPer], d[kPer], t[kPer];
@@ -191,8 +196,14 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 #pragma unroll
         for (int k = 0; k < kWords; ++k) {
           const uint32_t dw = (t[u].w[k] & from_tail[k]) | (d[u].w[k] & ~from_tail[k]);
-          acc = __hmax2(acc, __hmax2(*reinterpret_cast<const __half2*>(&v[u].w[k]),
-                                     *reinterpret_cast<const __half2*>(&dw)));
+          if constexpr (kType == kStateF16) {
+            acc = __hmax2(acc, __hmax2(*reinterpret_cast<const __half2*>(&v[u].w[k]),
+                                       *reinterpret_cast<const __half2*>(&dw)));
+          } else {  // fp8: the max of the exact fp16 images
+            acc = __hmax2(acc, __hmax2(__hmax2(e4m3x2_to_half2(v[u].w[k]),
+                                               e4m3x2_to_half2(v[u].w[k] >> 16)),
+                                       __hmax2(e4m3x2_to_half2(dw), e4m3x2_to_half2(dw >> 16))));
+          }
         }
         m = fmaxf(__low2float(acc), __high2float(acc));
       }
@@ -210,11 +221,11 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 // CTAs an SM, were slower at 3 of the 4 shapes). With the packed fp16 max, 16-bit keys and
 // one-barrier takes: 18.18 -> 15.33, 5.94 -> 4.80, 7.80 -> 6.51, 0.99 -> 0.75
 // (benchmarks/results_select_s18.jsonl).
-template <bool kHalf, int kVec>
+template <int kType, int kVec>
 __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
                              float* score) {
-  if constexpr (!kHalf) {  // fp32: the lean path was not timed there and spills more (40 B)
-    score_blocks_max<kHalf, kVec>(s, base, B, n, q, score);
+  if constexpr (kType == kStateF32) {  // the lean path was not timed there and spills more (40 B)
+    score_blocks_max<kType, kVec>(s, base, B, n, q, score);
   } else {
     // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
     const int64_t visible = min(static_cast<int64_t>(n), s.cap);
@@ -225,11 +236,11 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
     const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
                                                            static_cast<int64_t>(B)));
     const int j_end = max(j_hi + 1, j_lo);
-    score_interior_blocks<kVec, kMaxPerStep>(static_cast<const __half*>(s.V) + base,
-                                                    static_cast<const __half*>(s.D) + base,
-                                                    j_lo, j_end, q, score);
+    score_interior_blocks<kType, kVec, kMaxPerStep>(
+        static_cast<const char*>(s.V) + base * state_bytes(kType),
+        static_cast<const char*>(s.D) + base * state_bytes(kType), j_lo, j_end, q, score);
     // the few other blocks one at a time (fewer registers beside the lean path's)
-    score_blocks_max<kHalf, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
+    score_blocks_max<kType, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
   }
 }
 
@@ -365,7 +376,7 @@ __device__ void merge_by_rank(float* score, const float* given, int width, int B
 
 // kVec > 0: max pooling on state read kVec entries per load (kHalf: fp16); 0: the paired path
 // (any pooling, any state layout). One kernel per layout keeps each at 64 registers.
-template <bool kHalf, int kVec>
+template <int kType, int kVec>
 __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   extern __shared__ unsigned char smem[];
   float* score = reinterpret_cast<float*>(smem);
@@ -424,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
     const bool history = p.block_scores == nullptr || p.merge_history;
     if constexpr (kVec > 0) {
-      if (history) score_blocks<kHalf, kVec>(s, base, B, n, q, score);
+      if (history) score_blocks<kType, kVec>(s, base, B, n, q, score);
     }
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
     for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
@@ -479,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     auto key32 = [](float x) { return ordered_key(x); };
     if (top > 0) {
       // pooled fp16 state is fp16 values: 16-bit keys, two radix passes
-      if constexpr (kHalf && kVec > 0) {
+      if constexpr (kType != kStateF32 && kVec > 0) {
         if (p.block_scores == nullptr)
           take_top([](float x) { return ordered_key16(x); }, Bits16{});
         else
@@ -557,12 +568,12 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
 
 }  // namespace
 
-template <bool kHalf, int kVec>
+template <int kType, int kVec>
 cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
-  cudaError_t err = allow_dynamic_smem(select_kernel<kHalf, kVec>, smem);
+  cudaError_t err = allow_dynamic_smem(select_kernel<kType, kVec>, smem);
   if (err != cudaSuccess) return err;
   const int layers = p.layer >= 0 ? 1 : p.state.num_layers;
-  select_kernel<kHalf, kVec><<<dim3(layers, p.batch), kThreads, smem, stream>>>(p);
+  select_kernel<kType, kVec><<<dim3(layers, p.batch), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -571,17 +582,31 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
   const StateView& s = p.state;
   if (p.block_scores != nullptr && !p.merge_history)
-    return launch_select_as<false, 0>(p, smem, stream);  // no V/D read
+    return launch_select_as<kStateF32, 0>(p, smem, stream);  // no V/D read
   if (p.block_scores != nullptr) {  // merge_history: two sort buffers of a power of two
     if (p.max_blocks > kMaxHybridBlocks) return cudaErrorInvalidValue;
     smem = (smem + 3) / 4 * 4 + static_cast<size_t>(sort_capacity(p.max_blocks)) * 2 * 4;
   }
-  if (p.pooling == kPoolMax && s.half && state_vectorizable(s, 8))
-    return launch_select_as<true, 8>(p, smem, stream);
-  if (p.pooling == kPoolMax && state_vectorizable(s, 4))
-    return s.half ? launch_select_as<true, 4>(p, smem, stream)
-                  : launch_select_as<false, 4>(p, smem, stream);
-  return launch_select_as<false, 0>(p, smem, stream);
+  // max pooling: 16-byte loads where the rows allow them (fp16, fp8), else 8-byte (16 for fp32)
+  if (p.pooling == kPoolMax) {
+    switch (s.type) {
+      case kStateF32:
+        if (state_vectorizable(s, 4)) return launch_select_as<kStateF32, 4>(p, smem, stream);
+        break;
+      case kStateF16:
+        if (state_vectorizable(s, 8)) return launch_select_as<kStateF16, 8>(p, smem, stream);
+        if (state_vectorizable(s, 4)) return launch_select_as<kStateF16, 4>(p, smem, stream);
+        break;
+      case kStateE4M3:
+        if (state_vectorizable(s, 16)) return launch_select_as<kStateE4M3, 16>(p, smem, stream);
+        if (state_vectorizable(s, 8)) return launch_select_as<kStateE4M3, 8>(p, smem, stream);
+        break;
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (s.type < kStateF32 || s.type > kStateE4M3) return cudaErrorInvalidValue;
+  // the paired path (kVec 0) reads V/D by s.type; its template type is not used
+  return launch_select_as<kStateF32, 0>(p, smem, stream);
 }
 
 }  // namespace spin

@@ -22,11 +22,12 @@ constexpr int kThreads = 256;
 // finite state (all the ops write); an entry whose logit is not finite is stored back unchanged
 // within a vector, so a non-finite entry put there from outside would be saturated (NaN to
 // the most negative value) where the scalar path leaves it.
-template <bool kHalf>
+template <int kType>
 struct RowVectors {
-  static constexpr int K = kHalf ? 8 : 4;      // entries per 16-byte vector
+  // entries per vector: 16 bytes of fp32 or fp16, 8 of fp8
+  static constexpr int K = kType == kStateF32 ? 4 : 8;
   static constexpr int kGroup = kBlockSize / K;  // lanes per block
-  using Vec = StateVec<kHalf, K>;
+  using Vec = StateVec<kType, K>;
 
   // old unless z is observed (finite): then one EMA step
   __device__ static float step(float a, float one_minus_a, float old, float z) {
@@ -60,14 +61,14 @@ struct RowVectors {
     } else {  // entries below S are the next block's
 #pragma unroll
       for (int e = S; e < K; ++e)
-        if (isfinite(z[K - 1 + S - e])) store_state(D_row, kHalf, d_at * K + e, nd[e]);
+        if (isfinite(z[K - 1 + S - e])) store_state(D_row, kType, d_at * K + e, nd[e]);
     }
     if (S != 0 && h == 0) {  // entries e < S of the vector above: slots i + S - 1 - e
 #pragma unroll
       for (int e = 0; e < S; ++e) {
         const float zz = z[S > 0 ? S - 1 - e : 0];
         if (isfinite(zz))
-          store_state(D_row, kHalf, (d_at + 1) * K + e, ema(a, one_minus_a, up[e], zz));
+          store_state(D_row, kType, (d_at + 1) * K + e, ema(a, one_minus_a, up[e], zz));
       }
     }
   }
@@ -82,8 +83,8 @@ struct RowVectors {
   }
 };
 
-// kHalf: V/D are fp16 (a template argument so that no load or store branches on it).
-template <bool kHalf>
+// kType: the StateType of V/D (a template argument so that no load or store branches on it).
+template <int kType>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
   // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads (K x
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   // warp's chunk with a block that is not interior goes one position at a time. H200, fp16
   // state, rho 0.5, one layer: 96 x 128K slots 28.5 -> 24.7 us, 96 x 32K 12.9 -> 9.6, 32 x 128K
   // 14.2 -> 10.3, 8 x 32K 4.7 both (benchmarks/results_select_update_vectors_s16.json).
-  using RV = RowVectors<kHalf>;
+  using RV = RowVectors<kType>;
   constexpr int K = RV::K;
   const bool row_vectors =
       state_vectorizable(s, K) && reinterpret_cast<uintptr_t>(z_row) % 16 == 0;
@@ -158,7 +159,9 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
-    return kHalf ? __half2float(__float2half_rn(saturate_state(true, v))) : v;
+    if constexpr (kType == kStateF16) return __half2float(__float2half_rn(saturate_state(kType, v)));
+    if constexpr (kType == kStateE4M3) return e4m3_to_float(float_to_e4m3(v));
+    return v;
   };
 
   const int64_t scored = static_cast<int64_t>(count) * kBlockSize;
@@ -171,8 +174,8 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const int olimit = static_cast<int>(min(min(static_cast<int64_t>(q) + 1, s.cap),
                                             static_cast<int64_t>(INT_MAX)));
     const int vlimit = static_cast<int>(min(static_cast<int64_t>(n), s.cap));
-    void* V_row = static_cast<char*>(s.V) + base * (kHalf ? 2 : 4);
-    void* D_row = static_cast<char*>(s.D) + base * (kHalf ? 2 : 4);
+    void* V_row = static_cast<char*>(s.V) + base * state_bytes(kType);
+    void* D_row = static_cast<char*>(s.D) + base * state_bytes(kType);
     const int skew = (q + 1) & (K - 1);
     for (int chunk = span0; row_vectors && chunk < scored; chunk += span_step) {
       const int c = chunk / kBlockSize + lane / RV::kGroup;
@@ -211,15 +214,15 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
           }
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
-            vo[u] = v_seen[u] ? load_state(V_row, kHalf, at[u]) : 0.0f;
-            dv[u] = d_seen[u] ? load_state(D_row, kHalf, q - at[u]) : 0.0f;
+            vo[u] = v_seen[u] ? load_state(V_row, kType, at[u]) : 0.0f;
+            dv[u] = d_seen[u] ? load_state(D_row, kType, q - at[u]) : 0.0f;
           }
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             if (!isfinite(zz[u])) continue;
-            if (v_seen[u]) store_state(V_row, kHalf, at[u], ema(a, one_minus_a, vo[u], zz[u]));
+            if (v_seen[u]) store_state(V_row, kType, at[u], ema(a, one_minus_a, vo[u], zz[u]));
             if (d_seen[u])
-              store_state(D_row, kHalf, q - at[u], ema(a, one_minus_a, dv[u], zz[u]));
+              store_state(D_row, kType, q - at[u], ema(a, one_minus_a, dv[u], zz[u]));
           }
         }
       }
@@ -243,8 +246,8 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
         const int o = q - i;
         v_seen[e] = block && i < vlimit;
         d_seen[e] = block && i < n && o >= 0 && o < olimit;
-        v[e] = v_seen[e] ? load_state_bits(V_row, kHalf, i) : 0u;
-        d[e] = d_seen[e] ? load_state_bits(D_row, kHalf, o) : 0u;
+        v[e] = v_seen[e] ? load_state_bits(V_row, kType, i) : 0u;
+        d[e] = d_seen[e] ? load_state_bits(D_row, kType, o) : 0u;
       }
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -252,9 +255,9 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
         const int i = (v_seen[e] || d_seen[e] ? j[e >> 1] : 0) * kBlockSize + lane + 32 * (e & 1);
         // one EMA step: storing it rounds it once, as round_state would
         if (v_seen[e])
-          store_state(V_row, kHalf, i, ema(a, one_minus_a, state_from_bits(v[e], kHalf), z[e]));
+          store_state(V_row, kType, i, ema(a, one_minus_a, state_from_bits(v[e], kType), z[e]));
         if (d_seen[e])
-          store_state(D_row, kHalf, q - i, ema(a, one_minus_a, state_from_bits(d[e], kHalf), z[e]));
+          store_state(D_row, kType, q - i, ema(a, one_minus_a, state_from_bits(d[e], kType), z[e]));
       }
     }
   } else {
@@ -263,19 +266,26 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const bool vec = state_vectorizable(s);
     auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
       if (vec && valid == 4) {
-        StateVec<kHalf, 4> r;
-        r.load(arr, base + i0);
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = r[e];
+        if constexpr (kType == kStateE4M3) {  // 4 entries: one 32-bit word
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(arr) +
+                                                               base + i0);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = e4m3_to_float((w >> (8 * e)) & 0xFFu);
+        } else {
+          StateVec<kType, 4> r;
+          r.load(arr, base + i0);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = r[e];
+        }
       } else {
         #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, kHalf, base + i0 + e) : 0.0f;
+        for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, kType, base + i0 + e) : 0.0f;
       }
     };
     auto store_changed = [&](void* arr, int64_t i0, const float (&v)[4], const bool (&changed)[4]) {
       #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (changed[e]) store_state(arr, kHalf, base + i0 + e, v[e]);
+        if (changed[e]) store_state(arr, kType, base + i0 + e, v[e]);
     };
     for (int j = threadIdx.x; j < p.max_blocks; j += kThreads) compact_of_block[j] = -1;
     __syncthreads();
@@ -362,9 +372,9 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
 
 }  // namespace
 
-template <bool kHalf>
+template <int kType>
 cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t stream) {
-  cudaError_t err = allow_dynamic_smem(update_kernel<kHalf>, smem);
+  cudaError_t err = allow_dynamic_smem(update_kernel<kType>, smem);
   if (err != cudaSuccess) return err;
   // Enough slices to cover the longest context with a few passes per thread. The one-row path
   // prefetches its next pass, so for it about 1,536 CTAs in all (at least 16 a request) do
@@ -375,7 +385,7 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   const bool one_row = p.rows == 1 || p.row0_only;
   const int cap = one_row ? max(16, 1536 / p.batch) : 64;
   const int slices = max(1, min(min(64, cover), cap));
-  update_kernel<kHalf><<<dim3(slices, p.batch, p.layers), kThreads, smem, stream>>>(p);
+  update_kernel<kType><<<dim3(slices, p.batch, p.layers), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -383,8 +393,12 @@ cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.layers == 0) return cudaSuccess;
   if (p.layers < 0 || p.layers > 65535 || p.batch > 65535) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
-  return p.state.half ? launch_update_as<true>(p, smem, stream)
-                      : launch_update_as<false>(p, smem, stream);
+  switch (p.state.type) {
+    case kStateF32: return launch_update_as<kStateF32>(p, smem, stream);
+    case kStateF16: return launch_update_as<kStateF16>(p, smem, stream);
+    case kStateE4M3: return launch_update_as<kStateE4M3>(p, smem, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace spin

@@ -27,7 +27,12 @@ spin::StateView state_view(at::Tensor& V, at::Tensor& D, at::Tensor& last_seen, 
   s.D = D.data_ptr();
   s.last_seen = last_seen.data_ptr<int64_t>();
   s.decode_steps = decode_steps.data_ptr<int64_t>();
-  s.half = V.scalar_type() == at::kHalf;
+  const auto dtype = V.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kFloat8_e4m3fn,
+              "spin: V must be float32, float16 or float8_e4m3fn, got ", dtype);
+  TORCH_CHECK(D.scalar_type() == dtype, "spin: D must have V's dtype ", dtype);
+  s.type = dtype == at::kHalf ? spin::kStateF16
+         : dtype == at::kFloat8_e4m3fn ? spin::kStateE4M3 : spin::kStateF32;
   s.cap = V.size(2);
   s.block_cap = last_seen.size(2);
   s.num_layers = static_cast<int>(V.size(1));

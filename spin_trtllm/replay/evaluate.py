@@ -335,7 +335,8 @@ STUDIES = ("reduction", "exploration", "mtp", "state_dtype")
 
 def study_variants(study: str, base: SpinConfig, next_n: int) -> list[tuple[str, SpinConfig]]:
     """The paper's ablations (section 4.5-4.6) as labelled configs derived from `base`, and
-    `state_dtype`: the same config with V/D in float32 and in float16 (the faster state)."""
+    `state_dtype`: the same config with V/D in float32, float16 and float8_e4m3fn (the
+    faster states)."""
     if study == "reduction":
         core = base.with_overrides(exploration=0.0)
         return [("A0", core.with_overrides(reduction="A0"))] + [
@@ -356,7 +357,8 @@ def study_variants(study: str, base: SpinConfig, next_n: int) -> list[tuple[str,
         return [(f"mask={mk},update={up}", core.with_overrides(mtp_mask=mk, mtp_update=up))
                 for mk in ("union", "row0") for up in ("prefix_valid", "row0")]
     if study == "state_dtype":
-        return [(dtype, base.with_overrides(state_dtype=dtype)) for dtype in ("float32", "float16")]
+        return [(dtype, base.with_overrides(state_dtype=dtype))
+                for dtype in ("float32", "float16", "float8_e4m3fn")]
     raise SpinError(f"unknown study {study!r}: choose one of {', '.join(STUDIES)}")
 
 

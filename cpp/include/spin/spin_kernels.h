@@ -16,14 +16,16 @@ constexpr int kSummaryBytes = 144;  // a page's summary row: 128 fp8 bytes, fp32
 
 enum Pooling : int { kPoolMax = 0, kPoolMean = 1, kPoolTop4 = 2 };
 enum ExplorePolicy : int { kExploreRandom = 0, kExploreStaleness = 1, kExploreAge = 2 };
+// V/D storage: fp32, fp16, or fp8 e4m3 (OCP "fn": no infinities, saturating at +-448)
+enum StateType : int { kStateF32 = 0, kStateF16 = 1, kStateE4M3 = 2 };
 
 // State tensors are [num_state_slots, num_layers, cap]; request b uses slot state_slot[b].
 struct StateView {
-  void* V;                 // float or half
-  void* D;                 // float or half, indexed by relative offset q - i
+  void* V;                 // entries of `type`
+  void* D;                 // entries of `type`, indexed by relative offset q - i
   int64_t* last_seen;      // [.., block_cap] step each block was last scored
   int64_t* decode_steps;   // [num_state_slots, num_layers]
-  bool half;               // V/D are fp16
+  int type;                // StateType of V and D
   int64_t cap;             // V/D entries per (slot, layer)
   int64_t block_cap;       // last_seen entries per (slot, layer)
   int num_layers;

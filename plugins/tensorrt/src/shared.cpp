@@ -39,8 +39,8 @@ FieldSpec maxContextField() {
 
 TypeRule stateRule(int32_t pos) {
   switch (pos) {
-    case 0: return TypeRule{{DataType::kFLOAT, DataType::kHALF}, -1};
-    case 1: return TypeRule{{DataType::kFLOAT, DataType::kHALF}, 0};
+    case 0: return TypeRule{{DataType::kFLOAT, DataType::kHALF, DataType::kFP8}, -1};
+    case 1: return TypeRule{{DataType::kFLOAT, DataType::kHALF, DataType::kFP8}, 0};
     default: return TypeRule{{DataType::kINT64}, -1};
   }
 }
@@ -70,7 +70,9 @@ spin::StateView stateView(PluginTensorDesc const* in, void const* const* inputs)
   s.D = const_cast<void*>(inputs[1]);
   s.last_seen = static_cast<int64_t*>(const_cast<void*>(inputs[2]));
   s.decode_steps = static_cast<int64_t*>(const_cast<void*>(inputs[3]));
-  s.half = in[0].type == DataType::kHALF;
+  s.type = in[0].type == DataType::kHALF  ? spin::kStateF16
+         : in[0].type == DataType::kFP8 ? spin::kStateE4M3
+                                        : spin::kStateF32;
   s.cap = in[0].dims.d[2];
   s.block_cap = in[2].dims.d[2];
   s.num_layers = static_cast<int>(in[0].dims.d[1]);
