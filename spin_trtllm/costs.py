@@ -33,7 +33,10 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            benchmarks/results_update_skew_s19.jsonl): the term prices that 15% low at 96 x
            128K and 34-58% low at the smaller shapes. It is kept: engine_overhead_us below was
            fitted to dsa-lite steps, whose contexts end mid-block
-state bytes scale the select and update terms (float32 state: twice the fp16 figures).
+State bytes s scale select's term by s / 2 (float32: twice the fp16 figure) and the update's by
+the bytes it moves per scored slot, (4 + 4 s) / 12 (its fp32 logit, V and D read and written):
+float8_e4m3fn state 0.5x and 0.67x of fp16's. Measured at 96 x 128K (twentieth session,
+benchmarks/results_state_fp8_share_s20.jsonl): select 0.68x, the update in sequence 0.79x.
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select, one CTA per request: 10 us + 0.14 ns per slot of the longest
@@ -141,9 +144,11 @@ class CostModel:
         slots = _block_slots(visible_slots)
         scored = slots * (1.0 - sparsity)
         state = state_bytes / 2
+        update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
         return (self._choose(visible_slots, slots, next_n, state, predictor)
                 + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
-                + self.update_fixed_us + self.update_us_per_slot * scored * next_n * state)
+                + self.update_fixed_us
+                + self.update_us_per_slot * scored * next_n * update_bytes)
 
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,

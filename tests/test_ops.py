@@ -526,11 +526,12 @@ def test_gpu_update_bit_exact_on_same_logits(state_dtype, decay, R, cap):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
     """The one-row update walks interior blocks in vectors (8 fp16 or fp8 entries, or 4 fp32,
-    when cap allows): contexts 3993-4000 and 2049-2052 put q + 1 at every residue mod 8, so D's vectors
-    meet the blocks' windows at every skew; random block ids in random order (neighbouring
-    blocks kept or not), non-finite logits inside interior blocks, 1-65 slot contexts, a row
-    with accepted 0 among R 2 (it takes the one-row path), a request with nothing kept, block
-    ids -1 and past the context inside a count, and query positions ahead of the context."""
+    when cap allows): contexts 3993-4000 and 2049-2052 put q + 1 at every residue mod 8, so D's
+    vectors meet the blocks' windows at every skew; random block ids in random order (seed 0)
+    or ascending (seed 1: kept neighbours share a D vector, which one lane stores whole),
+    non-finite logits inside interior blocks, 1-65 slot contexts, a row with accepted 0 among
+    R 2 (it takes the one-row path), a request with nothing kept, block ids -1 and past the
+    context inside a count, and query positions ahead of the context."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype)
     lens = (3993, 3994, 3995, 3996, 3997, 3998, 3999, 4000, 2049, 2050, 2051, 2052, 1, 65, 640)
     gen = torch.Generator().manual_seed(100 + seed)
@@ -545,6 +546,8 @@ def test_gpu_one_row_update_vectors_match_reference(state_dtype, cap, seed):
         for b, length in enumerate(lens):
             blocks = -(-(length + R - 1) // 64)
             keep = torch.randperm(blocks, generator=gen)[:max(1, (blocks * 3) // 5)]
+            if seed == 1:  # ascending, as select writes them: kept neighbours side by side
+                keep = keep.sort().values
             if b == len(lens) - 1:
                 keep = keep[:0]
             ids[b, :len(keep)] = keep.to(torch.int32)

@@ -18,6 +18,10 @@ constexpr int kThreads = 256;
 // S slots' (their logits come by shuffle). At a block's edges A reaches into the neighbouring
 // block's window, so the last lane stores only A's entries S..K-1 and the first lane the S
 // entries of the vector above its own, one at a time: two blocks never store the same vector.
+// Where the next lane holds block j + 1 (adjacent blocks kept, next to each other in the warp),
+// its first S logits are the ones A needs: the last lane stores A whole and the next block's
+// first lane leaves it. H200, rho 0.5, 96 x 128K slots, in sequence, mean of skews 0/3/7: fp16
+// 31.7 -> 25.5 us, fp8 24.0 -> 23.3 (two runs each, benchmarks/results_update_joined_s20.txt)
 // Same arithmetic and rounding as the scalar path, so the results are bit for bit the same on
 // finite state (all the ops write); an entry whose logit is not finite is stored back unchanged
 // within a vector, so a non-finite entry put there from outside would be saturated (NaN to
@@ -36,14 +40,19 @@ struct RowVectors {
 
   // The vectors of one lane once its block is known to be interior; S: the D skew.
   template <int S>
-  __device__ static void apply(void* V_row, void* D_row, int i, int q, const float (&z)[K],
+  __device__ static void apply(void* V_row, void* D_row, int jb, int q, const float (&z)[K],
                                float a, float one_minus_a) {
     const int h = (threadIdx.x & 31) % kGroup;
+    const int i = jb * kBlockSize + K * h;
     const int d_at = (q - i - K + 1 - S) / K;  // A's vector index (q - i - K + 1 - S >= 0)
+    // the lane below holds block jb + 1 / the lane above block jb - 1 (a lane's own id at the
+    // warp's ends, so never)
+    const bool joined_below = S != 0 && __shfl_down_sync(0xffffffffu, jb, 1) == jb + 1;
+    const bool joined_above = S != 0 && __shfl_up_sync(0xffffffffu, jb, 1) == jb - 1;
     Vec v, d, up;
     v.load_vec(V_row, i / K);
     d.load_vec(D_row, d_at);
-    if (S != 0 && h == 0) up.load_vec(D_row, d_at + 1);
+    if (S != 0 && h == 0 && !joined_above) up.load_vec(D_row, d_at + 1);
     float zn[S > 0 ? S : 1];  // the next lane's first S logits
 #pragma unroll
     for (int e = 0; e < S; ++e) zn[e] = __shfl_down_sync(0xffffffffu, z[e], 1);
@@ -56,14 +65,15 @@ struct RowVectors {
       nd[e] = step(a, one_minus_a, d[e], at < K ? z[at < K ? at : 0] : zn[at >= K ? at - K : 0]);
     }
     Vec::store_vec(V_row, i / K, nv);
-    if (S == 0 || h != kGroup - 1) {
+    if (S == 0 || h != kGroup - 1 || joined_below) {
       Vec::store_vec(D_row, d_at, nd);
     } else {  // entries below S are the next block's
 #pragma unroll
       for (int e = S; e < K; ++e)
         if (isfinite(z[K - 1 + S - e])) store_state(D_row, kType, d_at * K + e, nd[e]);
     }
-    if (S != 0 && h == 0) {  // entries e < S of the vector above: slots i + S - 1 - e
+    if (S != 0 && h == 0 && !joined_above) {
+      // entries e < S of the vector above: slots i + S - 1 - e
 #pragma unroll
       for (int e = 0; e < S; ++e) {
         const float zz = z[S > 0 ? S - 1 - e : 0];
@@ -74,12 +84,12 @@ struct RowVectors {
   }
 
   template <int S = 0>
-  __device__ static void apply_skew(int skew, void* V_row, void* D_row, int i, int q,
+  __device__ static void apply_skew(int skew, void* V_row, void* D_row, int jb, int q,
                                     const float (&z)[K], float a, float one_minus_a) {
     if constexpr (S + 1 < K) {
-      if (skew != S) return apply_skew<S + 1>(skew, V_row, D_row, i, q, z, a, one_minus_a);
+      if (skew != S) return apply_skew<S + 1>(skew, V_row, D_row, jb, q, z, a, one_minus_a);
     }
-    apply<S>(V_row, D_row, i, q, z, a, one_minus_a);
+    apply<S>(V_row, D_row, jb, q, z, a, one_minus_a);
   }
 };
 
@@ -189,8 +199,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
                             q - jb * kBlockSize - (kBlockSize - 1) >= 0 &&
                             q - jb * kBlockSize < s.cap;
       if (__all_sync(0xffffffffu, interior)) {
-        RV::apply_skew(skew, V_row, D_row, jb * kBlockSize + K * (lane % RV::kGroup), q, z, a,
-                       one_minus_a);
+        RV::apply_skew(skew, V_row, D_row, jb, q, z, a, one_minus_a);
       } else {
         // the chunk with a block at the context's or the state's edge (every row has one when
         // n % 64 != 0): 4 positions' loads in flight, not one position's chain at a time. One
