@@ -93,6 +93,13 @@ __device__ __forceinline__ uint32_t float_to_e4m3(float v) {
   return __nv_cvt_float_to_fp8(saturate_state(kStateE4M3, v), __NV_SATFINITE, __NV_E4M3);
 }
 
+// float_to_e4m3 of two values in one conversion: lo in the low byte.
+__device__ __forceinline__ uint32_t float2_to_e4m3x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(
+      make_float2(saturate_state(kStateE4M3, lo), saturate_state(kStateE4M3, hi)), __NV_SATFINITE,
+      __NV_E4M3);
+}
+
 // The raw bits of one entry, converted later by state_from_bits: a loop that loads several
 // entries then issues every load before the first conversion waits on it.
 __device__ __forceinline__ uint32_t load_state_bits(const void* base, int type, int64_t idx) {
@@ -157,8 +164,8 @@ struct StateVec {
                                           __float2half_rn(saturate_state(kType, x[2 * u + 1])));
         o[u] = *reinterpret_cast<const uint32_t*>(&h2);
       } else if constexpr (kType == kStateE4M3) {
-        o[u] = float_to_e4m3(x[4 * u]) | float_to_e4m3(x[4 * u + 1]) << 8 |
-               float_to_e4m3(x[4 * u + 2]) << 16 | float_to_e4m3(x[4 * u + 3]) << 24;
+        o[u] = float2_to_e4m3x2(x[4 * u], x[4 * u + 1]) |
+               float2_to_e4m3x2(x[4 * u + 2], x[4 * u + 3]) << 16;
       } else {
         o[u] = __float_as_uint(saturate_state(kType, x[u]));
       }
@@ -167,6 +174,20 @@ struct StateVec {
       static_cast<uint4*>(row)[vi] = make_uint4(o[0], o[1], o[2], o[3]);
     else
       static_cast<uint2*>(row)[vi] = make_uint2(o[0], o[1]);
+  }
+  // every entry as a float (fp8: two per conversion)
+  __device__ __forceinline__ void unpack(float (&x)[kVec]) const {
+#pragma unroll
+    for (int e = 0; e < kVec; e += 2) {
+      if constexpr (kType == kStateE4M3) {
+        const float2 f = __half22float2(e4m3x2_to_half2(w[e / 4] >> (8 * (e % 4))));
+        x[e] = f.x;
+        x[e + 1] = f.y;
+      } else {
+        x[e] = (*this)[e];
+        x[e + 1] = (*this)[e + 1];
+      }
+    }
   }
   __device__ __forceinline__ float operator[](int e) const {
     if constexpr (kType == kStateF16) {

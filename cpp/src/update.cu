@@ -49,20 +49,30 @@ struct RowVectors {
     // warp's ends, so never)
     const bool joined_below = S != 0 && __shfl_down_sync(0xffffffffu, jb, 1) == jb + 1;
     const bool joined_above = S != 0 && __shfl_up_sync(0xffffffffu, jb, 1) == jb - 1;
-    Vec v, d, up;
-    v.load_vec(V_row, i / K);
-    d.load_vec(D_row, d_at);
-    if (S != 0 && h == 0 && !joined_above) up.load_vec(D_row, d_at + 1);
+    Vec v_raw, d_raw, up_raw;
+    v_raw.load_vec(V_row, i / K);
+    d_raw.load_vec(D_row, d_at);
+    if (S != 0 && h == 0 && !joined_above) up_raw.load_vec(D_row, d_at + 1);
     float zn[S > 0 ? S : 1];  // the next lane's first S logits
 #pragma unroll
     for (int e = 0; e < S; ++e) zn[e] = __shfl_down_sync(0xffffffffu, z[e], 1);
+    // fp8 converts two entries at a time up front; fp16 converts each where used (fewer live
+    // registers: the fp16 path spilled 22 bytes instead of 14 unpacked)
+    constexpr bool kUnpack = kType == kStateE4M3;
+    float v_f[kUnpack ? K : 1], d_f[kUnpack ? K : 1];
+    if constexpr (kUnpack) {
+      v_raw.unpack(v_f);
+      d_raw.unpack(d_f);
+    }
+    auto v = [&](int e) { if constexpr (kUnpack) return v_f[e]; else return v_raw[e]; };
+    auto d = [&](int e) { if constexpr (kUnpack) return d_f[e]; else return d_raw[e]; };
     float nv[K], nd[K];
 #pragma unroll
     for (int e = 0; e < K; ++e) {
-      nv[e] = step(a, one_minus_a, v[e], z[e]);
+      nv[e] = step(a, one_minus_a, v(e), z[e]);
       // entry e of A is offset q - i - K + 1 - S + e, slot i + K - 1 + S - e
       const int at = K - 1 + S - e;
-      nd[e] = step(a, one_minus_a, d[e], at < K ? z[at < K ? at : 0] : zn[at >= K ? at - K : 0]);
+      nd[e] = step(a, one_minus_a, d(e), at < K ? z[at < K ? at : 0] : zn[at >= K ? at - K : 0]);
     }
     Vec::store_vec(V_row, i / K, nv);
     if (S == 0 || h != kGroup - 1 || joined_below) {
@@ -74,6 +84,8 @@ struct RowVectors {
     }
     if (S != 0 && h == 0 && !joined_above) {
       // entries e < S of the vector above: slots i + S - 1 - e
+      float up[K];
+      up_raw.unpack(up);
 #pragma unroll
       for (int e = 0; e < S; ++e) {
         const float zz = z[S > 0 ? S - 1 - e : 0];
