@@ -11,8 +11,8 @@ can be captured in a CUDA graph; fake (meta) implementations let torch.compile t
 
 Contracts (DESIGN.md):
 - state: V, D float32/float16/float8_e4m3fn [num_state_slots, L, cap]; last_seen int64
-  [.., L, ceil(cap/64)]; decode_steps int64 [num_state_slots, L]. Request b uses state slot state_slot[b] (distinct
-  per batch). cap must cover every context length and query position.
+  [.., L, ceil(cap/64)]; decode_steps int64 [num_state_slots, L]. Request b uses state slot
+  state_slot[b] (distinct per batch). cap must cover every context length and query position.
 - context_lens int32 [B, R] (row j of a request with length N sees N - R + j + 1 slots),
   query_pos int32 [B, R] (slot coordinates), request_id/step int64 [B], accepted int32 [B].
 - select -> block_ids int32 [B, L, m_cap] ascending, -1 padded; counts int32 [B, L] = the

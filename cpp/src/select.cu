@@ -171,7 +171,8 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
     from_tail[k] = 0u;
 #pragma unroll
     for (int e = 0; e < kPerWord; ++e)
-      if (tail && kPerWord * k + e < skew) from_tail[k] |= ((1u << (kBits - 1)) * 2u - 1u) << (kBits * e);
+      if (tail && kPerWord * k + e < skew)
+        from_tail[k] |= ((1u << (kBits - 1)) * 2u - 1u) << (kBits * e);  // kBits ones
   }
 #pragma unroll 1
   for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {

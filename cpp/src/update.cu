@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   const float a = p.alpha, one_minus_a = p.one_minus_alpha;
   auto n_of = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   auto round_state = [&](float v) {
-    if constexpr (kType == kStateF16) return __half2float(__float2half_rn(saturate_state(kType, v)));
+    if constexpr (kType == kStateF16)
+      return __half2float(__float2half_rn(saturate_state(kType, v)));
     if constexpr (kType == kStateE4M3) return e4m3_to_float(float_to_e4m3(v));
     return v;
   };

@@ -149,8 +149,8 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int,
     K cache: every slot of every scored block, BLOCK_SLOTS x K_SLOT_BYTES (128 fp8 key bytes +
     a 4-byte fp32 scale) per block; all-keep scores every visible block (selected = visible).
     SPIN state (state_dtype "float32", "float16" or "float8_e4m3fn", s = 4, 2 or 1 bytes;
-    None: all-keep, no state; A1's slot-level V/D): select reads V (per slot) and D (per offset) of every
-    visible slot, 2 s bytes; update reads and writes V and D of every scored slot and reads
+    None: all-keep, no state; A1's slot-level V/D): select reads V (per slot) and D (per
+    offset) of every visible slot, 2 s bytes; update reads and writes V and D of every scored slot and reads
     its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest block as 64
     slots); one update pass per step (MTP rows up to the accepted draft share it); the logits
     and top-K traffic that SPIN and all-keep both have is not counted.
