@@ -35,8 +35,11 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            fitted to dsa-lite steps, whose contexts end mid-block
 State bytes s scale select's term by s / 2 (float32: twice the fp16 figure) and the update's by
 the bytes it moves per scored slot, (4 + 4 s) / 12 (its fp32 logit, V and D read and written):
-float8_e4m3fn state 0.5x and 0.67x of fp16's. Measured at 96 x 128K (twentieth session,
-benchmarks/results_state_fp8_share_s20.jsonl): select 0.68x, the update in sequence 0.79x.
+float8_e4m3fn state 0.5x and 0.67x of fp16's, float32 2x and 1.67x. Measured at 96 x 128K:
+fp8 select 0.68x and update 0.81x of fp16's (twentieth session, profiler kernel times,
+benchmarks/results_kernel_times_s20.json); fp32 select 1.71x and update 1.28x (fifth and
+eighteenth sessions, README): the bytes, not a fixed cost, are what the update's term should
+scale, and the fp32 term it replaces (2x) was further from the 1.28x measured.
 The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select, one CTA per request: 10 us + 0.14 ns per slot of the longest

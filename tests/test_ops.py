@@ -468,11 +468,12 @@ def test_gpu_step_vector_state_path_matches_reference(state_dtype, R, cap):
     """Max pooling reads V/D in vectors: 4 entries (fp32; fp16 when cap % 8 == 4, as with cap
     4100), 8 (fp16 when cap % 8 == 0; fp8 when cap % 16 == 8, as with 4104) or 16 (fp8 when
     cap % 16 == 0); fp8 with cap 4100 reads entry by entry. A block's D window starts at
-    q - 64j - 63, so contexts of 3993-4003 and 2052 slots put it at every alignment mod 16; 1,
-    63 and 65 slots leave no or one interior block."""
+    q - 64j - 63, so contexts of 3993-4008 put it at every alignment mod 16; 1, 63 and 65 slots
+    leave no or one interior block."""
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.1,
                      state_dtype=state_dtype)
-    lens = (4001, 1, 63, 65, 4002, 4003, 2052, 3997, 3998, 3999, 4000, 3993, 3994, 3995, 3996)
+    lens = (4001, 1, 63, 65, 4002, 4003, 2052, 3997, 3998, 3999, 4000, 3993, 3994, 3995, 3996,
+            4005, 4006, 4007, 4008)
     p_cpu, p_gpu = _gpu_problem(B=len(lens), R=R, L=2, lens=lens, cap=cap, seed=7 + R, cfg=cfg)
     _compare_step(p_cpu, p_gpu)
 
@@ -646,7 +647,7 @@ def test_gpu_select_overflow_truncates_like_reference():
 def test_gpu_select_ties_and_whole_bins_match_reference(state_dtype, values, policy, R):
     """The top-m blocks by 16-bit keys (fp16 or fp8 state) and the exploration's 32-bit
     priorities: block scores all distinct (fp16: the threshold's bin is taken whole, the passes
-    may stop early; fp8 has 252 finite values: every one of them, with ties), from 5 values (the
+    may stop early; fp8: drawn from its 254 finite encodings, so with ties), from 5 values (the
     first `need` of many ties, in index order, across the warps' ranges), or one value (every
     block tied). Up to 2600 blocks a row, so each warp's range spans several rounds and a ragged
     end. V is constant within a block and D below it, so the block scores are exactly the drawn

@@ -119,6 +119,9 @@ class FakeBackend:
         self.made = []
 
     def dtype(self, name):
+        # the real backend's table: a name TensorRT lacks raises there, so here too
+        if name not in P.TensorRTBackend._DTYPES:
+            raise KeyError(f"TensorRT has no dtype {name!r}")
         return name
 
     def dtype_name(self, dtype):
@@ -308,6 +311,19 @@ def test_existing_inputs_are_reused_and_checked():
     rep3 = spin_trt.insert_spin(n3, CFG.with_overrides(state_dtype="float16"), max_context=64,
                                 backend=FakeBackend())
     assert rep3.added_inputs["spin_V"] == ("float16", 3) and rep3.added_inputs["spin_D"] == ("float16", 3)
+    # fp8 state: TensorRT's fp8 (kFP8) inputs, and a caller's fp8 V/D are accepted
+    n4 = dsa_network(L=1)
+    mark_all(n4, 1)
+    fp8 = CFG.with_overrides(state_dtype="float8_e4m3fn")
+    rep4 = spin_trt.insert_spin(n4, fp8, max_context=64, backend=FakeBackend())
+    assert rep4.added_inputs["spin_V"] == ("fp8", 3) and rep4.added_inputs["spin_D"] == ("fp8", 3)
+    n5 = dsa_network(L=1)
+    mark_all(n5, 1)
+    n5.add_input("myV", "fp8", (-1, -1, -1))
+    n5.add_input("myD", "fp8", (-1, -1, -1))
+    rep5 = spin_trt.insert_spin(n5, fp8, max_context=64, inputs={"V": "myV", "D": "myD"},
+                                backend=FakeBackend())
+    assert "spin_V" not in rep5.added_inputs and "spin_D" not in rep5.added_inputs
 
 
 @pytest.mark.parametrize("kwargs,needle", [

@@ -165,7 +165,7 @@ def _pass_shaped_case(directory, cfg, B=3, R=2, L=2, max_context=1000, cap=1100,
     return c
 
 
-@pytest.mark.parametrize("state_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("state_dtype", ["float32", "float16", "float8_e4m3fn"])
 def test_dry_run_of_pass_shaped_calls(built, tmp_path, state_dtype):
     lib, harness = built
     cfg = SpinConfig(index_topk=256, state_dtype=state_dtype, pooling="mean")

@@ -1,7 +1,7 @@
 // spin::select: predict block scores from V/D (or take given ones, one layer), apply budget, forced blocks, exploration and
 // the MTP union, for every (request, layer) stream in one launch. One CTA per stream; the
 // top-m blocks come from 8-bit radix passes over the score keys (16-bit keys when the scores
-// are pooled fp16 state, 32-bit otherwise), ties to the lower block id.
+// are pooled fp16 or fp8 state, 32-bit otherwise), ties to the lower block id.
 #include <cfloat>
 #include <type_traits>
 
@@ -144,11 +144,12 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
   }
 }
 
-// The interior blocks [j_lo, j_end) of a row of fp16 state (see MaxBlockWindow): the same loads
-// and the same max as score_blocks_max, on 32-bit vector indices from the row's base (a row's
-// positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h, D vector
-// dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where dvec0 = (q - 63) / kVec.
-// The max runs on packed fp16 pairs (max of fp16 values is exact); the lead lane's first `skew`
+// The interior blocks [j_lo, j_end) of a row of fp16 or fp8 state (see MaxBlockWindow): the
+// same loads and the same max as score_blocks_max, on 32-bit vector indices from the row's base
+// (a row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h,
+// D vector dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where
+// dvec0 = (q - 63) / kVec. The max runs on packed fp16 pairs (exact: fp8 converts to them
+// exactly, two entries at a time); the lead lane's first `skew`
 // D entries come from the tail by a mask fixed for the row: a few instructions a vector
 // instead of a conversion and a branch per entry.
 template <int kType, int kVec, int kPer>
@@ -214,8 +215,8 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
   }
 }
 
-// Blocks 0..B-1 of a row: with fp16 state the interior ones on the lean path, the rest (the
-// newest block, and blocks whose slots or D window reach past the state) on the general one.
+// Blocks 0..B-1 of a row: with fp16 or fp8 state the interior ones on the lean path, the rest
+// (the newest block, and blocks whose slots or D window reach past the state) on the general one.
 // H200, all 21 layers in one launch, us a layer: 96 x 128K slots 18.65 -> 18.32, 96 x 32K
 // 6.34 -> 6.08, 32 x 128K 8.12 -> 7.92, 8 x 32K 1.12 -> 1.06
 // (benchmarks/results_select_update_vectors_s16.json; 4 blocks a lane group in flight, or 3
@@ -375,7 +376,7 @@ __device__ void merge_by_rank(float* score, const float* given, int width, int B
   }
 }
 
-// kVec > 0: max pooling on state read kVec entries per load (kHalf: fp16); 0: the paired path
+// kVec > 0: max pooling on state of kType read kVec entries per load; 0: the paired path
 // (any pooling, any state layout). One kernel per layout keeps each at 64 registers.
 template <int kType, int kVec>
 __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {

@@ -20,8 +20,9 @@ constexpr int kThreads = 256;
 // entries of the vector above its own, one at a time: two blocks never store the same vector.
 // Where the next lane holds block j + 1 (adjacent blocks kept, next to each other in the warp),
 // its first S logits are the ones A needs: the last lane stores A whole and the next block's
-// first lane leaves it. H200, rho 0.5, 96 x 128K slots, in sequence, mean of skews 0/3/7: fp16
-// 31.7 -> 25.5 us, fp8 24.0 -> 23.3 (two runs each, benchmarks/results_update_joined_s20.txt)
+// first lane leaves it. H200, rho 0.5, fp16, in sequence, mean of skews 0/3/7, A/B/A/B in one
+// call (benchmarks/results_update_joined_s20.txt): 32 x 128K 16.7 -> 15.5 us, 96 x 32K 12.7 ->
+// 12.1; 96 x 128K 31.7 -> 25.4, where that timing method is noisy.
 // Same arithmetic and rounding as the scalar path, so the results are bit for bit the same on
 // finite state (all the ops write); an entry whose logit is not finite is stored back unchanged
 // within a vector, so a non-finite entry put there from outside would be saturated (NaN to

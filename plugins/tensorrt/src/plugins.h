@@ -15,7 +15,7 @@ FieldSpec blockSizeField();
 FieldSpec layerField(bool required);
 FieldSpec maxContextField();
 
-// State inputs at positions 0..3: V, D [S, L, cap] float32/float16 (same dtype), last_seen
+// State inputs at positions 0..3: V, D [S, L, cap] float32/float16/fp8 e4m3 (same dtype), last_seen
 // int64 [S, L, ceil(cap / 64)], decode_steps int64 [S, L].
 constexpr int32_t kStateInputs = 4;
 TypeRule stateRule(int32_t pos);

@@ -596,7 +596,7 @@ void checkDataTypes() {
          err.c_str());
   t = types(selectIo(5, 2, 300, 3, 2, 16).in);
   t[0] = t[1] = kI32;
-  EXPECT(outputTypes(s, t, out, err) != 0 && contains(err, "V must be float32/float16, got int32"), "%s", err.c_str());
+  EXPECT(outputTypes(s, t, out, err) != 0 && contains(err, "V must be float32/float16/fp8, got int32"), "%s", err.c_str());
   t = types(selectIo(5, 2, 300, 3, 2, 16).in);
   t[7] = kI32;
   EXPECT(outputTypes(s, t, out, err) != 0 && contains(err, "request_id must be int64, got int32"), "%s", err.c_str());

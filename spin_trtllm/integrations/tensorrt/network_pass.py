@@ -103,6 +103,9 @@ class SpinPassReport:
 _MARKS: dict[int, tuple[Any, dict[int, IndexerMark], Optional[MtpMark]]] = {}
 
 
+# SpinConfig.state_dtype -> the TensorRT dtype name (TensorRTBackend.dtype) of the V/D inputs
+TRT_STATE_DTYPE = {"float32": "float32", "float16": "float16", "float8_e4m3fn": "fp8"}
+
 def _entry(network):
     if id(network) not in _MARKS or _MARKS[id(network)][0] is not network:
         _MARKS[id(network)] = (network, {}, None)
@@ -368,7 +371,7 @@ def insert_spin(network, cfg: SpinConfig, *, max_context: int, next_n: Optional[
         wanted[ACCEPTED[0]] = ACCEPTED[1]
     shared: dict[str, Any] = {}
     to_add: dict[str, tuple[str, int]] = {}
-    state_dtype = cfg.state_dtype
+    state_dtype = TRT_STATE_DTYPE[cfg.state_dtype]
     for name, (dtype, rank) in wanted.items():
         dtype = state_dtype if dtype == "state" else dtype
         if name in inputs:
