@@ -126,12 +126,12 @@ __host__ __device__ __forceinline__ bool state_vectorizable(const StateView& s, 
          reinterpret_cast<uintptr_t>(s.D) % bytes == 0;
 }
 
-// kVec state entries of one 8- or 16-byte load, kept raw until read: converting at the load
+// kVec state entries of one 4-, 8- or 16-byte load, kept raw until read: converting at the load
 // makes the compiler wait on each load in turn instead of issuing them all first.
 template <int kType, int kVec>
 struct StateVec {
   static constexpr int kWords = kVec * state_bytes(kType) / 4;
-  static_assert(kWords == 2 || kWords == 4, "8- or 16-byte loads");
+  static_assert(kWords == 1 || kWords == 2 || kWords == 4, "4-, 8- or 16-byte loads");
   uint32_t w[kWords];
   // entries idx..idx+kVec-1; idx % kVec == 0 on a state_vectorizable(s, kVec) row
   __device__ __forceinline__ void load(const void* base, int64_t idx) {
@@ -139,9 +139,11 @@ struct StateVec {
     if constexpr (kWords == 4) {
       const uint4 r = *reinterpret_cast<const uint4*>(at);
       w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
-    } else {
+    } else if constexpr (kWords == 2) {
       const uint2 r = *reinterpret_cast<const uint2*>(at);
       w[0] = r.x; w[1] = r.y;
+    } else {
+      w[0] = *reinterpret_cast<const uint32_t*>(at);
     }
   }
   // vector vi of a row (entries kVec*vi..): 32-bit index, the row pointer carries the base

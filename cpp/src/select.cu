@@ -149,9 +149,9 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
 // (a row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h,
 // D vector dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where
 // dvec0 = (q - 63) / kVec. The max runs on packed fp16 pairs (exact: fp8 converts to them
-// exactly, two entries at a time); the lead lane's first `skew`
-// D entries come from the tail by a mask fixed for the row: a few instructions a vector
-// instead of a conversion and a branch per entry.
+// exactly, two entries at a time); the lead lane's first `skew` D entries come from the tail by
+// a mask fixed for the row: a few instructions a vector instead of a conversion and a branch per
+// entry.
 template <int kType, int kVec, int kPer>
 __device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
                                       int q, float* score) {
@@ -161,6 +161,7 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
   constexpr int kWords = Vec::kWords;
   constexpr int kPerWord = kVec / kWords;   // entries per 32-bit word: 2 (fp16) or 4 (fp8)
   constexpr int kBits = 32 / kPerWord;
+  constexpr uint32_t kEntryMask = (1u << kBits) - 1u;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
   const int h = lane % kGroup;
   const bool lead = h == 0;
@@ -172,8 +173,7 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
     from_tail[k] = 0u;
 #pragma unroll
     for (int e = 0; e < kPerWord; ++e)
-      if (tail && kPerWord * k + e < skew)
-        from_tail[k] |= ((1u << (kBits - 1)) * 2u - 1u) << (kBits * e);  // kBits ones
+      if (tail && kPerWord * k + e < skew) from_tail[k] |= kEntryMask << (kBits * e);
   }
 #pragma unroll 1
   for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {

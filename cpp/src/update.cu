@@ -289,17 +289,10 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     const bool vec = state_vectorizable(s);
     auto load4 = [&](const void* arr, int64_t i0, int valid, float (&v)[4]) {
       if (vec && valid == 4) {
-        if constexpr (kType == kStateE4M3) {  // 4 entries: one 32-bit word
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(arr) +
-                                                               base + i0);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] = e4m3_to_float((w >> (8 * e)) & 0xFFu);
-        } else {
-          StateVec<kType, 4> r;
-          r.load(arr, base + i0);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] = r[e];
-        }
+        StateVec<kType, 4> r;
+        r.load(arr, base + i0);
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = r[e];
       } else {
         #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = e < valid ? load_state(arr, kType, base + i0 + e) : 0.0f;
