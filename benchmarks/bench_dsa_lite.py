@@ -18,7 +18,7 @@ than SPIN's gain at small batches. The rows keep every run's step and forward ti
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
              [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
-             [--json F] [--markdown F]
+             [--no-overlap-update] [--json F] [--markdown F]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def one(spec: dict) -> dict:
     cfg = step_config(spec["context"], spec["mtp"], spec["warmup"] + spec["steps"])
     return measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
                    spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
-                   spec["state_dtype"], predictor=spec.get("predictor", "spin"))
+                   spec["state_dtype"], predictor=spec.get("predictor", "spin"),
+                   overlap_update=spec.get("overlap_update", True))
 
 
 def in_fresh_process(spec: dict) -> dict:
@@ -129,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", choices=["native", "deepgemm"],
                     help="logits backends to run (default: native, and deepgemm if it imports)")
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")
+    ap.add_argument("--no-overlap-update", action="store_true",
+                    help="SPIN's EMA update after each layer's top-K, not beside it")
     ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
     ap.add_argument("--repeats", type=int, default=1,
@@ -155,7 +158,8 @@ def main(argv=None) -> int:
         for context in args.contexts:
             for batch in args.batches:
                 base = dict(mtp=mtp, context=context, batch=batch, warmup=args.warmup,
-                            steps=args.steps, state_dtype=args.state_dtype)
+                            steps=args.steps, state_dtype=args.state_dtype,
+                            overlap_update=not args.no_overlap_update)
                 specs = [dict(indexer="null", backend="native")]
                 specs += [dict(indexer="dense", backend=b) for b in usable]
                 for p in args.predictor:

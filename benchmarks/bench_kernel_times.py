@@ -76,17 +76,17 @@ def run_case(dg, batch: int, slots: int, dtype: str, rho: float, reps: int) -> d
             "share": (update + select) / dense if dense else None, "kernels": times}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["96x131072", "32x131072", "96x32768"],
-                    help="BATCHxSLOTS cases")
+def skew_case_args(ap: argparse.ArgumentParser, shapes: list[str], reps: int, argv=None):
+    """--shapes/--state-dtype/--sparsity/--reps/--json of the benchmarks that run every D skew;
+    returns (args, [(batch, slots)])."""
+    ap.add_argument("--shapes", nargs="+", default=shapes, help="BATCHxSLOTS cases")
     ap.add_argument("--state-dtype", nargs="+", default=["float16", "float8_e4m3fn"],
                     choices=["float32", "float16", "float8_e4m3fn"])
     ap.add_argument("--sparsity", type=float, default=0.5)
-    ap.add_argument("--reps", type=int, default=3, help="passes over the 8 skews profiled")
-    ap.add_argument("--json", help="write every case (with all kernel times) here")
+    ap.add_argument("--reps", type=int, default=reps, help="passes over the 8 skews per timing")
+    ap.add_argument("--json", help="write every case here")
     args = ap.parse_args(argv)
-    shapes = []
+    cases = []
     for text in args.shapes:
         try:
             batch, slots = (int(x) for x in text.lower().split("x"))
@@ -94,9 +94,15 @@ def main(argv=None) -> int:
             ap.error(f"--shapes: {text!r} is not BATCHxSLOTS, e.g. 96x131072")
         if batch < 1 or slots < 64 * SKEWS:
             ap.error(f"--shapes: {text!r} needs batch >= 1 and slots >= {64 * SKEWS}")
-        shapes.append((batch, slots))
+        cases.append((batch, slots))
     if not 0.0 <= args.sparsity < 1.0 or args.reps < 1:
         ap.error("--sparsity must be in [0, 1) and --reps >= 1")
+    return args, cases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args, shapes = skew_case_args(ap, ["96x131072", "32x131072", "96x32768"], 3, argv)
     if cannot_run("bench_kernel_times"):
         return 2
     try:

@@ -33,6 +33,12 @@ benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
            benchmarks/results_update_skew_s19.jsonl): the term prices that 15% low at 96 x
            128K and 34-58% low at the smaller shapes. It is kept: engine_overhead_us below was
            fitted to dsa-lite steps, whose contexts end mid-block
+Beside the top-K (next_n 1, sm_90+: SpinIndexer's overlap_update, twenty-first session) the
+update runs on the SMs the top-K leaves idle; a step then pays update_beside_share (0.5) of the
+term above. Measured (bench_update_overlap.py, CUDA graphs, fp16, mean over the 8 D skews,
+benchmarks/results_update_overlap_s21.json): the update adds 1.3-6.7 us a layer beside the top-K
+against 5.2-16.8 after it at 8-96 x 32K-128K (0.25-0.53 of it), and nothing measurable at 96 x
+128K, where the model still charges half.
 State bytes s scale select's term by s / 2 (float32: twice the fp16 figure) and the update's by
 the bytes it moves per scored slot, (4 + 4 s) / 12 (its fp32 logit, V and D read and written):
 float8_e4m3fn state 0.5x and 0.67x of fp16's, float32 2x and 1.67x. Measured at 96 x 128K:
@@ -86,6 +92,7 @@ class CostModel:
     select_us_per_slot: float = 1.44e-6
     update_fixed_us: float = 3.0
     update_us_per_slot: float = 4.1e-6
+    update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
     probe_fixed_us: float = 7.5
     probe_us_per_slot: float = 1.0e-6
     probe_select_fixed_us: float = 10.0
@@ -141,29 +148,33 @@ class CostModel:
         return cost
 
     def spin_us(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
-                state_bytes: int = 2, predictor: str = "spin") -> float:
+                state_bytes: int = 2, predictor: str = "spin",
+                update_beside: bool = False) -> float:
         """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
-        logits + top-K + update, with a fraction `sparsity` of the blocks skipped."""
+        logits + top-K + update, with a fraction `sparsity` of the blocks skipped.
+        update_beside: the update runs beside the top-K (next_n 1 only)."""
         slots = _block_slots(visible_slots)
         scored = slots * (1.0 - sparsity)
         state = state_bytes / 2
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
+        update = self.update_fixed_us + self.update_us_per_slot * scored * next_n * update_bytes
+        if update_beside and next_n == 1:
+            update *= self.update_beside_share
         return (self._choose(visible_slots, slots, next_n, state, predictor)
                 + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
-                + self.update_fixed_us
-                + self.update_us_per_slot * scored * next_n * update_bytes)
+                + update)
 
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
-                    predictor: str = "spin") -> bool:
+                    predictor: str = "spin", update_beside: bool = False) -> bool:
         """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
         batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
         every step)."""
         if sparsity <= 0 or not visible_slots:
             return False
         dense = self.dense_us(visible_slots, next_n)
-        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor) \
-            + self.engine_overhead_us
+        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor,
+                            update_beside) + self.engine_overhead_us
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
 

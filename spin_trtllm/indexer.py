@@ -106,14 +106,17 @@ class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
                  page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None,
-                 predictor: str = "spin"):
+                 predictor: str = "spin", overlap_update: bool = True):
         """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
         page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
         several draft lengths share one allocation).
         predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
         with the current query (64-slot pages only; summary tables kept in self.summaries);
-        "hybrid" by both (the max of their rank shares; max_context <= 512K slots)."""
+        "hybrid" by both (the max of their rank shares; max_context <= 512K slots).
+        overlap_update: without MTP, let a layer's EMA update run beside its top-K (both only
+        read the logits; CUDA sm_90+, ops.update's beside_previous): the update fills the SMs
+        that a top-K of few rows leaves idle, and what follows still waits for both."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -134,6 +137,7 @@ class SpinIndexer:
                             f"{max_context} (use 'probe')")
         self.predictor = predictor
         self.cfg, self.pool = cfg, pool
+        self.overlap_update = overlap_update
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
             raise SpinError(f"SpinIndexer: the state pool's max_capacity {pool.max_capacity} is "
@@ -346,7 +350,8 @@ class SpinIndexer:
         top = self.topk[layer, :B * R] if out is None else out
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top, row_lens=row_lens)
         if R == 1:
-            self._update(layer, logits, ids, cnt, self.accepted_zero[:B])
+            self._update(layer, logits, ids, cnt, self.accepted_zero[:B],
+                         beside_previous=self.overlap_update)
             return top
         kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
         if logits.data_ptr() != kept.data_ptr():
@@ -366,11 +371,12 @@ class SpinIndexer:
                      self.ran_counts[:B], accepted)
 
     def _update(self, layer: int, logits: torch.Tensor, block_ids: torch.Tensor,
-                counts: torch.Tensor, accepted: torch.Tensor) -> None:
+                counts: torch.Tensor, accepted: torch.Tensor,
+                beside_previous: bool = False) -> None:
         B = self.batch
         ops.update(self.pool.state, self.slot[:B], logits, block_ids, counts,
                    self.context_lens[:B], self.query_pos[:B], accepted, self.step[:B], layer,
-                   self.cfg, self._max_len())
+                   self.cfg, self._max_len(), beside_previous=beside_previous)
 
     def _max_len(self) -> int:
         # the ops clamp context lengths to this; it may not exceed the state's capacity

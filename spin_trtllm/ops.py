@@ -34,6 +34,11 @@ Contracts (DESIGN.md):
   in one launch (MTP's deferred updates), from logits [L, B*R, W] (layers a multiple of 4
   floats apart), block_ids [B, L, m_cap] and counts [B, L] as select writes them. A request's
   block ids must be distinct, as select's are (on CUDA a repeated id races on its V/D entries).
+  beside_previous (CUDA, sm_90+): the kernel may run beside the one launched just before it on
+  the stream, which must write none of the update's inputs, and these must have been complete
+  before it began: ops.topk on the same logits, which lets it start early (most SMs sit idle in a
+  top-K of few rows). The update still completes after that kernel. Elsewhere, and on the
+  reference, it is a plain update.
   reset zeroes state slots and restarts their warm-up.
 - compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
   fp8_paged_mqa_logits as TensorRT-LLM uses it, over the selected blocks only): block_ids
@@ -116,7 +121,8 @@ _SCHEMAS = {
     "update": "update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
               "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, "
               "Tensor context_lens, Tensor query_pos, Tensor accepted, Tensor step, int layer, "
-              "float ema_decay, bool row0_only, int max_context_len) -> ()",
+              "float ema_decay, bool row0_only, int max_context_len, "
+              "bool beside_previous=False) -> ()",
     "reset": "reset(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
              "Tensor state_slots, Tensor step) -> ()",
     "compact": "compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
@@ -133,7 +139,7 @@ _SCHEMAS = {
 # ---- native library -----------------------------------------------------------------------------
 # spin_native::abi_version of the kernels these wrappers drive (csrc/native_ops.cpp kAbiVersion):
 # a library built before an op's meaning changed (update's layer -1) would misread the call.
-NATIVE_ABI = 2
+NATIVE_ABI = 3
 
 
 def _native_abi() -> int:
@@ -346,7 +352,7 @@ def _topk_ref(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
 
 def _update_ref(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
                 context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
-                max_context_len) -> None:
+                max_context_len, beside_previous=False) -> None:
     if layer < 0:  # every layer, one after the other
         for l in range(V.shape[1]):
             _update_ref(V, D, last_seen, decode_steps, state_slot, logits[l], block_ids[:, l],
@@ -563,7 +569,7 @@ def _validate_topk(logits, block_ids, counts, next_n, out, row_lens=None):
 
 def _validate_update(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
                      context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
-                     max_context_len) -> None:
+                     max_context_len, beside_previous=False) -> None:
     op = "update"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -918,12 +924,14 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
 
 
 def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
-           accepted, step, layer: int, cfg: SpinConfig, max_context_len: int) -> None:
+           accepted, step, layer: int, cfg: SpinConfig, max_context_len: int,
+           beside_previous: bool = False) -> None:
     """layer -1: every layer in one launch (logits [L, B*R, W], block_ids [B, L, m_cap],
-    counts [B, L])."""
+    counts [B, L]). beside_previous: see the module docstring (right after ops.topk on the same
+    logits)."""
     torch.ops.spin.update(*state.tensors(), state_slot, logits, block_ids, counts, context_lens,
                           query_pos, accepted, step, layer, cfg.ema_decay,
-                          cfg.mtp_update == "row0", max_context_len)
+                          cfg.mtp_update == "row0", max_context_len, beside_previous)
 
 
 def reset(state: OpState, state_slots, step) -> None:

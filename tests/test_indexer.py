@@ -142,3 +142,103 @@ def test_prepare_uploads_every_field_of_the_batch(device):
         assert torch.equal(idx.query_pos[:B].cpu(), q)
         idx.prepare(ids, n, q, steps, torch.zeros(B, 16, dtype=torch.int32))
         assert torch.equal(idx.slot[:B].cpu(), pool.slots(ids, device="cpu"))
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def state_of(pool):
+    return [t.clone() for t in (pool.state.V, pool.state.D, pool.state.last_seen,
+                                pool.state.decode_steps)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_update_beside_topk_completes_after_it(graph):
+    """An update launched beside the top-K (beside_previous) may finish its own work first, but
+    what follows on the stream must still see the whole top-K. Here the update has nothing to
+    do (no scored blocks) and the top-K is long (4 rows of 1M slots), so a copy right after the
+    update would read a half-written top-K if the update's grid completed early."""
+    from spin_trtllm import ops
+    cfg = SpinConfig(index_topk=2048)
+    B, m_cap = 4, 16384
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(B, m_cap * 64, generator=gen).cuda()
+    ids = torch.arange(m_cap, dtype=torch.int32).repeat(B, 1).cuda()
+    cnt = torch.full((B,), m_cap, dtype=torch.int32).cuda()
+    state = ops.OpState.zeros(B, 1, m_cap * 64 + 64, cfg, device="cuda")
+    slot = torch.arange(B, dtype=torch.int32).cuda()
+    n = torch.full((B, 1), m_cap * 64, dtype=torch.int32).cuda()
+    q = n - 1                                          # no kernel between top-K and update
+    zero = torch.zeros(B, dtype=torch.int32).cuda()
+    step = torch.zeros(B, dtype=torch.int64).cuda()
+    out = torch.full((B, 2048), -7, dtype=torch.int32).cuda()
+    seen = torch.empty_like(out)
+
+    def run():
+        out.fill_(-7)
+        ops.topk(logits, ids, cnt, 1, 2048, out)
+        ops.update(state, slot, logits, ids, zero, n, q, zero, step, 0, cfg, m_cap * 64,
+                   beside_previous=True)
+        seen.copy_(out)
+    expected = ops.topk(logits, ids, cnt, 1, 2048)
+    if graph:
+        run()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        for _ in range(3):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(seen, expected)
+    else:
+        for _ in range(3):
+            run()
+            torch.cuda.synchronize()
+            assert torch.equal(seen, expected)
+    assert int(state.decode_steps.sum()) == (4 if graph else 3) * B   # every update ran
+
+
+@needs_cuda
+def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager():
+    """Steps captured in CUDA graphs with the update beside the top-K give the same top-K and
+    state as eager steps with the update after it."""
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.2, state_dtype="float16")
+    reqs, steps = [0, 1, 2], 5
+    kv = [torch.cat([cache_for(r)[l] for r in reqs]).view(-1, 64, 1, 132).cuda() for l in range(L)]
+    table = torch.stack([r * PAGES + torch.randperm(PAGES, generator=torch.Generator()
+                                                    .manual_seed(r)) for r in reqs]).to(torch.int32)
+    outs = {}
+    for overlap, graphs in ((False, False), (True, True)):
+        pool = StatePool(L, max_requests=3, cfg=cfg, device="cuda", initial_capacity=1024)
+        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=1, max_context=PAGES * 64,
+                          overlap_update=overlap)
+        for r in reqs:
+            pool.admit(r, step=0)
+        tops = []
+        for t in range(steps):
+            n = torch.tensor([[400 + 61 * r + t] for r in reqs], dtype=torch.int32)
+            idx.prepare(reqs, n, n - 1, [t] * 3, table)
+            qs = [[q_for(r, t, l, 1) for r in reqs] for l in range(L)]
+            q = [torch.cat([x[0] for x in qs[l]]).cuda() for l in range(L)]
+            w = [torch.cat([x[1] for x in qs[l]]).cuda() for l in range(L)]
+
+            def step():
+                idx.select()
+                return [idx.layer(l, q[l], w[l], kv[l]) for l in range(L)]
+            if graphs and t > 0:                       # the first step eager: warm-up
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    out = step()
+                g.replay()
+            else:
+                out = step()
+            torch.cuda.synchronize()
+            tops.append([o.clone() for o in out])
+        outs[overlap] = (tops, state_of(pool))
+    (t0, s0), (t1, s1) = outs[False], outs[True]
+    for t in range(steps):
+        for l in range(L):
+            assert torch.equal(t0[t][l], t1[t][l]), (t, l)
+    for a, b in zip(s0, s1):
+        assert torch.equal(a, b)

@@ -37,6 +37,25 @@ def test_cost_model_update_term_tracks_the_measured_update(batch, slots, update)
                                                                                    rel=0.2)
 
 
+# What the update adds to a step beside the top-K on an H200 (bench_update_overlap.py,
+# benchmarks/results_update_overlap_s21.json, twenty-first session, fp16 state, rho 0.5, CUDA
+# graphs, mean over the 8 D skews): (batch, slots, us a layer). At 96 x 131072 it added nothing
+# measurable, where the model charges half its update term.
+MEASURED_UPDATE_BESIDE = [(8, 32768, 1.33), (32, 32768, 3.55), (96, 32768, 6.68),
+                          (8, 131072, 5.55), (32, 131072, 5.35)]
+
+
+@pytest.mark.parametrize("batch,slots,exposed", MEASURED_UPDATE_BESIDE)
+def test_cost_model_prices_the_update_beside_the_topk(batch, slots, exposed):
+    ctx = [slots] * batch
+    saved = H200.spin_us(ctx, 0.5) - H200.spin_us(ctx, 0.5, update_beside=True)
+    after = H200.update_fixed_us + H200.update_us_per_slot * batch * slots * 0.5
+    assert saved == pytest.approx(after * (1 - H200.update_beside_share))
+    assert after - saved == pytest.approx(exposed, rel=0.6)
+    # with MTP the update is deferred to finish(): nothing runs beside a top-K
+    assert H200.spin_us(ctx, 0.5, 2) == H200.spin_us(ctx, 0.5, 2, update_beside=True)
+
+
 # ops.topk through flashinfer on an H200 (benchmarks/results_topk_paths.json, fourteenth
 # session, K 512): (rows, slots per row, rho, us of the whole path).
 MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072, 0.0, 39.4),

@@ -23,6 +23,21 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
                               static_cast<int>(bytes));
 }
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and in launches without it). A kernel
+// that lets its dependents start calls pdl_launch_dependents(); one launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may then run beside it, and pdl_wait()
+// blocks until that kernel has completed and its writes are visible.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that
 // equal values tie, as in torch.
 __device__ __forceinline__ uint32_t ordered_key(float x) {

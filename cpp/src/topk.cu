@@ -190,6 +190,10 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
+  // An update launched beside this kernel (UpdateParams::beside_previous) may start now: it
+  // reads the same logits and writes nothing this kernel reads. Below about 64 rows this
+  // kernel's CTAs leave most SMs idle.
+  pdl_launch_dependents();
   const int rank = kCluster > 1 ? cluster_rank() : 0;
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

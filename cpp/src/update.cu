@@ -110,6 +110,14 @@ struct RowVectors {
 template <int kType>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
+  // Beside the previous kernel (beside_previous) this grid may not complete before it, since
+  // what follows in the stream waits for this grid only: one thread waits for it before
+  // leaving, the other CTAs leave as they finish.
+  auto leave = [&] {
+    if (p.beside_previous && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+        threadIdx.x == 0)
+      pdl_wait();
+  };
   // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads (K x
   // kThreads on the vector path) scored slots and of offsets of request y in layer layer + z
   const int b = blockIdx.y, layer = p.layer + blockIdx.z;
@@ -174,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     }
   };
   if (row_vectors) prefetch_vectors(span0); else prefetch(chunk0);
-  if (slot_id < 0 || slot_id >= s.num_slots) return;  // no state to update
+  if (slot_id < 0 || slot_id >= s.num_slots) return leave();  // no state to update
   const int64_t stream = static_cast<int64_t>(slot_id) * s.num_layers + layer;
   const int64_t base = stream * s.cap;
   // rows 0..accepted, all rows from rows - 1 up (no overflow)
@@ -377,13 +385,14 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     }
   }
 
-  if (blockIdx.x != 0) return;
+  if (blockIdx.x != 0) return leave();
   int64_t* last_seen = s.last_seen + stream * s.block_cap;
   for (int c = threadIdx.x; c < count; c += kThreads) {
     const int j = ids[c];
     if (j >= 0 && j < s.block_cap && j < p.max_blocks) last_seen[j] = p.step[b];
   }
   if (threadIdx.x == 0) s.decode_steps[stream] += 1;
+  leave();
 }
 
 }  // namespace
@@ -401,8 +410,23 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   const bool one_row = p.rows == 1 || p.row0_only;
   const int cap = one_row ? max(16, 1536 / p.batch) : 64;
   const int slices = max(1, min(min(64, cover), cap));
-  update_kernel<kType><<<dim3(slices, p.batch, p.layers), kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(slices, p.batch, p.layers);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 0;
+  if (p.beside_previous) {  // the attribute needs sm_90; before it the launch is plain
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+  }
+  return cudaLaunchKernelEx(&cfg, update_kernel<kType>, p);
 }
 
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {

@@ -11,8 +11,8 @@ namespace {
 
 // Raised whenever an op's meaning changes under the same schema; spin_trtllm.ops.NATIVE_ABI must
 // match, so that a library built before the change is not used. 2: update's layer -1 (every
-// layer in one launch), remap's scores.
-constexpr int64_t kAbiVersion = 2;
+// layer in one launch), remap's scores. 3: update's beside_previous.
+constexpr int64_t kAbiVersion = 3;
 int64_t spin_abi_version() { return kAbiVersion; }
 
 void check(cudaError_t err, const char* what) {
@@ -131,7 +131,8 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
 void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor decode_steps,
             at::Tensor state_slot, at::Tensor logits, at::Tensor block_ids, at::Tensor counts,
             at::Tensor context_lens, at::Tensor query_pos, at::Tensor accepted, at::Tensor step,
-            int64_t layer, double ema_decay, bool row0_only, int64_t max_context_len) {
+            int64_t layer, double ema_decay, bool row0_only, int64_t max_context_len,
+            bool beside_previous) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::UpdateParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -158,6 +159,7 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.row0_only = row0_only;
   p.max_context = static_cast<int>(max_context_len);
   p.max_blocks = static_cast<int>((max_context_len + spin::kBlockSize - 1) / spin::kBlockSize);
+  p.beside_previous = beside_previous;
   check(spin::launch_update(p, c10::cuda::getCurrentCUDAStream()), "update");
 }
 
@@ -247,7 +249,7 @@ TORCH_LIBRARY(spin_native, m) {
   m.def("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
         "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
         "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "
-        "int max_context_len) -> ()");
+        "int max_context_len, bool beside_previous=False) -> ()");
   m.def("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()");
   m.def("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "

@@ -251,7 +251,7 @@ class Engine:
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
                  state_initial_capacity: int = 1024, logits_backend: str = "native",
                  switch: Optional[str] = None, cost_model: Optional[costs.CostModel] = None,
-                 predictor: str = "spin"):
+                 predictor: str = "spin", overlap_update: bool = True):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
         (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
@@ -267,7 +267,9 @@ class Engine:
         predictor (with SPIN): "spin" ranks blocks by SPIN's history, "probe" by each block's
         summary (mean key) scored with the current query (SpinIndexer), "hybrid" by both (the
         max of their rank shares); the summaries are built after every prefill and rebuilt
-        for requests SPIN takes over again."""
+        for requests SPIN takes over again.
+        overlap_update (SPIN without MTP, CUDA): each layer's EMA update runs beside its top-K
+        on a side stream (SpinIndexer)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -300,13 +302,17 @@ class Engine:
         self.cost_model = cost_model or costs.H200.for_device(self.device)
         self._ran_spin = True
         self.spin_indexer: Optional[SpinIndexer] = None
+        # the update runs beside the top-K only without MTP and on sm_90+ (ops.update)
+        self._update_beside = overlap_update and R == 1 and self.device.type == "cuda" and \
+            torch.cuda.get_device_capability(self.device)[0] >= 9
         if spin is not None:
             self.pool: Optional[StatePool] = StatePool(
                 L, self.max_requests, spin, self.device,
                 initial_capacity=min(state_initial_capacity, cfg.index_slots + R),
                 max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
-                                            logits_backend=logits_backend, predictor=predictor)
+                                            logits_backend=logits_backend, predictor=predictor,
+                                            overlap_update=overlap_update)
         else:
             self.pool = None
         self.dense_indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,
@@ -747,7 +753,8 @@ class Engine:
                                               self.spin.target_sparsity, self.cfg.next_n,
                                               self.pool.state.V.element_size(),
                                               running_spin=self._ran_spin,
-                                              predictor=self.predictor)
+                                              predictor=self.predictor,
+                                              update_beside=self._update_beside)
         else:
             use = self.switch == "spin"
         self._ran_spin = use

@@ -141,6 +141,11 @@ struct UpdateParams {
   // layer: one launch instead of one per layer)
   int layers = 1;
   int64_t logits_layer_stride = 0, ids_layer_stride = 0, counts_layer_stride = 0;
+  // The inputs (logits, block ids, counts, state) were complete before the kernel launched just
+  // before this one began, and that kernel writes none of them (launch_topk on the same logits):
+  // the update may then run beside it (programmatic dependent launch, sm_90+), and completes
+  // only after it, so that what follows in the stream still sees that kernel's results.
+  bool beside_previous = false;
 };
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 
