@@ -84,7 +84,7 @@ def skew_case_args(ap: argparse.ArgumentParser, shapes: list[str], reps: int, ar
                     choices=["float32", "float16", "float8_e4m3fn"])
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--reps", type=int, default=reps, help="passes over the 8 skews per timing")
-    ap.add_argument("--json", help="write every case here")
+    ap.add_argument("--json", help="write every case (with its measurements) here")
     args = ap.parse_args(argv)
     cases = []
     for text in args.shapes:

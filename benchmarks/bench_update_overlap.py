@@ -16,7 +16,9 @@ kept. "Exposed update" per layer is (mode - none) / layers: what the update adds
 (negative where it adds less than the noise between modes, about 5 us a layer at 96 x 128K).
 With deep_gemm importable (tests/gpu/deepgemm_env.sh) DeepGEMM's dense logits over the whole
 context are timed in the same process, and the share (select per layer + exposed update) /
-dense logits is printed (issue 16, target 5).
+dense logits is printed (issue 16, target 5). The update overlaps spin's top-K kernel only: where
+ops.topk runs flashinfer's path (installed, 32 rows or more of 64K slots or more) it follows the
+remap, and "beside" is "after" (each row records its top-K path).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def run_case(dg, batch: int, slots: int, dtype: str, rho: float, layers: int, re
                                          slots, ids, cnt), 20) / layers
     exposed = {mode: (best[mode] - best["none"]) / layers for mode in ("after", "beside")}
     row = {"batch": batch, "slots": slots, "state_dtype": dtype, "sparsity": rho,
+           # flashinfer's path ends with the remap kernel, which the update cannot overlap
+           "topk_path": ops.topk_peer(z, ids[:, 0], 512) or "spin",
            "layers": layers, "step_us": step_us, "select_per_layer_us": select,
            "exposed_update_us": exposed, "dg_dense_logits_us": dense}
     if dense:  # a negative exposed time is noise between the modes: counted as 0

@@ -38,7 +38,8 @@ update runs on the SMs the top-K leaves idle; a step then pays update_beside_sha
 term above. Measured (bench_update_overlap.py, CUDA graphs, fp16, mean over the 8 D skews,
 benchmarks/results_update_overlap_s21.json): the update adds 1.3-6.7 us a layer beside the top-K
 against 5.2-16.8 after it at 8-96 x 32K-128K (0.25-0.53 of it), and nothing measurable at 96 x
-128K, where the model still charges half.
+128K, where the model still charges half. Where ops.topk runs flashinfer's path, the update
+follows its remap kernel, which does not let it start early: the whole term is charged there.
 State bytes s scale select's term by s / 2 (float32: twice the fp16 figure) and the update's by
 the bytes it moves per scored slot, (4 + 4 s) / 12 (its fp32 logit, V and D read and written):
 float8_e4m3fn state 0.5x and 0.67x of fp16's, float32 2x and 1.67x. Measured at 96 x 128K:
@@ -105,14 +106,19 @@ class CostModel:
         reread = 1.0 + self.mtp_reread * (next_n - 1)
         return self.logits_fixed_us + slots * KEY_BYTES_PER_SLOT * reread / self.logits_bytes_per_us
 
-    def _topk(self, slots: float, next_n: int, visible_slots: Sequence[int] = ()) -> float:
-        """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
-        rows and their width, which decide whether ops.topk runs flashinfer's path."""
+    def _peer_runs(self, visible_slots: Sequence[int], next_n: int) -> bool:
+        """Whether ops.topk hands these rows to flashinfer (the rows and the longest request's
+        blocks decide)."""
         from .ops import spin_topk_is_faster
 
         rows = len(visible_slots) * next_n
-        width = _block_slots([max(visible_slots, default=0)])    # the longest request's blocks
-        if self.peer_topk and not spin_topk_is_faster(rows, int(width)):
+        width = _block_slots([max(visible_slots, default=0)])
+        return self.peer_topk and not spin_topk_is_faster(rows, int(width))
+
+    def _topk(self, slots: float, next_n: int, visible_slots: Sequence[int] = ()) -> float:
+        """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
+        rows and their width, which decide whether ops.topk runs flashinfer's path."""
+        if self._peer_runs(visible_slots, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
 
@@ -152,13 +158,15 @@ class CostModel:
                 update_beside: bool = False) -> float:
         """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
         logits + top-K + update, with a fraction `sparsity` of the blocks skipped.
-        update_beside: the update runs beside the top-K (next_n 1 only)."""
+        update_beside: the update is launched beside the top-K (next_n 1 only); it overlaps
+        only spin's top-K kernel, not flashinfer's path (whose last kernel, the remap, does not
+        let it start early)."""
         slots = _block_slots(visible_slots)
         scored = slots * (1.0 - sparsity)
         state = state_bytes / 2
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
         update = self.update_fixed_us + self.update_us_per_slot * scored * next_n * update_bytes
-        if update_beside and next_n == 1:
+        if update_beside and next_n == 1 and not self._peer_runs(visible_slots, next_n):
             update *= self.update_beside_share
         return (self._choose(visible_slots, slots, next_n, state, predictor)
                 + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)

@@ -28,7 +28,10 @@ Contracts (DESIGN.md):
   (DeepGEMM's logits, of a width aligned up from max_context_len, feed them without a copy).
 - topk -> int32 [B*R, K] request-local slot ids, ascending, -1 padded. Optional row_lens int32
   [B, R]: compact positions at or past a row's length take no part (logits from a dense
-  kernel on a compacted table, which leaves those columns unspecified).
+  kernel on a compacted table, which leaves those columns unspecified). On sm_90+ its kernel
+  lets a kernel launched after it with programmatic stream serialization start at once (the
+  update's beside_previous); such a kernel must wait (griddepcontrol.wait) before it reads the
+  top-K's output, as PDL requires.
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. layer -1: every layer
   in one launch (MTP's deferred updates), from logits [L, B*R, W] (layers a multiple of 4

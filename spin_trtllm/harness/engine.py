@@ -268,8 +268,8 @@ class Engine:
         summary (mean key) scored with the current query (SpinIndexer), "hybrid" by both (the
         max of their rank shares); the summaries are built after every prefill and rebuilt
         for requests SPIN takes over again.
-        overlap_update (SPIN without MTP, CUDA): each layer's EMA update runs beside its top-K
-        on a side stream (SpinIndexer)."""
+        overlap_update (SPIN without MTP, sm_90+): each layer's EMA update is launched to run
+        beside its top-K on the same stream (SpinIndexer; ops.update's beside_previous)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
