@@ -137,7 +137,9 @@ class SpinIndexer:
                             f"{max_context} (use 'probe')")
         self.predictor = predictor
         self.cfg, self.pool = cfg, pool
-        self.overlap_update = overlap_update
+        # where the update really runs beside the top-K (the cost model prices it so)
+        self.update_beside = overlap_update and next_n == 1 and pool.device.type == "cuda" \
+            and torch.cuda.get_device_capability(pool.device)[0] >= 9
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
             raise SpinError(f"SpinIndexer: the state pool's max_capacity {pool.max_capacity} is "
@@ -351,7 +353,7 @@ class SpinIndexer:
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top, row_lens=row_lens)
         if R == 1:
             self._update(layer, logits, ids, cnt, self.accepted_zero[:B],
-                         beside_previous=self.overlap_update)
+                         beside_previous=self.update_beside)
             return top
         kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
         if logits.data_ptr() != kept.data_ptr():

@@ -302,9 +302,6 @@ class Engine:
         self.cost_model = cost_model or costs.H200.for_device(self.device)
         self._ran_spin = True
         self.spin_indexer: Optional[SpinIndexer] = None
-        # the update runs beside the top-K only without MTP and on sm_90+ (ops.update)
-        self._update_beside = overlap_update and R == 1 and self.device.type == "cuda" and \
-            torch.cuda.get_device_capability(self.device)[0] >= 9
         if spin is not None:
             self.pool: Optional[StatePool] = StatePool(
                 L, self.max_requests, spin, self.device,
@@ -754,7 +751,7 @@ class Engine:
                                               self.pool.state.V.element_size(),
                                               running_spin=self._ran_spin,
                                               predictor=self.predictor,
-                                              update_beside=self._update_beside)
+                                              update_beside=self.spin_indexer.update_beside)
         else:
             use = self.switch == "spin"
         self._ran_spin = use
