@@ -18,7 +18,7 @@ than SPIN's gain at small batches. The rows keep every run's step and forward ti
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
              [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
-             [--no-overlap-update] [--json F] [--markdown F]
+             [--no-overlap-update] [--overlap-select] [--json F] [--markdown F]
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def one(spec: dict) -> dict:
     return measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
                    spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
                    spec["state_dtype"], predictor=spec.get("predictor", "spin"),
-                   overlap_update=spec.get("overlap_update", True))
+                   overlap_update=spec.get("overlap_update", True),
+                   overlap_select=spec.get("overlap_select", False))
 
 
 def in_fresh_process(spec: dict) -> dict:
@@ -132,6 +133,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-auto", action="store_true", help="skip the cost-model switch rows")
     ap.add_argument("--no-overlap-update", action="store_true",
                     help="SPIN's EMA update after each layer's top-K, not beside it")
+    ap.add_argument("--overlap-select", action="store_true",
+                    help="SPIN selects each layer beside the previous layer's top-K, not every "
+                         "layer in one launch at the step's start")
     ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
     ap.add_argument("--repeats", type=int, default=1,
@@ -159,7 +163,8 @@ def main(argv=None) -> int:
             for batch in args.batches:
                 base = dict(mtp=mtp, context=context, batch=batch, warmup=args.warmup,
                             steps=args.steps, state_dtype=args.state_dtype,
-                            overlap_update=not args.no_overlap_update)
+                            overlap_update=not args.no_overlap_update,
+                            overlap_select=args.overlap_select)
                 specs = [dict(indexer="null", backend="native")]
                 specs += [dict(indexer="dense", backend=b) for b in usable]
                 for p in args.predictor:

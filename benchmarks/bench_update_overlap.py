@@ -1,24 +1,30 @@
-"""The EMA update beside the top-K: what a decode step's indexer pays for it (CUDA GPU, sm_90+).
+"""Select and the EMA update beside the top-K: what a decode step's indexer pays for them (CUDA
+GPU, sm_90+).
 
     python benchmarks/bench_update_overlap.py [--shapes 96x131072 32x131072 96x32768 ...]
         [--state-dtype float16 float8_e4m3fn] [--sparsity 0.5] [--layers 21] [--reps 5]
         [--json OUT]
 
-A step's SPIN indexer (select for all layers in one launch, then per layer the native masked
-logits, top-K and one-row update) is captured in CUDA graphs, one per D skew (contexts
-n = slots - 8 + s, s = 0..7, so the newest block is partial), three ways:
-  after    the update after the top-K (ops.update as before)
-  beside   the update launched with beside_previous=True: it runs on the SMs the top-K leaves
-           idle and still completes after it (SpinIndexer's default)
-  none     no update (the lower bound)
+A step's SPIN indexer (per layer the native masked logits, top-K and one-row update) is captured
+in CUDA graphs, one per D skew (contexts n = slots - 8 + s, s = 0..7, so the newest block is
+partial), five ways:
+  after    select for every layer in one launch at the start; the update after the top-K
+  beside   the same, the update launched with beside_previous=True: it runs on the SMs the
+           top-K leaves idle and still completes after it (twenty-first session)
+  chain    layer 0's select at the start, then after each top-K the next layer's select and
+           the update, both beside it (SpinIndexer's overlap_select, off by default, with
+           overlap_update)
+  none     select for every layer at the start, no update
+  bare     neither select nor update (the blocks selected once, outside the graphs)
 Replays are timed with CUDA events, each mode twice, interleaved; the smaller of the two is
-kept. "Exposed update" per layer is (mode - none) / layers: what the update adds to the step
-(negative where it adds less than the noise between modes, about 5 us a layer at 96 x 128K).
-With deep_gemm importable (tests/gpu/deepgemm_env.sh) DeepGEMM's dense logits over the whole
-context are timed in the same process, and the share (select per layer + exposed update) /
-dense logits is printed (issue 16, target 5). The update overlaps spin's top-K kernel only: where
-ops.topk runs flashinfer's path (installed, 32 rows or more of 64K slots or more) it follows the
-remap, and "beside" is "after" (each row records its top-K path).
+kept. "Added" per layer is (mode - bare) / layers: what select and the update add to the step
+(negative where it is below the noise between modes, a few us a layer at 96 x 128K). Select alone
+is also timed (graphs of 20 launches: all layers, per layer; one layer). With deep_gemm importable
+(tests/gpu/deepgemm_env.sh) DeepGEMM's dense logits over the whole context are timed in the same
+process (a graph of 20 calls), and the share added / dense logits is printed (issue 16, target
+5). Select and update overlap spin's top-K kernel only: where ops.topk runs flashinfer's path
+(installed, 32 rows or more of 64K slots or more) they follow the remap, so "beside" and
+"chain" are "after" there (each row records its top-K path).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from spin_trtllm import ops
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import cannot_run, make_inputs, spin_case  # noqa: E402
 from bench_kernel_times import SKEWS, skew_case_args  # noqa: E402
-MODES = ("after", "beside", "none")
+MODES = ("after", "beside", "chain", "none", "bare")
 
 
 def event_us(fn, iters: int) -> float:
@@ -48,32 +54,55 @@ def event_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
+def graph_us(fn, calls: int = 20, reps: int = 3) -> float:
+    """Device microseconds of one fn() from a CUDA graph of `calls` calls (no host launch gaps,
+    which an eager loop of small kernels would time instead); the best of `reps` replays."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    best = min(event_us(g.replay, 1) for _ in range(reps))
+    del g
+    return best / calls
+
+
 def run_case(dg, batch: int, slots: int, dtype: str, rho: float, layers: int, reps: int) -> dict:
     inputs, n_full = make_inputs(batch, slots, 1, 1, seed=1)
     cache, table, q, w = inputs[0]
     dense = None
     if dg is not None:
         meta = dg.dg.get_paged_mqa_logits_metadata(n_full, 64, dg.num_sms(torch.device("cuda")))
-        run = lambda: dg.dg.fp8_paged_mqa_logits(q.view(batch, 1, 64, 128), cache, w, n_full,  # noqa: E731
-                                                 table, meta, slots)
-        event_us(run, 3)
-        dense = event_us(run, 20)
+        dense = graph_us(lambda: dg.dg.fp8_paged_mqa_logits(q.view(batch, 1, 64, 128), cache, w,
+                                                            n_full, table, meta, slots))
     cfg, state, slot, req, step, acc, m_cap, ids, cnt, _, _, z, top = \
         spin_case(n_full, batch, slots, 1, 512, rho, layers, dtype)
-    # every argument made up front: a kernel between the top-K and the update (n - 1, say) would
-    # be the update's predecessor instead of the top-K
+    # every argument made up front: a kernel between the top-K and the launch beside it (n - 1,
+    # say) would be that launch's predecessor instead of the top-K
     ns = [n_full - SKEWS + s for s in range(SKEWS)]
     qs = [n - 1 for n in ns]
     steps = [step + s for s in range(SKEWS)]
 
+    def select(s: int, layer=None, beside: bool = False) -> None:
+        ops.select(state, slot, ns[s], qs[s], req, steps[s], cfg, m_cap, slots, ids, cnt,
+                   layer=layer, beside_previous=beside)
+
     def one_step(s: int, mode: str) -> None:
-        ops.select(state, slot, ns[s], qs[s], req, steps[s], cfg, m_cap, slots, ids, cnt)
+        chain = mode == "chain"
+        if mode in ("after", "beside", "none"):
+            select(s)
+        elif chain:
+            select(s, 0)
         for l in range(layers):
             ops.indexer_logits(q, cache, w, ns[s], table, ids[:, l], cnt[:, l], z)
             ops.topk(z, ids[:, l], cnt[:, l], 1, 512, top)
-            if mode != "none":
+            if chain and l + 1 < layers:
+                select(s, l + 1, beside=True)
+            if mode in ("after", "beside", "chain"):
                 ops.update(state, slot, z, ids[:, l], cnt[:, l], ns[s], qs[s], acc, steps[s], l,
-                           cfg, slots, beside_previous=mode == "beside")
+                           cfg, slots, beside_previous=mode != "after")
 
     graphs = {}
     for mode in MODES:
@@ -85,23 +114,25 @@ def run_case(dg, batch: int, slots: int, dtype: str, rho: float, layers: int, re
             with torch.cuda.graph(g):
                 one_step(s, mode)
             graphs[(mode, s)] = g
+    select(0)                                    # bare's blocks
     step_us = {mode: [] for mode in MODES}
     for mode in MODES * 2:
         replay = lambda: [graphs[(mode, s)].replay() for s in range(SKEWS)]  # noqa: E731
         replay()
         step_us[mode].append(event_us(replay, reps) / SKEWS)
     best = {mode: min(t) for mode, t in step_us.items()}
-    select = event_us(lambda: ops.select(state, slot, ns[0], qs[0], req, steps[0], cfg, m_cap,
-                                         slots, ids, cnt), 20) / layers
-    exposed = {mode: (best[mode] - best["none"]) / layers for mode in ("after", "beside")}
-    row = {"batch": batch, "slots": slots, "state_dtype": dtype, "sparsity": rho,
-           # flashinfer's path ends with the remap kernel, which the update cannot overlap
-           "topk_path": ops.topk_peer(z, ids[:, 0], 512) or "spin",
-           "layers": layers, "step_us": step_us, "select_per_layer_us": select,
-           "exposed_update_us": exposed, "dg_dense_logits_us": dense}
-    if dense:  # a negative exposed time is noise between the modes: counted as 0
-        row["share"] = {mode: (select + max(0.0, exposed[mode])) / dense for mode in exposed}
     del graphs
+    select_alone = graph_us(lambda: select(0)) / layers
+    select_one_layer = graph_us(lambda: select(0, 1))
+    added = {mode: (best[mode] - best["bare"]) / layers for mode in MODES if mode != "bare"}
+    row = {"batch": batch, "slots": slots, "state_dtype": dtype, "sparsity": rho,
+           # flashinfer's path ends with the remap kernel, which nothing can overlap
+           "topk_path": ops.topk_peer(z, ids[:, 0], 512) or "spin",
+           "layers": layers, "step_us": step_us, "select_alone_per_layer_us": select_alone,
+           "select_one_layer_alone_us": select_one_layer,
+           "added_us": added, "dg_dense_logits_us": dense}
+    if dense:  # a negative added time is noise between the modes: counted as 0
+        row["share"] = {mode: max(0.0, added[mode]) / dense for mode in added}
     return row
 
 
@@ -121,21 +152,22 @@ def main(argv=None) -> int:
         print(f"bench_update_overlap: no DeepGEMM column ({err})", file=sys.stderr)
         dg = None
     rows = []
-    print(f"{'batch x slots':>15} | {'state':>13} | us per layer: after | beside | none | "
-          f"exposed update after -> beside | select | DeepGEMM dense | share after -> beside")
+    shown = ("after", "beside", "chain")
+    print(f"{'batch x slots':>15} | {'state':>13} | us per layer: bare | select + update added: "
+          f"{' | '.join(shown)} | select alone, per layer of all | DeepGEMM dense | share {' -> '.join(shown)}")
     for batch, slots in shapes:
         for dtype in args.state_dtype:
             r = run_case(dg, batch, slots, dtype, args.sparsity, args.layers, args.reps)
             rows.append(r)
-            per = {m: min(t) / args.layers for m, t in r["step_us"].items()}
+            bare = min(r["step_us"]["bare"]) / args.layers
+            added = " | ".join(f"{r['added_us'][m]:6.2f}" for m in shown)
             dense = f"{r['dg_dense_logits_us']:9.1f} us" if r["dg_dense_logits_us"] else "-"
-            share = (f"{100 * r['share']['after']:.1f}% -> {100 * r['share']['beside']:.1f}%"
+            share = (" -> ".join(f"{100 * r['share'][m]:.1f}%" for m in shown)
                      if "share" in r else "-")
-            print(f"{batch:>6} x {slots:<6} | {dtype:>13} | {per['after']:8.1f} | "
-                  f"{per['beside']:6.1f} | {per['none']:6.1f} | "
-                  f"{r['exposed_update_us']['after']:6.2f} -> "
-                  f"{r['exposed_update_us']['beside']:5.2f} | {r['select_per_layer_us']:5.2f} | "
-                  f"{dense} | {share}", flush=True)
+            print(f"{batch:>6} x {slots:<6} | {dtype:>13} | {bare:7.1f} | {added} | "
+                  f"{r['select_alone_per_layer_us']:5.2f} ({r['select_one_layer_alone_us']:5.2f} "
+                  f"one layer) | {dense} | {share} "
+                  f"(top-K: {r['topk_path']})", flush=True)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

@@ -3,6 +3,8 @@
 Per decode step:
     prepare(request_ids, ...)   host side: batch metadata into preallocated device buffers
     select()                    one launch: the blocks of every request and indexer layer
+                                (with overlap_select: layer 0's; each layer's top-K is then
+                                followed by the next layer's select, which runs beside it)
     layer(l, q, weights, kv)    per indexer layer: masked logits + top-K (TensorRT-LLM's
                                 topk_indices format); without MTP the EMA update follows
     finish(accepted)            with MTP: the deferred updates, rows 0..accepted per request
@@ -106,7 +108,8 @@ class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
                  page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None,
-                 predictor: str = "spin", overlap_update: bool = True):
+                 predictor: str = "spin", overlap_update: bool = True,
+                 overlap_select: bool = False):
         """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
         page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
@@ -116,7 +119,17 @@ class SpinIndexer:
         "hybrid" by both (the max of their rank shares; max_context <= 512K slots).
         overlap_update: without MTP, let a layer's EMA update run beside its top-K (both only
         read the logits; CUDA sm_90+, ops.update's beside_previous): the update fills the SMs
-        that a top-K of few rows leaves idle, and what follows still waits for both."""
+        that a top-K of few rows leaves idle, and what follows still waits for both.
+        overlap_select: with predictor "spin", select each layer's blocks right after the
+        previous layer's top-K, beside it (CUDA sm_90+, ops.select's beside_previous), instead
+        of every layer in select()'s one launch. Off by default: a one-layer select takes
+        13-35 us (one CTA a request), so it hides under the top-K only where that is longer
+        and leaves SMs free. H200, fp16, rho 0.5, select + update added a layer, beside ->
+        overlap_select (benchmarks/bench_update_overlap.py): 32 x 128K slots 12.7 -> 8.2 us,
+        32 x 32K 6.5 -> 5.3; slower at 8 x 128K (8.8 -> 19.9) and at 96 requests. A layer
+        reached without it (called out of order, or again without a select() in between) is
+        selected on its own before its logits: each pass through a layer's logits uses blocks
+        selected from the state as it is then."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
@@ -138,8 +151,15 @@ class SpinIndexer:
         self.predictor = predictor
         self.cfg, self.pool = cfg, pool
         # where the update really runs beside the top-K (the cost model prices it so)
-        self.update_beside = overlap_update and next_n == 1 and pool.device.type == "cuda" \
-            and torch.cuda.get_device_capability(pool.device)[0] >= 9
+        sm90 = pool.device.type == "cuda" and torch.cuda.get_device_capability(pool.device)[0] >= 9
+        self.update_beside = overlap_update and next_n == 1 and sm90
+        # each layer selected beside the previous layer's top-K; since select(): _selected, the
+        # layers selected (in the config select() chose) whose logits have not run yet, and
+        # _used, those whose logits have
+        self.select_beside = overlap_select and predictor == "spin" and sm90
+        self._selected = [False] * pool.num_layers
+        self._used = [False] * pool.num_layers
+        self._select_cfg = cfg
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         if pool.max_capacity < max_context + next_n:
             raise SpinError(f"SpinIndexer: the state pool's max_capacity {pool.max_capacity} is "
@@ -303,9 +323,23 @@ class SpinIndexer:
             return
         cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
             else self.cfg
+        if self.select_beside:
+            self._select_cfg = cfg
+            self._selected = [False] * len(self._selected)
+            self._used = [False] * len(self._used)
+            self._select_layer(0)
+            return
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
                    self.request[:B], self.step[:B], cfg, self.m_cap, self._max_len(),
                    self.block_ids[:B], self.counts[:B])
+
+    def _select_layer(self, layer: int, beside_previous: bool = False) -> None:
+        B = self.batch
+        ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
+                   self.request[:B], self.step[:B], self._select_cfg, self.m_cap,
+                   self._max_len(), self.block_ids[:B], self.counts[:B], layer=layer,
+                   beside_previous=beside_previous)
+        self._selected[layer] = True
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
               kv_cache: torch.Tensor) -> torch.Tensor:
@@ -321,6 +355,10 @@ class SpinIndexer:
         B, R = self.batch, self.next_n
         if self.query_aware:
             self._probe_select(layer, q, weights, kv_cache)
+        elif self.select_beside:
+            if not self._selected[layer]:
+                self._select_layer(layer)
+            self._selected[layer], self._used[layer] = False, True
         out = self.logits[layer if R > 1 else 0, :B * R] if self.logits is not None else None
         return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
                                              self.block_table[:B], self.block_ids[:B, layer],
@@ -346,11 +384,17 @@ class SpinIndexer:
     def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Top-K slot ids of the compact logits into `out` (default: the indexer's buffer);
-        without MTP the EMA update follows at once."""
+        with overlap_select the next layer's select follows at once, and without MTP the EMA
+        update (both beside the top-K)."""
         B, R = self.batch, self.next_n
         ids, cnt = self.block_ids[:B, layer], self.counts[:B, layer]
         top = self.topk[layer, :B * R] if out is None else out
         ops.topk(logits, ids, cnt, R, self.cfg.index_topk, top, row_lens=row_lens)
+        # nothing may be launched in between: the kernel launched beside the top-K must follow it
+        following = layer + 1
+        if self.select_beside and following < len(self._selected) \
+                and not (self._selected[following] or self._used[following]):
+            self._select_layer(following, beside_previous=True)
         if R == 1:
             self._update(layer, logits, ids, cnt, self.accepted_zero[:B],
                          beside_previous=self.update_beside)

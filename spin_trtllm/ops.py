@@ -30,18 +30,22 @@ Contracts (DESIGN.md):
   [B, R]: compact positions at or past a row's length take no part (logits from a dense
   kernel on a compacted table, which leaves those columns unspecified). On sm_90+ its kernel
   lets a kernel launched after it with programmatic stream serialization start at once (the
-  update's beside_previous); such a kernel must wait (griddepcontrol.wait) before it reads the
-  top-K's output, as PDL requires.
+  beside_previous of select and update); such a kernel must wait (griddepcontrol.wait) before
+  it reads the top-K's output, as PDL requires.
 - update: EMA of V and D from the compact logits (rows 0..accepted in order, or row 0; a
   negative accepted count means 0); a non-finite score is not observed. layer -1: every layer
   in one launch (MTP's deferred updates), from logits [L, B*R, W] (layers a multiple of 4
   floats apart), block_ids [B, L, m_cap] and counts [B, L] as select writes them. A request's
   block ids must be distinct, as select's are (on CUDA a repeated id races on its V/D entries).
   beside_previous (CUDA, sm_90+): the kernel may run beside the one launched just before it on
-  the stream, which must write none of the update's inputs, and these must have been complete
-  before it began: ops.topk on the same logits, which lets it start early (most SMs sit idle in a
-  top-K of few rows). The update still completes after that kernel. Elsewhere, and on the
-  reference, it is a plain update.
+  the stream, which must write none of the update's inputs nor read its outputs, and the inputs
+  must have been complete before it began: ops.topk on the same logits, which lets it start
+  early (most SMs sit idle in a top-K of few rows), or the next layer's select launched beside
+  that top-K (select and update let their dependents start at once too). The update still
+  completes after that kernel, and so after everything it ran beside. Elsewhere, and on the
+  reference, it is a plain update. select's beside_previous is the same contract: one layer's
+  select right after the previous layer's ops.topk (it reads and writes nothing the top-K
+  touches).
   reset zeroes state slots and restarts their warm-up.
 - compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
   fp8_paged_mqa_logits as TensorRT-LLM uses it, over the selected blocks only): block_ids
@@ -74,9 +78,10 @@ Contracts (DESIGN.md):
 - probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries ->
   out fp32 [B*R, num_blocks]: sum_h w_h ReLU(q_h . summary(block_table[b, j])) per block j, -inf
   where the block has no visible slot, is past the table or its page is outside the summaries.
-- select with block_scores fp32 [B, R, >= 1] (last dim contiguous) and layer: that layer alone,
-  ranked by the given scores instead of V/D (columns past the scores count as -inf); budget,
-  forced blocks, exploration, warm-up and MTP rules as for V/D. Other layers are not written.
+- select with layer: that layer alone, the blocks the all-layer call selects for it; other
+  layers are not written. With block_scores fp32 [B, R, >= 1] (last dim contiguous) too: ranked
+  by the given scores instead of V/D (columns past the scores count as -inf); budget, forced
+  blocks, exploration, warm-up and MTP rules as for V/D.
 - Device values are checked on CPU (state slots in range and distinct, context lengths within
   max_context_len). On CUDA the kernels clamp context lengths to max_context_len and skip a
   request whose state slot is out of range (counts 0, ids -1), so no check needs a sync.
@@ -115,7 +120,8 @@ _SCHEMAS = {
               "Tensor(a!) block_ids, Tensor(b!) counts, float target_sparsity, float exploration, "
               "int policy, int index_topk, int warmup_steps, bool keep_sink, bool keep_newest, "
               "int pooling, bool mtp_union, int seed, int max_context_len, "
-              "Tensor? block_scores=None, int layer=-1, bool merge_history=False) -> ()",
+              "Tensor? block_scores=None, int layer=-1, bool merge_history=False, "
+              "bool beside_previous=False) -> ()",
     "indexer_logits": "indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, "
                       "Tensor context_lens, Tensor block_table, Tensor block_ids, Tensor counts, "
                       "Tensor(a!) out) -> ()",
@@ -142,7 +148,7 @@ _SCHEMAS = {
 # ---- native library -----------------------------------------------------------------------------
 # spin_native::abi_version of the kernels these wrappers drive (csrc/native_ops.cpp kAbiVersion):
 # a library built before an op's meaning changed (update's layer -1) would misread the call.
-NATIVE_ABI = 3
+NATIVE_ABI = 4
 
 
 def _native_abi() -> int:
@@ -295,7 +301,8 @@ def _streams(state_slot: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Ten
 def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos, request_id,
                 step, block_ids, counts, target_sparsity, exploration, policy, index_topk,
                 warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                max_context_len, block_scores=None, layer=-1, merge_history=False) -> None:
+                max_context_len, block_scores=None, layer=-1, merge_history=False,
+                beside_previous=False) -> None:
     B, R = context_lens.shape
     L = V.shape[1]
     if B == 0:
@@ -325,21 +332,24 @@ def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_p
         block_ids[:, layer] = ids
         counts[:, layer] = cnt
         return
-    Vg, Dg, ls, ds = _streams(state_slot, V, D, last_seen, decode_steps)
+    layers = range(L) if layer < 0 else range(layer, layer + 1)   # layer >= 0: that one alone
+    lo, L = layers[0], len(layers)
+    Vg, Dg, ls, ds = _streams(state_slot, *(t[:, lo:lo + L] for t in
+                                            (V, D, last_seen, decode_steps)))
     state = ref.SpinState(Vg, Dg, ls, ds)
     n = context_lens.long().repeat_interleave(L, 0).clamp(max=max_context_len)
     q = query_pos.long().repeat_interleave(L, 0)
     width = max(int(n.max()), 1)
     scores, slot_pred = ref.predict_blocks(state, n, q, cfg, width)
-    layer = torch.arange(L, device=V.device).repeat(B)
+    layer_ids = torch.arange(lo, lo + L, device=V.device).repeat(B)
     sel = ref.select_blocks(scores, slot_pred, n, state, cfg,
                             torch.full((B * L,), float(target_sparsity), dtype=torch.float64,
                                        device=V.device),
-                            request_id.repeat_interleave(L), layer, step.repeat_interleave(L))
+                            request_id.repeat_interleave(L), layer_ids, step.repeat_interleave(L))
     m_cap = block_ids.shape[-1]
     ids, cnt = ref.block_list(sel.mask, m_cap, truncate=True)
-    block_ids.copy_(ids.view(B, L, m_cap))
-    counts.copy_(cnt.view(B, L))
+    block_ids[:, lo:lo + L] = ids.view(B, L, m_cap)
+    counts[:, lo:lo + L] = cnt.view(B, L)
 
 
 def _logits_ref(q, kv_cache, weights, context_lens, block_table, block_ids, counts, out) -> None:
@@ -427,7 +437,8 @@ def _probe_ref(q, summaries, weights, context_lens, block_table, out) -> None:
 def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos,
                      request_id, step, block_ids, counts, target_sparsity, exploration, policy,
                      index_topk, warmup_steps, keep_sink, keep_newest, pooling, mtp_union, seed,
-                     max_context_len, block_scores=None, layer=-1, merge_history=False) -> None:
+                     max_context_len, block_scores=None, layer=-1, merge_history=False,
+                     beside_previous=False) -> None:
     op = "select"
     dev = _check_state(op, V, D, last_seen, decode_steps)
     B, R = _check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -458,9 +469,10 @@ def _validate_select(V, D, last_seen, decode_steps, state_slot, context_lens, qu
         if merge_history and math.ceil(max_context_len / BLOCK) > MAX_HYBRID_BLOCKS:
             _fail(op, f"merge_history ranks at most {MAX_HYBRID_BLOCKS} blocks "
                       f"({MAX_HYBRID_BLOCKS * BLOCK} slots), got max_context_len={max_context_len}")
-    elif layer != -1 or merge_history:
-        _fail(op, f"layer and merge_history go with block_scores; got layer={layer}, "
-                  f"merge_history={merge_history} without")
+    elif merge_history:
+        _fail(op, "merge_history goes with block_scores")
+    elif not -1 <= layer < V.shape[1]:
+        _fail(op, f"layer {layer} is outside [0, {V.shape[1]}) (or -1: every layer)")
 
 
 def _aligned16(op: str, **tensors) -> None:
@@ -753,16 +765,17 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
            cfg: SpinConfig, m_cap: int, max_context_len: int,
            block_ids: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
            block_scores: Optional[torch.Tensor] = None, layer: Optional[int] = None,
-           merge_history: bool = False):
-    """Every layer from SPIN's V/D prediction; or, with block_scores fp32 [B, R, >= blocks]
-    (e.g. probe's) and layer, that layer alone ranked by them (its slice of block_ids and
-    counts written; budget, forced blocks, exploration and MTP rules unchanged). merge_history:
-    ranked by the hybrid, max of the rank shares of block_scores and of the V/D prediction
-    (reference.hybrid_scores; max_context_len <= MAX_HYBRID_BLOCKS * 64)."""
+           merge_history: bool = False, beside_previous: bool = False):
+    """Every layer from SPIN's V/D prediction, or with layer that layer alone (its slice of
+    block_ids and counts written, the same blocks as the all-layer call). With block_scores
+    fp32 [B, R, >= blocks] (e.g. probe's) and layer: that layer ranked by them instead (budget,
+    forced blocks, exploration and MTP rules unchanged). merge_history: ranked by the hybrid,
+    max of the rank shares of block_scores and of the V/D prediction
+    (reference.hybrid_scores; max_context_len <= MAX_HYBRID_BLOCKS * 64). beside_previous: see
+    the module docstring (the next layer's select right after this layer's ops.topk)."""
     require_supported(cfg)
-    if (block_scores is None) != (layer is None):
-        raise SpinError("select: block_scores and layer go together (one layer ranked by the "
-                        "given scores)")
+    if block_scores is not None and layer is None:
+        raise SpinError("select: block_scores rank one layer; pass its layer")
     if merge_history and block_scores is None:
         raise SpinError("select: merge_history merges the V/D history into given block_scores; "
                         "pass block_scores and layer")
@@ -777,7 +790,7 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
                           POLICY[cfg.exploration_policy], cfg.index_topk, cfg.warmup_steps,
                           cfg.keep_sink, cfg.keep_newest, POOLING[cfg.pooling],
                           cfg.mtp_mask == "union", cfg.seed, max_context_len, block_scores,
-                          -1 if layer is None else layer, merge_history)
+                          -1 if layer is None else layer, merge_history, beside_previous)
     return block_ids, counts
 
 

@@ -74,6 +74,55 @@ def test_request_results_do_not_depend_on_the_batch(R):
             assert torch.equal(alone[(1, t, l)], crowd[(1, t, l)]), (t, l)
 
 
+@pytest.mark.parametrize("R", [1, 2])
+@pytest.mark.parametrize("order", ["in order", "out of order", "twice"])
+def test_layers_selected_beside_the_previous_topk_pick_the_same_blocks(R, order):
+    """The bookkeeping of overlap_select (forced on here: on the CPU the ops ignore
+    beside_previous): a step's layers see the blocks select() picks for every layer at once, in
+    order, out of order, with keep_all steps, and in a second pass through the layers without
+    select() (which selects each layer again from the state as it is then)."""
+    layers = 3
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.2)
+    reqs = [0, 1, 2]
+    kv = [torch.cat([cache_for(r)[l % L] for r in reqs]).view(-1, 64, 1, 132)
+          for l in range(layers)]
+    table = torch.stack([r * PAGES + torch.randperm(PAGES, generator=torch.Generator()
+                                                    .manual_seed(r)) for r in reqs]).to(torch.int32)
+    calls = {"in order": [0, 1, 2], "out of order": [1, 0, 2], "twice": [0, 1, 2, 0, 1, 2]}[order]
+    results = {}
+    for beside in (False, True):
+        pool = StatePool(layers, max_requests=3, cfg=cfg, initial_capacity=64)
+        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context=PAGES * 64)
+        idx.select_beside = beside
+        for r in reqs:
+            pool.admit(r, step=0)
+        seen = []
+        for t in range(5):
+            n = torch.tensor([[300 + 61 * r + t * R + j for j in range(R)] for r in reqs],
+                             dtype=torch.int32)
+            idx.prepare(reqs, n, n - 1, [t] * 3, table)
+            idx.select(keep_all=t == 2)
+            for i, l in enumerate(calls):
+                if order == "twice" and i == layers and not beside:
+                    idx.select(keep_all=t == 2)   # what the overlapped second pass does
+                qs = [q_for(r, t, l, R) for r in reqs]
+                top = idx.layer(l, torch.cat([x[0] for x in qs]), torch.cat([x[1] for x in qs]),
+                                kv[l])
+                seen.append((top.clone(), idx.block_ids[:, l].clone(), idx.counts[:, l].clone()))
+            idx.finish(torch.tensor([(r + t) % R for r in reqs], dtype=torch.int32)
+                       if R > 1 else None)
+            # every layer's blocks as the step leaves them (what the engine's statistics read)
+            seen.append((idx.block_ids.clone(), idx.counts.clone()))
+        results[beside] = (seen, state_of(pool))
+    (a, sa), (b, sb) = results[False], results[True]
+    assert len(a) == len(b) == 5 * (len(calls) + 1)
+    for i, (x, y) in enumerate(zip(a, b)):
+        for u, v in zip(x, y):
+            assert torch.equal(u, v), i
+    for u, v in zip(sa, sb):
+        assert torch.equal(u, v)
+
+
 def test_first_step_after_admission_scores_everything_then_sparsifies():
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
     pool = StatePool(L, max_requests=2, cfg=cfg, initial_capacity=64)
@@ -154,32 +203,48 @@ def state_of(pool):
 
 @needs_cuda
 @pytest.mark.parametrize("graph", [False, True])
-def test_gpu_update_beside_topk_completes_after_it(graph):
-    """An update launched beside the top-K (beside_previous) may finish its own work first, but
-    what follows on the stream must still see the whole top-K. Here the update has nothing to
-    do (no scored blocks) and the top-K is long (4 rows of 1M slots), so a copy right after the
-    update would read a half-written top-K if the update's grid completed early."""
+@pytest.mark.parametrize("beside", ["update", "select", "select, update"])
+def test_gpu_launches_beside_topk_complete_after_it(graph, beside):
+    """An update or the next layer's select launched beside a long top-K (4 rows of 1M slots;
+    both: SpinIndexer's order) may finish its own work first, but what follows on the stream
+    must still see the whole top-K: a copy right after them would read a half-written top-K if
+    their grids completed early. The update has nothing to do (no scored blocks), the select a
+    short context; its blocks must be right too."""
     from spin_trtllm import ops
-    cfg = SpinConfig(index_topk=2048)
+    cfg = SpinConfig(index_topk=2048, target_sparsity=0.5)
     B, m_cap = 4, 16384
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(6)
     logits = torch.randn(B, m_cap * 64, generator=gen).cuda()
     ids = torch.arange(m_cap, dtype=torch.int32).repeat(B, 1).cuda()
     cnt = torch.full((B,), m_cap, dtype=torch.int32).cuda()
-    state = ops.OpState.zeros(B, 1, m_cap * 64 + 64, cfg, device="cuda")
+    zero = torch.zeros(B, dtype=torch.int32).cuda()
+    step = torch.full((B,), 3, dtype=torch.int64).cuda()
     slot = torch.arange(B, dtype=torch.int32).cuda()
     n = torch.full((B, 1), m_cap * 64, dtype=torch.int32).cuda()
-    q = n - 1                                          # no kernel between top-K and update
-    zero = torch.zeros(B, dtype=torch.int32).cuda()
-    step = torch.zeros(B, dtype=torch.int64).cuda()
+    state = ops.OpState.zeros(B, 1, m_cap * 64 + 64, cfg, device="cuda")
+    # the select: a short context of 2 layers, warm (decode_steps past warm-up), random V/D
+    small = ops.OpState.zeros(B, 2, 1024, cfg, device="cuda")
+    small.V.copy_(torch.randn(small.V.shape, generator=gen))
+    small.D.copy_(torch.randn(small.D.shape, generator=gen))
+    small.decode_steps.fill_(9)
+    n_small = torch.full((B, 1), 1000, dtype=torch.int32).cuda()
+    req = torch.arange(B, dtype=torch.int64).cuda()
+    sel_ids = torch.full((B, 2, 16), -7, dtype=torch.int32).cuda()
+    sel_cnt = torch.full((B, 2), -7, dtype=torch.int32).cuda()
+    want_ids, want_cnt = ops.select(small, slot, n_small, n_small - 1, req, step, cfg, 16, 1000)
     out = torch.full((B, 2048), -7, dtype=torch.int32).cuda()
     seen = torch.empty_like(out)
+    q, q_small = n - 1, n_small - 1            # made up front: no kernel between the launches
 
     def run():
         out.fill_(-7)
         ops.topk(logits, ids, cnt, 1, 2048, out)
-        ops.update(state, slot, logits, ids, zero, n, q, zero, step, 0, cfg, m_cap * 64,
-                   beside_previous=True)
+        if "select" in beside:
+            ops.select(small, slot, n_small, q_small, req, step, cfg, 16, 1000, sel_ids, sel_cnt,
+                       layer=1, beside_previous=True)
+        if "update" in beside:
+            ops.update(state, slot, logits, ids, zero, n, q, zero, step, 0, cfg, m_cap * 64,
+                       beside_previous=True)
         seen.copy_(out)
     expected = ops.topk(logits, ids, cnt, 1, 2048)
     if graph:
@@ -187,22 +252,24 @@ def test_gpu_update_beside_topk_completes_after_it(graph):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             run()
-        for _ in range(3):
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(seen, expected)
-    else:
-        for _ in range(3):
-            run()
-            torch.cuda.synchronize()
-            assert torch.equal(seen, expected)
-    assert int(state.decode_steps.sum()) == (4 if graph else 3) * B   # every update ran
+    for _ in range(3):
+        g.replay() if graph else run()
+        torch.cuda.synchronize()
+        assert torch.equal(seen, expected)
+    runs = (4 if graph else 3) * B
+    assert int(state.decode_steps.sum()) == (runs if "update" in beside else 0)
+    if "select" in beside:
+        assert torch.equal(sel_ids[:, 1], want_ids[:, 1])
+        assert torch.equal(sel_cnt[:, 1], want_cnt[:, 1])
+        assert (sel_ids[:, 0] == -7).all() and (sel_cnt[:, 0] == -7).all()
 
 
 @needs_cuda
-def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager():
-    """Steps captured in CUDA graphs with the update beside the top-K give the same top-K and
-    state as eager steps with the update after it."""
+@pytest.mark.parametrize("R", [1, 2])
+def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager(R):
+    """Steps captured in CUDA graphs with the next layer's select and the update beside the
+    top-K give the same top-K and state as eager steps with every layer selected at the start
+    and the update after the top-K (with MTP: the select only, the updates are deferred)."""
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.2, state_dtype="float16")
     reqs, steps = [0, 1, 2], 5
     kv = [torch.cat([cache_for(r)[l] for r in reqs]).view(-1, 64, 1, 132).cuda() for l in range(L)]
@@ -211,21 +278,29 @@ def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager():
     outs = {}
     for overlap, graphs in ((False, False), (True, True)):
         pool = StatePool(L, max_requests=3, cfg=cfg, device="cuda", initial_capacity=1024)
-        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=1, max_context=PAGES * 64,
-                          overlap_update=overlap)
+        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context=PAGES * 64,
+                          overlap_update=overlap, overlap_select=overlap)
+        sm90 = torch.cuda.get_device_capability()[0] >= 9
+        assert idx.select_beside == (overlap and sm90)
+        assert idx.update_beside == (overlap and sm90 and R == 1)
         for r in reqs:
             pool.admit(r, step=0)
         tops = []
         for t in range(steps):
-            n = torch.tensor([[400 + 61 * r + t] for r in reqs], dtype=torch.int32)
+            n = torch.tensor([[400 + 61 * r + t * R + j for j in range(R)] for r in reqs],
+                             dtype=torch.int32)
             idx.prepare(reqs, n, n - 1, [t] * 3, table)
-            qs = [[q_for(r, t, l, 1) for r in reqs] for l in range(L)]
+            qs = [[q_for(r, t, l, R) for r in reqs] for l in range(L)]
             q = [torch.cat([x[0] for x in qs[l]]).cuda() for l in range(L)]
             w = [torch.cat([x[1] for x in qs[l]]).cuda() for l in range(L)]
 
             def step():
                 idx.select()
-                return [idx.layer(l, q[l], w[l], kv[l]) for l in range(L)]
+                tops = [idx.layer(l, q[l], w[l], kv[l]) for l in range(L)]
+                if R > 1:
+                    idx.finish(accepted)
+                return tops
+            accepted = torch.tensor([(r + t) % R for r in reqs], dtype=torch.int32).cuda()
             if graphs and t > 0:                       # the first step eager: warm-up
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):

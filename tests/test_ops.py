@@ -169,6 +169,37 @@ def test_select_matches_per_stream_reference():
     assert cnt[1, 0] == math.ceil(int(p.n[1].max()) / 64)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("R,mtp_mask,policy", [(1, "union", "random"), (2, "union", "age"),
+                                               (2, "row0", "staleness")])
+def test_select_one_layer_writes_the_all_layer_calls_slice(device, R, mtp_mask, policy):
+    """select(layer=l) (how SpinIndexer selects beside the previous layer's top-K) writes the
+    ids and counts the all-layer call writes for l, exploration draws, warm-up and MTP rows
+    included, and leaves the other layers alone."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2, mtp_mask=mtp_mask,
+                     exploration_policy=policy)
+    p = Problem(B=3, R=R, L=3, lens=(700, 64, 1500), cfg=cfg, warm=(False, True, False),
+                seed=7, device=device)
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx)
+    assert int(cnt.min()) > 0
+    for layer in range(p.L):
+        ids_l, cnt_l = torch.full_like(ids, -5), torch.full_like(cnt, -5)
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   ids_l, cnt_l, layer=layer, beside_previous=True)
+        assert torch.equal(ids_l[:, layer], ids[:, layer]), layer
+        assert torch.equal(cnt_l[:, layer], cnt[:, layer]), layer
+        others = [k for k in range(p.L) if k != layer]
+        assert (ids_l[:, others] == -5).all() and (cnt_l[:, others] == -5).all()
+
+
+def test_select_rejects_a_layer_outside_the_state():
+    p = Problem(B=2, L=2)
+    for layer in (2, -2):
+        with pytest.raises(SpinError, match=f"layer {layer} is outside"):
+            ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, p.cfg, p.m_cap, p.max_ctx,
+                       layer=layer)
+
+
 def test_select_overflow_keeps_lowest_ids_and_true_count():
     p = Problem(B=1, L=1, lens=(1500,), warm=(True,))
     ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, p.cfg, 5, p.max_ctx)

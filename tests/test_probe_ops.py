@@ -176,7 +176,7 @@ def test_probe_and_summarize_reject_bad_arguments(case):
             ops.probe(q, S, w, ctx, table, 2, torch.empty(3, 2))
 
 
-def test_select_rejects_scores_of_the_wrong_shape_or_a_layer_alone():
+def test_select_rejects_scores_of_the_wrong_shape_or_without_their_layer():
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5)
     p = Problem(B=2, R=1, L=2, lens=(300,), seed=5, cfg=cfg)
     with pytest.raises(SpinError, match="block_scores must have shape"):
@@ -185,7 +185,7 @@ def test_select_rejects_scores_of_the_wrong_shape_or_a_layer_alone():
     with pytest.raises(SpinError, match="layer must be in"):
         ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
                    block_scores=torch.zeros(2, 1, 5), layer=2)
-    with pytest.raises(SpinError, match="block_scores and layer go together"):
+    with pytest.raises(SpinError, match="block_scores rank one layer; pass its layer"):
         ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
                    block_scores=torch.zeros(2, 1, 5))
     with pytest.raises(SpinError, match="merge_history merges the V/D history"):

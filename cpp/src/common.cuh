@@ -38,6 +38,31 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// A grid launched beside its predecessor (beside_previous) must not complete before it: what
+// follows in the stream waits for this grid only. One thread of the first CTA waits; the other
+// CTAs leave as they finish. Call it on every exit path.
+__device__ __forceinline__ void leave_after_previous(bool beside_previous) {
+  if (beside_previous && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+      threadIdx.x == 0)
+    pdl_wait();
+}
+
+// Sets cfg's attributes (attr: room for one) so that the kernel may start beside the one
+// launched before it in the stream (programmatic stream serialization); only with
+// beside_previous and on sm_90+, elsewhere the launch is plain.
+inline void allow_beside_previous(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr,
+                                  bool beside_previous) {
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 0;
+  if (!beside_previous) return;
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cfg.numAttrs = major >= 9 ? 1 : 0;
+}
+
 // Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that
 // equal values tie, as in torch.
 __device__ __forceinline__ uint32_t ordered_key(float x) {

@@ -12,6 +12,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxPerStep = 2;  // blocks in flight per lane group on the max-pooling path
+// A launch of few CTAs (one layer's, beside the previous layer's top-K) cannot hide the loads'
+// latency by occupancy: its interior blocks keep more loads in flight per lane group (one CTA
+// an SM, the registers to hold them).
+constexpr int kWidePerStep = 8;
 
 // max(V[i], D[q - i]) of this lane's two slots of block j (-inf past the visible slots).
 __device__ __forceinline__ void block_values(const StateView& s, int64_t base, int j, int n,
@@ -223,7 +227,7 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 // CTAs an SM, were slower at 3 of the 4 shapes). With the packed fp16 max, 16-bit keys and
 // one-barrier takes: 18.18 -> 15.33, 5.94 -> 4.80, 7.80 -> 6.51, 0.99 -> 0.75
 // (benchmarks/results_select_s18.jsonl).
-template <int kType, int kVec>
+template <int kType, int kVec, int kPer>
 __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
                              float* score) {
   if constexpr (kType == kStateF32) {  // the lean path was not timed there and spills more (40 B)
@@ -238,7 +242,7 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
     const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
                                                            static_cast<int64_t>(B)));
     const int j_end = max(j_hi + 1, j_lo);
-    score_interior_blocks<kType, kVec, kMaxPerStep>(
+    score_interior_blocks<kType, kVec, kPer>(
         static_cast<const char*>(s.V) + base * state_bytes(kType),
         static_cast<const char*>(s.D) + base * state_bytes(kType), j_lo, j_end, q, score);
     // the few other blocks one at a time (fewer registers beside the lean path's)
@@ -377,9 +381,11 @@ __device__ void merge_by_rank(float* score, const float* given, int width, int B
 }
 
 // kVec > 0: max pooling on state of kType read kVec entries per load; 0: the paired path
-// (any pooling, any state layout). One kernel per layout keeps each at 64 registers.
-template <int kType, int kVec>
-__global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
+// (any pooling, any state layout). One kernel per layout keeps each at 64 registers (kPer, the
+// interior blocks in flight per lane group: kMaxPerStep, or kWidePerStep at one CTA an SM).
+template <int kType, int kVec, int kPer>
+__global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
+    select_kernel(SelectParams p) {
   extern __shared__ unsigned char smem[];
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
@@ -394,6 +400,8 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   __shared__ int bcast[3];
   __shared__ int warp_counts[kThreads / 32];
 
+  // an update launched beside this kernel (the previous layer's) may start now
+  pdl_launch_dependents();
   const int layer = p.layer >= 0 ? p.layer : blockIdx.x, b = blockIdx.y;
   const StateView& s = p.state;
   int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
@@ -401,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   if (slot_id < 0 || slot_id >= s.num_slots) {  // no state: select nothing
     for (int c = threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
     if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = 0;
-    return;
+    return leave_after_previous(p.beside_previous);
   }
   auto clamp_n = [&](int r) { return min(max(p.n[b * p.rows + r], 0), p.max_context); };
   const int64_t stream = static_cast<int64_t>(p.state_slot[b]) * s.num_layers + layer;
@@ -437,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
     constexpr int kWarps = kThreads / 32, kPerStep = 4;
     const bool history = p.block_scores == nullptr || p.merge_history;
     if constexpr (kVec > 0) {
-      if (history) score_blocks<kType, kVec>(s, base, B, n, q, score);
+      if (history) score_blocks<kType, kVec, kPer>(s, base, B, n, q, score);
     }
     // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
     for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
@@ -566,17 +574,23 @@ __global__ void __launch_bounds__(kThreads, 4) select_kernel(SelectParams p) {
   }
   for (int c = written + threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
   if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = written;
+  leave_after_previous(p.beside_previous);
 }
 
 }  // namespace
 
-template <int kType, int kVec>
+template <int kType, int kVec, int kPer = kMaxPerStep>
 cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
-  cudaError_t err = allow_dynamic_smem(select_kernel<kType, kVec>, smem);
+  cudaError_t err = allow_dynamic_smem(select_kernel<kType, kVec, kPer>, smem);
   if (err != cudaSuccess) return err;
-  const int layers = p.layer >= 0 ? 1 : p.state.num_layers;
-  select_kernel<kType, kVec><<<dim3(layers, p.batch), kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.layer >= 0 ? 1 : p.state.num_layers, p.batch);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  allow_beside_previous(cfg, attr, p.beside_previous);
+  return cudaLaunchKernelEx(&cfg, select_kernel<kType, kVec, kPer>, p);
 }
 
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
@@ -590,17 +604,31 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
     smem = (smem + 3) / 4 * 4 + static_cast<size_t>(sort_capacity(p.max_blocks)) * 2 * 4;
   }
   // max pooling: 16-byte loads where the rows allow them (fp16, fp8), else 8-byte (16 for fp32)
+  // Few CTAs (one layer's launch of at most 66 requests on an H200) have the SMs to themselves
+  // and the SMs a top-K beside them leaves (one a row): the wide kernel then. H200, fp16, one
+  // layer alone, us: 8 x 32K 14.0 -> 13.4, 8 x 128K 35.1 -> 29.4; beside the top-K (bench_update_
+  // overlap.py "chain", select + update per layer) 32 x 128K 21.3 -> 8.2, 8 x 128K 31.2 -> 19.9;
+  // at 96 x 32K it was slower there, 13.1 -> 21.3 (3 rounds on the 36 SMs the top-K leaves).
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int ctas = (p.layer >= 0 ? 1 : s.num_layers) * p.batch;
+  const bool wide = 2 * ctas <= sms;
   if (p.pooling == kPoolMax) {
     switch (s.type) {
       case kStateF32:
         if (state_vectorizable(s, 4)) return launch_select_as<kStateF32, 4>(p, smem, stream);
         break;
       case kStateF16:
-        if (state_vectorizable(s, 8)) return launch_select_as<kStateF16, 8>(p, smem, stream);
+        if (state_vectorizable(s, 8))
+          return wide ? launch_select_as<kStateF16, 8, kWidePerStep>(p, smem, stream)
+                           : launch_select_as<kStateF16, 8>(p, smem, stream);
         if (state_vectorizable(s, 4)) return launch_select_as<kStateF16, 4>(p, smem, stream);
         break;
       case kStateE4M3:
-        if (state_vectorizable(s, 16)) return launch_select_as<kStateE4M3, 16>(p, smem, stream);
+        if (state_vectorizable(s, 16))
+          return wide ? launch_select_as<kStateE4M3, 16, kWidePerStep>(p, smem, stream)
+                           : launch_select_as<kStateE4M3, 16>(p, smem, stream);
         if (state_vectorizable(s, 8)) return launch_select_as<kStateE4M3, 8>(p, smem, stream);
         break;
       default: return cudaErrorInvalidValue;

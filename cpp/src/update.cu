@@ -110,14 +110,9 @@ struct RowVectors {
 template <int kType>
 __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   extern __shared__ int compact_of_block[];  // block id -> compact index, -1 if not scored
-  // Beside the previous kernel (beside_previous) this grid may not complete before it, since
-  // what follows in the stream waits for this grid only: one thread waits for it before
-  // leaving, the other CTAs leave as they finish.
-  auto leave = [&] {
-    if (p.beside_previous && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
-        threadIdx.x == 0)
-      pdl_wait();
-  };
+  // a select launched beside this kernel (the next layer's) may start now
+  pdl_launch_dependents();
+  auto leave = [&] { leave_after_previous(p.beside_previous); };
   // grid (slices, B, layers): slice x takes every gridDim.x-th chunk of 4 x kThreads (K x
   // kThreads on the vector path) scored slots and of offsets of request y in layer layer + z
   const int b = blockIdx.y, layer = p.layer + blockIdx.z;
@@ -416,16 +411,7 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 0;
-  if (p.beside_previous) {  // the attribute needs sm_90; before it the launch is plain
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cfg.numAttrs = major >= 9 ? 1 : 0;
-  }
+  allow_beside_previous(cfg, attr, p.beside_previous);
   return cudaLaunchKernelEx(&cfg, update_kernel<kType>, p);
 }
 

@@ -11,8 +11,9 @@ namespace {
 
 // Raised whenever an op's meaning changes under the same schema; spin_trtllm.ops.NATIVE_ABI must
 // match, so that a library built before the change is not used. 2: update's layer -1 (every
-// layer in one launch), remap's scores. 3: update's beside_previous.
-constexpr int64_t kAbiVersion = 3;
+// layer in one launch), remap's scores. 3: update's beside_previous. 4: select's
+// beside_previous and one layer from V/D.
+constexpr int64_t kAbiVersion = 4;
 int64_t spin_abi_version() { return kAbiVersion; }
 
 void check(cudaError_t err, const char* what) {
@@ -57,7 +58,8 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
             double target_sparsity, double exploration, int64_t policy, int64_t index_topk,
             int64_t warmup_steps, bool keep_sink, bool keep_newest, int64_t pooling,
             bool mtp_union, int64_t seed, int64_t max_context_len,
-            const c10::optional<at::Tensor>& block_scores, int64_t layer, bool merge_history) {
+            const c10::optional<at::Tensor>& block_scores, int64_t layer, bool merge_history,
+            bool beside_previous) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::SelectParams p;
   p.state = state_view(V, D, last_seen, decode_steps);
@@ -88,9 +90,10 @@ void spin_select(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
     p.scores_stride_b = block_scores->stride(0);
     p.scores_stride_r = block_scores->stride(1);
     p.scores_width = static_cast<int>(block_scores->size(2));
-    p.layer = static_cast<int>(layer);
     p.merge_history = merge_history;
   }
+  p.layer = static_cast<int>(layer);
+  p.beside_previous = beside_previous;
   check(spin::launch_select(p, c10::cuda::getCurrentCUDAStream()), "select");
 }
 
@@ -241,7 +244,8 @@ TORCH_LIBRARY(spin_native, m) {
         "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, Tensor(a!) block_ids, "
         "Tensor(b!) counts, float target_sparsity, float exploration, int policy, int index_topk, "
         "int warmup_steps, bool keep_sink, bool keep_newest, int pooling, bool mtp_union, int seed, "
-        "int max_context_len, Tensor? block_scores=None, int layer=-1, bool merge_history=False) -> ()");
+        "int max_context_len, Tensor? block_scores=None, int layer=-1, bool merge_history=False, "
+        "bool beside_previous=False) -> ()");
   m.def("indexer_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
         "Tensor block_table, Tensor block_ids, Tensor counts, Tensor(a!) out) -> ()");
   m.def("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "

@@ -251,7 +251,8 @@ class Engine:
                  drafter: Optional[Callable[[int, list[int], int], list[int]]] = None,
                  state_initial_capacity: int = 1024, logits_backend: str = "native",
                  switch: Optional[str] = None, cost_model: Optional[costs.CostModel] = None,
-                 predictor: str = "spin", overlap_update: bool = True):
+                 predictor: str = "spin", overlap_update: bool = True,
+                 overlap_select: bool = False):
         """spin=None runs the all-keep (dense) indexer. cuda_graphs defaults to on for CUDA;
         measuring misses, tracing or timing the indexer runs steps eagerly. `drafter`
         (request id, context + pending token, depth) -> drafts replaces the MTP head. SPIN state
@@ -269,7 +270,10 @@ class Engine:
         max of their rank shares); the summaries are built after every prefill and rebuilt
         for requests SPIN takes over again.
         overlap_update (SPIN without MTP, sm_90+): each layer's EMA update is launched to run
-        beside its top-K on the same stream (SpinIndexer; ops.update's beside_previous)."""
+        beside its top-K on the same stream (SpinIndexer; ops.update's beside_previous).
+        overlap_select (predictor "spin", sm_90+; off by default, see SpinIndexer): each layer's
+        blocks are selected beside the previous layer's top-K instead of all layers in one
+        launch (ops.select's beside_previous)."""
         self.cfg = cfg
         self.device = torch.device(device)
         if spin is not None and spin.index_topk != cfg.index_topk:
@@ -309,7 +313,8 @@ class Engine:
                 max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, max_batch, R, cfg.index_slots,
                                             logits_backend=logits_backend, predictor=predictor,
-                                            overlap_update=overlap_update)
+                                            overlap_update=overlap_update,
+                                            overlap_select=overlap_select)
         else:
             self.pool = None
         self.dense_indexer = DenseIndexer(cfg.index_topk, L, max_batch, R, cfg.index_slots,

@@ -65,13 +65,14 @@ def step_config(context: int, mtp_depth: int, decode_steps: int) -> DsaLiteConfi
 def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], context: int,
                      batch: int, decode_steps: int, backend: str = "native",
                      cuda_graphs: bool = True, switch: Optional[str] = None,
-                     predictor: str = "spin", overlap_update: bool = True) -> Engine:
+                     predictor: str = "spin", overlap_update: bool = True,
+                     overlap_select: bool = False) -> Engine:
     """A CUDA engine with `batch` requests already decoding over `context` tokens of random
     cache contents, each with room for `decode_steps` decode steps."""
     engine = Engine(cfg, spin, weights=weights, device="cuda", max_batch=batch,
                     cuda_graphs=cuda_graphs, logits_backend=backend, switch=switch,
                     predictor=predictor if spin is not None else "spin",
-                    overlap_update=overlap_update)
+                    overlap_update=overlap_update, overlap_select=overlap_select)
     for i in range(batch):
         engine.add_synthetic(i, context, max_new_tokens=decode_steps * cfg.next_n, seed=i)
     return engine
@@ -80,7 +81,8 @@ def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], co
 def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
             steps: int, rho: Optional[float] = None, backend: str = "native",
             state_dtype: str = "float16", spin: Optional[SpinConfig] = None,
-            predictor: str = "spin", overlap_update: bool = True) -> dict[str, Any]:
+            predictor: str = "spin", overlap_update: bool = True,
+            overlap_select: bool = False) -> dict[str, Any]:
     """Median step and forward times of one engine (see the module docstring). SPIN runs
     `spin` when given, else SpinConfig(target_sparsity=rho, state_dtype=state_dtype)."""
     if indexer not in INDEXERS:
@@ -93,7 +95,7 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     predictor = predictor if spin is not None else "spin"
     engine = synthetic_engine(cfg, weights, spin, context, batch, warmup + steps, backend,
                               switch=indexer if spin is not None else None, predictor=predictor,
-                              overlap_update=overlap_update)
+                              overlap_update=overlap_update, overlap_select=overlap_select)
     if indexer == "null":
         engine.indexer = NullIndexer(batch * cfg.next_n, cfg.index_topk, len(cfg.csa_layers),
                                      engine.device)
@@ -110,6 +112,7 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     torch.cuda.empty_cache()
     return {"indexer": indexer, "predictor": predictor, "rho": rho, "backend": backend,
             "state_dtype": state_dtype, "overlap_update": overlap_update,
+            "overlap_select": overlap_select,
             "context_tokens": context, "indexer_slots": context // cfg.index_ratio,
             "batch": batch, "next_n": cfg.next_n, "steps": len(hist),
             "step_ms": 1e3 * statistics.median(s.seconds for s in hist),

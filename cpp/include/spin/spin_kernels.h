@@ -51,14 +51,18 @@ struct SelectParams {
   int max_context;             // context lengths are clamped to this
   int max_blocks;              // ceil(max_context / 64); sizes shared memory
   // optional: rank blocks by these scores [B, R, scores_width] (strides in floats) instead of
-  // V/D, for layer `layer` alone (its slice of block_ids/counts); null: every layer from V/D
+  // V/D, for layer `layer` alone (its slice of block_ids/counts)
   const float* block_scores = nullptr;
   int64_t scores_stride_b = 0, scores_stride_r = 0;
   int scores_width = 0;
-  int layer = -1;
+  int layer = -1;              // >= 0: that layer alone (block_scores need one); -1: every layer
   // with block_scores: rank by max(rank share of block_scores, rank share of the V/D
   // prediction) (the hybrid predictor; needs max_blocks <= kMaxHybridBlocks)
   bool merge_history = false;
+  // Its inputs were complete before the kernel launched just before this one began, and that
+  // kernel reads and writes none of its outputs (the previous layer's launch_topk): select may
+  // run beside it (programmatic dependent launch, sm_90+) and completes only after it.
+  bool beside_previous = false;
 };
 constexpr int kMaxHybridBlocks = 8192;  // shared memory for the rank sort: 512K slots
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
@@ -142,7 +146,8 @@ struct UpdateParams {
   int layers = 1;
   int64_t logits_layer_stride = 0, ids_layer_stride = 0, counts_layer_stride = 0;
   // The inputs (logits, block ids, counts, state) were complete before the kernel launched just
-  // before this one began, and that kernel writes none of them (launch_topk on the same logits):
+  // before this one began, and that kernel writes none of them and reads none of the update's
+  // outputs (launch_topk on the same logits, or the next layer's select launched beside it):
   // the update may then run beside it (programmatic dependent launch, sm_90+), and completes
   // only after it, so that what follows in the stream still sees that kernel's results.
   bool beside_previous = false;
