@@ -86,18 +86,24 @@ def skew_case_args(ap: argparse.ArgumentParser, shapes: list[str], reps: int, ar
     ap.add_argument("--reps", type=int, default=reps, help="passes over the 8 skews per timing")
     ap.add_argument("--json", help="write every case (with its measurements) here")
     args = ap.parse_args(argv)
+    cases = parse_shapes(ap, args.shapes, 64 * SKEWS)
+    if not 0.0 <= args.sparsity < 1.0 or args.reps < 1:
+        ap.error("--sparsity must be in [0, 1) and --reps >= 1")
+    return args, cases
+
+
+def parse_shapes(ap: argparse.ArgumentParser, texts: list[str], min_slots: int):
+    """--shapes BATCHxSLOTS values -> [(batch, slots)], or the parser's error."""
     cases = []
-    for text in args.shapes:
+    for text in texts:
         try:
             batch, slots = (int(x) for x in text.lower().split("x"))
         except ValueError:
             ap.error(f"--shapes: {text!r} is not BATCHxSLOTS, e.g. 96x131072")
-        if batch < 1 or slots < 64 * SKEWS:
-            ap.error(f"--shapes: {text!r} needs batch >= 1 and slots >= {64 * SKEWS}")
+        if batch < 1 or slots < min_slots:
+            ap.error(f"--shapes: {text!r} needs batch >= 1 and slots >= {min_slots}")
         cases.append((batch, slots))
-    if not 0.0 <= args.sparsity < 1.0 or args.reps < 1:
-        ap.error("--sparsity must be in [0, 1) and --reps >= 1")
-    return args, cases
+    return cases
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,7 @@ from spin_trtllm import ops
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import cannot_run, spin_case  # noqa: E402
+from bench_kernel_times import parse_shapes  # noqa: E402
 from bench_update_overlap import graph_us  # noqa: E402
 
 
@@ -31,15 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--state-dtype", default="float16",
                     choices=["float32", "float16", "float8_e4m3fn"])
     args = ap.parse_args(argv)
-    shapes = []
-    for text in args.shapes:
-        try:
-            batch, slots = (int(x) for x in text.lower().split("x"))
-        except ValueError:
-            ap.error(f"--shapes: {text!r} is not BATCHxSLOTS, e.g. 8x32768")
-        if batch < 1 or slots < 64:
-            ap.error(f"--shapes: {text!r} needs batch >= 1 and slots >= 64")
-        shapes.append((batch, slots))
+    shapes = parse_shapes(ap, args.shapes, 64)
     if cannot_run("bench_select_one_layer"):
         return 2
     print(f"{'batch x slots':>15} | us: as configured | no exploration | rho 0 | no state (floor)")

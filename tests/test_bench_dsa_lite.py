@@ -92,3 +92,19 @@ def test_a_failure_in_a_later_round_keeps_every_engines_earlier_runs(monkeypatch
     assert null["repeats"] == dense["repeats"] == 2 and spin["repeats"] == 1
     assert dense["step_ms"] == 26.0 and spin["step_ms_runs"] == [23.0]
     assert spin["step_speedup"] == pytest.approx(26.0 / 23.0)
+
+
+@pytest.mark.parametrize("flags,update,select", [([], True, False),
+                                                 (["--no-overlap-update"], False, False),
+                                                 (["--overlap-select"], True, True)])
+def test_overlap_flags_reach_every_engine(monkeypatch, flags, update, select):
+    """--no-overlap-update and --overlap-select go into each engine's spec (the fresh process
+    hands them to speed.measure); the defaults are SpinIndexer's."""
+    specs: list[dict] = []
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(22.0, 12.0)]}, [])
+    fake = mod.in_fresh_process
+    monkeypatch.setattr(mod, "in_fresh_process", lambda spec: specs.append(spec) or fake(spec))
+    assert mod.main(ARGS + flags) == 0
+    assert [s["indexer"] for s in specs] == ["null", "dense", "spin"]
+    assert all(s["overlap_update"] is update and s["overlap_select"] is select for s in specs)
