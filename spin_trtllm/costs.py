@@ -60,7 +60,10 @@ benchmarks/results_dsa_s15_flashinfer_suite.jsonl; thirteenth, results_dsa_overl
 measured SPIN / all-keep indexer time ratios, times the model's all-keep time, put SPIN 9-21 us
 (fifteenth) and 5-24 us (thirteenth) a layer above the kernels' model at rho 0.5, next_n 1.
 prefer_spin adds it for every predictor and next_n (fitted only to SPIN's at next_n 1);
-spin_us is the kernels alone.
+spin_us is the kernels alone. Where the update runs beside the top-K the same fit gives less,
+engine_overhead_beside_us = 8 us (twenty-second session, benchmarks/results_dsa_s22.jsonl, rho
+0.5, native, no flashinfer: -1.5 to 11.9 us a layer at 32K-128K slots x 32-96, mean 5.7): the
+update's tail after the top-K was part of what the 15 us absorbed.
 The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
 and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
 """
@@ -100,6 +103,7 @@ class CostModel:
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3
     engine_overhead_us: float = 15.0  # SPIN's per-layer cost in a captured step beyond its kernels
+    engine_overhead_beside_us: float = 8.0  # the same where the update runs beside the top-K
     margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
 
     def _logits(self, slots: float, next_n: int) -> float:
@@ -121,6 +125,11 @@ class CostModel:
         if self._peer_runs(visible_slots, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
+
+    def _beside(self, visible_slots: Sequence[int], next_n: int, update_beside: bool) -> bool:
+        """Whether the update really runs beside the top-K: asked for, no MTP (the updates
+        are deferred then), and spin's top-K kernel (flashinfer's path does not let it start)."""
+        return update_beside and next_n == 1 and not self._peer_runs(visible_slots, next_n)
 
     def for_device(self, device) -> "CostModel":
         """This model with the top-K ops.topk will run on `device`: flashinfer's where it is
@@ -166,7 +175,7 @@ class CostModel:
         state = state_bytes / 2
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
         update = self.update_fixed_us + self.update_us_per_slot * scored * next_n * update_bytes
-        if update_beside and next_n == 1 and not self._peer_runs(visible_slots, next_n):
+        if self._beside(visible_slots, next_n, update_beside):
             update *= self.update_beside_share
         return (self._choose(visible_slots, slots, next_n, state, predictor)
                 + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
@@ -181,8 +190,10 @@ class CostModel:
         if sparsity <= 0 or not visible_slots:
             return False
         dense = self.dense_us(visible_slots, next_n)
+        overhead = self.engine_overhead_beside_us \
+            if self._beside(visible_slots, next_n, update_beside) else self.engine_overhead_us
         spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor,
-                            update_beside) + self.engine_overhead_us
+                            update_beside) + overhead
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
 

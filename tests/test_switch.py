@@ -219,6 +219,39 @@ def test_switch_agrees_with_the_measured_suites(peer, slots, batch, rho, speedup
         pytest.skip(f"measured speedup {speedup:.3f}: within the noise, either choice")
 
 
+def _beside_cases():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_dsa_s22.jsonl"
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if r["overlap_update"] and not r["overlap_select"]]
+    dense = {(r["indexer_slots"], r["batch"]): r["forward_ms"]
+             for r in rows if r["indexer"] == "dense"}
+    for r in rows:
+        if r["indexer"] == "spin":
+            yield pytest.param(r["indexer_slots"], r["batch"], r["rho"],
+                               dense[r["indexer_slots"], r["batch"]] / r["forward_ms"],
+                               id=f"s22-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
+
+
+@pytest.mark.parametrize("slots,batch,rho,speedup", list(_beside_cases()))
+def test_switch_agrees_with_the_update_beside_the_topk(slots, batch, rho, speedup):
+    """The dsa-lite runs with the update beside the top-K (twenty-second session, no
+    flashinfer): the model with engine_overhead_beside_us takes SPIN where it won by 3% or more
+    and, at 32K slots x 32 (won by 1.6%), keeps running it once running."""
+    ctx = [slots] * batch
+    if speedup >= 1.03:
+        assert H200.prefer_spin(ctx, rho, running_spin=False, update_beside=True)
+    else:
+        assert 1.0 < speedup < 1.03
+        assert H200.prefer_spin(ctx, rho, running_spin=True, update_beside=True)
+    # without the update beside (flashinfer's top-K, or overlap_update off) it pays the old
+    # overhead: at 32K x 32 that is all-keep
+    if slots * batch == 32768 * 32:
+        assert not H200.prefer_spin(ctx, rho, running_spin=True)
+
+
 def test_hysteresis_keeps_a_boundary_batch_where_it_is():
     model = CostModel(margin=0.05)
     # find a batch where SPIN is ahead by less than the margin
