@@ -123,7 +123,7 @@ def run_case(dg, batch: int, slots: int, dtype: str, rho: float, layers: int, re
     best = {mode: min(t) for mode, t in step_us.items()}
     del graphs
     select_alone = graph_us(lambda: select(0)) / layers
-    select_one_layer = graph_us(lambda: select(0, 1))
+    select_one_layer = graph_us(lambda: select(0, layers - 1))
     added = {mode: (best[mode] - best["bare"]) / layers for mode in MODES if mode != "bare"}
     row = {"batch": batch, "slots": slots, "state_dtype": dtype, "sparsity": rho,
            # flashinfer's path ends with the remap kernel, which nothing can overlap

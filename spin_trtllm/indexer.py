@@ -123,13 +123,16 @@ class SpinIndexer:
         overlap_select: with predictor "spin", select each layer's blocks right after the
         previous layer's top-K, beside it (CUDA sm_90+, ops.select's beside_previous), instead
         of every layer in select()'s one launch. Off by default: a one-layer select takes
-        13-35 us (one CTA a request), so it hides under the top-K only where that is longer
+        13-48 us (one CTA a request), so it hides under the top-K only where that is longer
         and leaves SMs free. H200, fp16, rho 0.5, select + update added a layer, beside ->
-        overlap_select (benchmarks/bench_update_overlap.py): 32 x 128K slots 12.7 -> 8.2 us,
-        32 x 32K 6.5 -> 5.3; slower at 8 x 128K (8.8 -> 19.9) and at 96 requests. A layer
-        reached without it (called out of order, or again without a select() in between) is
-        selected on its own before its logits: each pass through a layer's logits uses blocks
-        selected from the state as it is then."""
+        overlap_select (benchmarks/bench_update_overlap.py, RESULTS.md twenty-second session):
+        32 x 128K slots 12.6 -> 8.3 us, 32 x 32K 6.7 -> 5.8; slower at 8 x 128K (8.5 -> 20.3)
+        and at 96 requests. A layer reached without it (called out of order, or again without
+        a select() in between) is selected on its own before its logits: each pass through a
+        layer's logits uses blocks selected from the state as it is then. select(keep_all)
+        then selects layer 0 at once and the others where their selects run: a CUDA graph
+        that holds those replays the keep_all of its capture, so call select() inside the
+        same graph (as the harness engine does), not before it."""
         ops.require_supported(cfg)
         if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "

@@ -45,7 +45,9 @@ Contracts (DESIGN.md):
   completes after that kernel, and so after everything it ran beside. Elsewhere, and on the
   reference, it is a plain update. select's beside_previous is the same contract: one layer's
   select right after the previous layer's ops.topk (it reads and writes nothing the top-K
-  touches).
+  touches). On sm_90+ the kernels of topk, select and update all let a kernel launched after
+  them with programmatic stream serialization start at once, on every launch: such a kernel
+  must wait (griddepcontrol.wait) before it reads their outputs, as PDL requires.
   reset zeroes state slots and restarts their warm-up.
 - compact (to drive an external paged indexer-logits kernel, e.g. DeepGEMM's
   fp8_paged_mqa_logits as TensorRT-LLM uses it, over the selected blocks only): block_ids
@@ -781,10 +783,11 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
                         "pass block_scores and layer")
     B, L = context_lens.shape[0], state.V.shape[1]
     dev = state.V.device
+    # one layer fills its slice only: the others read as nothing selected
     if block_ids is None:
-        block_ids = torch.empty(B, L, m_cap, dtype=torch.int32, device=dev)
+        block_ids = torch.full((B, L, m_cap), -1, dtype=torch.int32, device=dev)
     if counts is None:
-        counts = torch.empty(B, L, dtype=torch.int32, device=dev)
+        counts = torch.zeros(B, L, dtype=torch.int32, device=dev)
     torch.ops.spin.select(*state.tensors(), state_slot, context_lens, query_pos, request_id,
                           step, block_ids, counts, cfg.target_sparsity, cfg.exploration,
                           POLICY[cfg.exploration_policy], cfg.index_topk, cfg.warmup_steps,

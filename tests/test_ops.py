@@ -666,6 +666,30 @@ def test_gpu_long_context_256k_and_tiny():
 
 
 @gpu
+@pytest.mark.parametrize("state_dtype", ["float16", "float8_e4m3fn"])
+def test_gpu_select_kernels_of_many_and_few_ctas_match_reference(state_dtype):
+    """An all-layer launch of more CTAs than half the SMs runs the 4-CTAs-an-SM kernel, one
+    layer of few requests the wide one (one CTA an SM): both pick the reference's blocks. The
+    state's rows are 16-byte aligned (cap a multiple of 64), so both read whole vectors."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    L = 3
+    B = sms // (2 * L) + 2
+    assert 2 * B * L > sms and 2 * B <= sms
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.1,
+                     state_dtype=state_dtype)
+    p_cpu, p_gpu = _gpu_problem(B=B, R=1, L=L, lens=(700, 64, 1500, 4100), cap=66 * 64,
+                                cfg=cfg, seed=9, warm=(False, False, True))
+    args = lambda p: (p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,  # noqa: E731
+                      p.max_ctx)
+    ids_c, cnt_c = ops.select(*args(p_cpu))
+    ids_g, cnt_g = ops.select(*args(p_gpu))
+    assert torch.equal(cnt_g.cpu(), cnt_c) and torch.equal(ids_g.cpu(), ids_c)
+    ids_1, cnt_1 = ops.select(*args(p_gpu), layer=1)
+    assert torch.equal(cnt_1[:, 1].cpu(), cnt_c[:, 1]) and torch.equal(ids_1[:, 1].cpu(), ids_c[:, 1])
+    assert (cnt_1[:, 0] == 0).all() and (ids_1[:, 2] == -1).all()
+
+
+@gpu
 def test_gpu_select_overflow_truncates_like_reference():
     p_cpu, p_gpu = _gpu_problem(B=2, R=2, L=1, lens=(1500, 300), warm=(True,))
     _compare_step(p_cpu, p_gpu, m_cap=7)

@@ -246,7 +246,7 @@ def test_switch_agrees_with_the_update_beside_the_topk(slots, batch, rho, speedu
     else:
         assert 1.0 < speedup < 1.03
         assert H200.prefer_spin(ctx, rho, running_spin=True, update_beside=True)
-    # without the update beside (flashinfer's top-K, or overlap_update off) it pays the old
+    # without the update beside (overlap_update off, MTP, before sm_90) it pays the old
     # overhead: at 32K x 32 that is all-keep
     if slots * batch == 32768 * 32:
         assert not H200.prefer_spin(ctx, rho, running_spin=True)
