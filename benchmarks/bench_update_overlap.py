@@ -38,7 +38,7 @@ import torch
 from spin_trtllm import ops
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode_indexer import cannot_run, make_inputs, spin_case  # noqa: E402
+from bench_decode_indexer import cannot_run, make_inputs, spin_case, time_ms  # noqa: E402
 from bench_kernel_times import SKEWS, skew_case_args  # noqa: E402
 MODES = ("after", "beside", "chain", "none", "bare")
 
@@ -56,17 +56,8 @@ def event_us(fn, iters: int) -> float:
 
 def graph_us(fn, calls: int = 20, reps: int = 3) -> float:
     """Device microseconds of one fn() from a CUDA graph of `calls` calls (no host launch gaps,
-    which an eager loop of small kernels would time instead); the best of `reps` replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    best = min(event_us(g.replay, 1) for _ in range(reps))
-    del g
-    return best / calls
+    which an eager loop of small kernels would time instead); the median of `reps` replays."""
+    return 1e3 * time_ms(lambda i: fn(), reps, 1, calls)
 
 
 def run_case(dg, batch: int, slots: int, dtype: str, rho: float, layers: int, reps: int) -> dict:

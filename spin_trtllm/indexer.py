@@ -320,7 +320,6 @@ class SpinIndexer:
         with SPIN still computes the dense indexer's rows on replay). With predictor="probe"
         or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all
         (a host flag: a graph captured with it replays that choice)."""
-        B = self.batch
         self.keep_all = keep_all
         if self.query_aware and not keep_all:
             return
@@ -332,16 +331,18 @@ class SpinIndexer:
             self._used = [False] * len(self._used)
             self._select_layer(0)
             return
-        ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
-                   self.request[:B], self.step[:B], cfg, self.m_cap, self._max_len(),
-                   self.block_ids[:B], self.counts[:B])
+        self._select(cfg)
 
-    def _select_layer(self, layer: int, beside_previous: bool = False) -> None:
+    def _select(self, cfg: SpinConfig, layer: Optional[int] = None, **options) -> None:
+        """ops.select on this step's batch into the indexer's buffers (options: block_scores,
+        merge_history, beside_previous)."""
         B = self.batch
         ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
-                   self.request[:B], self.step[:B], self._select_cfg, self.m_cap,
-                   self._max_len(), self.block_ids[:B], self.counts[:B], layer=layer,
-                   beside_previous=beside_previous)
+                   self.request[:B], self.step[:B], cfg, self.m_cap, self._max_len(),
+                   self.block_ids[:B], self.counts[:B], layer=layer, **options)
+
+    def _select_layer(self, layer: int, beside_previous: bool = False) -> None:
+        self._select(self._select_cfg, layer, beside_previous=beside_previous)
         self._selected[layer] = True
 
     def layer(self, layer: int, q: torch.Tensor, weights: torch.Tensor,
@@ -378,11 +379,8 @@ class SpinIndexer:
         scores = self.block_scores[:B * R]
         ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
                   out=scores)
-        ops.select(self.pool.state, self.slot[:B], self.context_lens[:B], self.query_pos[:B],
-                   self.request[:B], self.step[:B], self.cfg, self.m_cap, self._max_len(),
-                   self.block_ids[:B], self.counts[:B],
-                   block_scores=scores.view(B, R, self.m_cap), layer=layer,
-                   merge_history=self.predictor == "hybrid")
+        self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),
+                     merge_history=self.predictor == "hybrid")
 
     def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -334,8 +334,7 @@ def _select_ref(V, D, last_seen, decode_steps, state_slot, context_lens, query_p
         block_ids[:, layer] = ids
         counts[:, layer] = cnt
         return
-    layers = range(L) if layer < 0 else range(layer, layer + 1)   # layer >= 0: that one alone
-    lo, L = layers[0], len(layers)
+    lo, L = (0, L) if layer < 0 else (layer, 1)        # layer >= 0: that one alone
     Vg, Dg, ls, ds = _streams(state_slot, *(t[:, lo:lo + L] for t in
                                             (V, D, last_seen, decode_steps)))
     state = ref.SpinState(Vg, Dg, ls, ds)

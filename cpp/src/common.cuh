@@ -47,6 +47,14 @@ __device__ __forceinline__ void leave_after_previous(bool beside_previous) {
     pdl_wait();
 }
 
+// An attribute of the current device (host side; 0 if it cannot be read).
+inline int current_device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attr, device);
+  return value;
+}
+
 // Sets cfg's attributes (attr: room for one) so that the kernel may start beside the one
 // launched before it in the stream (programmatic stream serialization); only with
 // beside_previous and on sm_90+, elsewhere the launch is plain.
@@ -55,12 +63,8 @@ inline void allow_beside_previous(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 0;
-  if (!beside_previous) return;
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cfg.numAttrs = major >= 9 ? 1 : 0;
+  cfg.numAttrs =
+      beside_previous && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 ? 1 : 0;
 }
 
 // Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that

@@ -609,11 +609,8 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   // layer alone, us: 8 x 32K 14.0 -> 13.4, 8 x 128K 35.1 -> 29.4; beside the top-K (bench_update_
   // overlap.py "chain", select + update per layer) 32 x 128K 21.3 -> 8.2, 8 x 128K 31.2 -> 19.9;
   // at 96 x 32K it was slower there, 13.1 -> 21.3 (3 rounds on the 36 SMs the top-K leaves).
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int ctas = (p.layer >= 0 ? 1 : s.num_layers) * p.batch;
-  const bool wide = 2 * ctas <= sms;
+  const bool wide = 2 * ctas <= current_device_attribute(cudaDevAttrMultiProcessorCount);
   if (p.pooling == kPoolMax) {
     switch (s.type) {
       case kStateF32:
