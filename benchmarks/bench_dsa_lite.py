@@ -11,6 +11,12 @@ those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
   forward ms   GPU time of the captured step (select + all layers), CUDA events
   indexer ms   forward ms minus the null step's
   speedups     against the fastest all-keep of the same case (any backend)
+  ceilings     (SPIN and auto rows) the forward speedup over that all-keep that an indexer
+               reading what this row's logits read could reach at most: "kept" if its indexer
+               cost the kept share (1 - realized sparsity) of the all-keep indexer, select and
+               update free; "HBM" if its logits read this row's scored K-cache bytes at the
+               GPU's peak bandwidth (--peak-tbs) and nothing else cost time. A target above the
+               HBM ceiling cannot be met at that sparsity by any indexer around this model.
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
 (null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians:
 the host's share of a step moves by milliseconds between processes (fifteenth session), more
@@ -18,7 +24,8 @@ than SPIN's gain at small batches. The rows keep every run's step and forward ti
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
              [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
-             [--no-overlap-update] [--overlap-select] [--json F] [--markdown F]
+             [--no-overlap-update] [--overlap-select] [--peak-tbs 4.8] [--json F]
+             [--markdown F]
 """
 
 from __future__ import annotations
@@ -72,8 +79,19 @@ def merge_runs(runs: list[dict]) -> dict:
     return row
 
 
+def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
+    """The "kept" and "HBM" ceilings of r's forward speedup over the all-keep row `best` (see
+    the module docstring), from the no-indexer row `null`."""
+    if peak_tbs <= 0:
+        raise ValueError(f"peak_tbs must be > 0, got {peak_tbs}")
+    kept = 1 - r["realized_sparsity"]
+    return {"ceiling_kept": best["forward_ms"] / (null["forward_ms"] + kept * best["indexer_ms"]),
+            # GB / (TB/s) = ms
+            "ceiling_hbm": best["forward_ms"] / (null["forward_ms"] + r["scored_gb"] / peak_tbs)}
+
+
 def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, context: int,
-           batch: int, mtp: int, seconds: float) -> dict | None:
+           batch: int, mtp: int, seconds: float, peak_tbs: float = 4.8) -> dict | None:
     """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
     so far), keep it, write it, print it. Returns the null row."""
     if r["indexer"] == "null":
@@ -88,6 +106,8 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, 
         r["forward_speedup"] = best["forward_ms"] / r["forward_ms"]
         r["indexer_vs_dense"] = r["indexer_ms"] / best["indexer_ms"] \
             if best["indexer_ms"] > 0 else None
+        if r["indexer"] in ("spin", "auto") and "scored_gb" in r:
+            r.update(ceilings(r, null, best, peak_tbs))
     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
     rows.append(r)
     if jf:
@@ -97,7 +117,9 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, 
           f"{r['step_ms']:7.2f} ms  forward {r['forward_ms']:7.2f} ms  indexer "
           f"{r['indexer_ms']:6.2f} ms ({r['indexer_share']:.0%})  sparsity "
           f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
-          f"  x{r.get('step_speedup', 1):.3f}  [{seconds:.0f} s]", flush=True)
+          f"  x{r.get('step_speedup', 1):.3f}" + (
+              f"  ceilings x{r['ceiling_kept']:.3f} kept x{r['ceiling_hbm']:.3f} HBM"
+              if "ceiling_hbm" in r else "") + f"  [{seconds:.0f} s]", flush=True)
     return null
 
 
@@ -138,6 +160,9 @@ def main(argv=None) -> int:
                          "layer in one launch at the step's start")
     ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
+    ap.add_argument("--peak-tbs", type=float, default=4.8,
+                    help="the GPU's peak memory bandwidth in TB/s for the HBM ceiling "
+                         "(default 4.8: H200's HBM3e)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every engine, each in a fresh process; times are medians")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -146,6 +171,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.peak_tbs <= 0:
+        ap.error(f"--peak-tbs must be > 0, got {args.peak_tbs}")
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -187,7 +214,7 @@ def main(argv=None) -> int:
                             seconds[i] += time.time() - t0
                             if round_ == args.repeats - 1:
                                 null = report(merge_runs(runs[i]), null, dense, rows, jf,
-                                              context, batch, mtp, seconds[i])
+                                              context, batch, mtp, seconds[i], args.peak_tbs)
                                 reported = i + 1
                 finally:
                     # after a failure the engines not yet reported report the runs they have
@@ -195,20 +222,23 @@ def main(argv=None) -> int:
                     for i in range(reported, len(specs)):
                         if runs[i]:
                             null = report(merge_runs(runs[i]), null, dense, rows, jf,
-                                          context, batch, mtp, seconds[i])
+                                          context, batch, mtp, seconds[i], args.peak_tbs)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
-                    f"speedups against the fastest all-keep of the same case\n\n")
+                    f"speedups against the fastest all-keep of the same case; ceilings at "
+                    f"{args.peak_tbs} TB/s peak (module docstring)\n\n")
             f.write("| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
                     "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
-                    "speedup |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+                    "speedup | ceiling kept / HBM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 f.write(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
                         f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
                         f"{r['indexer_ms']:.2f} | {r['realized_sparsity']:.3f} | "
                         f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
-                        f"{r.get('forward_speedup', 1):.3f} |\n")
+                        f"{r.get('forward_speedup', 1):.3f} | " + (
+                            f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
+                            if "ceiling_hbm" in r else "") + " |\n")
     return 0
 
 

@@ -30,7 +30,8 @@ def _bench(monkeypatch, times: dict[str, list[tuple[float, float]]], calls: list
                 "step_ms": step, "forward_ms": forward, "prepare_ms": 1.0 + run,
                 "launch_ms": 0.2, "wait_ms": forward, "after_ms": step - forward - 1.2 - run,
                 "spin_steps": 4 if kind == "spin" else 0,
-                "realized_sparsity": 0.5 if kind == "spin" else 0.0}
+                "realized_sparsity": 0.5 if kind == "spin" else 0.0,
+                "scored_gb": {"null": 0.0, "dense": 8.0, "spin": 4.0}[kind]}
 
     monkeypatch.setattr(mod, "in_fresh_process", fake)
     monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: True)
@@ -108,3 +109,27 @@ def test_overlap_flags_reach_every_engine(monkeypatch, flags, update, select):
     assert mod.main(ARGS + flags) == 0
     assert [s["indexer"] for s in specs] == ["null", "dense", "spin"]
     assert all(s["overlap_update"] is update and s["overlap_select"] is select for s in specs)
+
+
+def test_ceilings_bound_the_speedup_by_the_kept_share_and_by_peak_bandwidth(monkeypatch, tmp_path,
+                                                                            capsys):
+    """kept: the null step plus the kept share of the all-keep indexer; HBM: the null step plus
+    the scored bytes at --peak-tbs. Only SPIN rows get them, in the JSON, the line and the table."""
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(22.0, 12.5)]}, [])
+    monkeypatch.setattr(mod.torch.cuda, "get_device_name", lambda: "a GPU")
+    out, md = tmp_path / "rows.jsonl", tmp_path / "rows.md"
+    assert mod.main(ARGS + ["--peak-tbs", "4.0", "--json", str(out), "--markdown", str(md)]) == 0
+    null, dense, spin = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "ceiling_hbm" not in null and "ceiling_kept" not in dense
+    # all-keep indexer 4 ms, half of it kept: 14 / (10 + 2); 4 GB at 4 TB/s = 1 ms: 14 / 11
+    assert spin["ceiling_kept"] == pytest.approx(14.0 / 12.0)
+    assert spin["ceiling_hbm"] == pytest.approx(14.0 / 11.0)
+    assert "ceilings x1.167 kept x1.273 HBM" in capsys.readouterr().out
+    assert "| 1.167 / 1.273 |" in md.read_text() and "4.0 TB/s peak" in md.read_text()
+    assert mod.ceilings(spin, null, dense, 2.0)["ceiling_hbm"] == pytest.approx(14.0 / 12.0)
+    with pytest.raises(ValueError, match="peak_tbs"):
+        mod.ceilings(spin, null, dense, 0.0)
+    with pytest.raises(SystemExit):
+        mod.main(ARGS + ["--peak-tbs", "-1"])
+    assert "--peak-tbs must be > 0" in capsys.readouterr().err

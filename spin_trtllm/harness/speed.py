@@ -9,6 +9,8 @@ steps, `steps` decode steps are timed:
               the step's wall time by host phase: batch metadata and indexer.prepare, the
               graph replay call, waiting for the logits, and verification, drafting and the
               final sync (JSON only)
+  scored_gb   K-cache bytes the indexer's logits read per step (every slot of every scored
+              block, all indexer layers, each page once; 0 for "null")
 indexer:
   "null"   fixed top-K ids and no indexer work (what the rest of the step costs)
   "dense"  the all-keep indexer
@@ -30,6 +32,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import SpinConfig
+from ..costs import BLOCK_SLOTS, KEY_BYTES_PER_SLOT
 from .config import DsaLiteConfig, v4_flash_indexer
 from .engine import Engine
 
@@ -126,6 +129,9 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "spin_steps": sum(s.spin for s in hist),
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
             "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
+            "scored_gb": 0.0 if indexer == "null"
+            else sel / len(hist) * BLOCK_SLOTS * KEY_BYTES_PER_SLOT / 1e9,
+            "indexer_layers": len(cfg.csa_layers),
             "cache_gb": cache_gb, "state_gb": state_gb}
 
 
