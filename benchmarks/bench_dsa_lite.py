@@ -79,6 +79,9 @@ def merge_runs(runs: list[dict]) -> dict:
     return row
 
 
+PEAK_TBS = 4.8   # H200's HBM3e, the default of --peak-tbs
+
+
 def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
     """The "kept" and "HBM" ceilings of r's forward speedup over the all-keep row `best` (see
     the module docstring), from the no-indexer row `null`."""
@@ -91,7 +94,7 @@ def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
 
 
 def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, context: int,
-           batch: int, mtp: int, seconds: float, peak_tbs: float = 4.8) -> dict | None:
+           batch: int, mtp: int, seconds: float, peak_tbs: float = PEAK_TBS) -> dict | None:
     """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
     so far), keep it, write it, print it. Returns the null row."""
     if r["indexer"] == "null":
@@ -106,7 +109,7 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, 
         r["forward_speedup"] = best["forward_ms"] / r["forward_ms"]
         r["indexer_vs_dense"] = r["indexer_ms"] / best["indexer_ms"] \
             if best["indexer_ms"] > 0 else None
-        if r["indexer"] in ("spin", "auto") and "scored_gb" in r:
+        if r["indexer"] in ("spin", "auto"):
             r.update(ceilings(r, null, best, peak_tbs))
     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
     rows.append(r)
@@ -160,9 +163,9 @@ def main(argv=None) -> int:
                          "layer in one launch at the step's start")
     ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
-    ap.add_argument("--peak-tbs", type=float, default=4.8,
+    ap.add_argument("--peak-tbs", type=float, default=PEAK_TBS,
                     help="the GPU's peak memory bandwidth in TB/s for the HBM ceiling "
-                         "(default 4.8: H200's HBM3e)")
+                         f"(default {PEAK_TBS}: H200's HBM3e)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every engine, each in a fresh process; times are medians")
     ap.add_argument("--one", help=argparse.SUPPRESS)

@@ -32,8 +32,8 @@ from typing import Any, Optional
 import torch
 
 from ..config import SpinConfig
-from ..costs import BLOCK_SLOTS, KEY_BYTES_PER_SLOT
 from .config import DsaLiteConfig, v4_flash_indexer
+from .demo import indexer_bytes
 from .engine import Engine
 
 INDEXERS = ("null", "dense", "spin", "auto")
@@ -130,8 +130,7 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
             "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
             "scored_gb": 0.0 if indexer == "null"
-            else sel / len(hist) * BLOCK_SLOTS * KEY_BYTES_PER_SLOT / 1e9,
-            "indexer_layers": len(cfg.csa_layers),
+            else indexer_bytes(sel / len(hist), vis / len(hist))[0] / 1e9,
             "cache_gb": cache_gb, "state_gb": state_gb}
 
 
