@@ -5,12 +5,18 @@ patch in `patch.py` only gathers TensorRT-LLM's tensors into a DecodeBatch and c
 
 Per decode step, in TensorRT-LLM's order:
     begin_step(batch)   host side, in the attention metadata's prepare(): replays the previous
-                        step's deferred MTP updates with the acceptance now known, realigns the
+                        step's deferred MTP updates if they did not run inside it, realigns the
                         per-request state with the batch (new requests get zeroed state,
                         requests that left give theirs back), copies metadata, and selects the
-                        blocks of every indexer layer (one launch)
+                        blocks of every indexer layer (one launch), or leaves the selection to
+                        select_on_device (select=False)
+    select_on_device(kv) inside the step, before the first indexer layer (CUDA-graph
+                        capturable): the rows' lengths from the engine's device kv lens, which
+                        the overlap scheduler corrects after prepare(), then the selection
     layer(l, q, w, kv)  inside the layer's forward (CUDA-graph capturable): masked logits and
                         top-K into the caller's topk_indices buffer
+    finish_on_device(a) with MTP, once acceptance is known on the device inside the step (the
+                        MTP worker's): the deferred updates, rows 0..a (capturable)
 """
 
 from __future__ import annotations
@@ -85,12 +91,18 @@ class SpinDecodeAdapter:
                               max_capacity=capacity)
         self._indexers: dict[int, SpinIndexer] = {}
         top = max(next_n, max_next_n or next_n)
+        # select_on_device / finish_on_device scratch: allocated once, so capture allocates none
+        self._row_offsets = torch.arange(1 - MAX_NEXT_N, 1, dtype=torch.int32, device=device)
+        self._device_kv = torch.zeros(max_batch, 1, dtype=torch.int32, device=device)
+        self._device_rows = torch.zeros(max_batch, 2 * MAX_NEXT_N, dtype=torch.int32, device=device)
+        self._device_accepted = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self._logits_storage = torch.empty(
             num_layers * max_batch * top * math.ceil(self.max_slots / BLOCK) * BLOCK,
             device=device) if top > 1 else None
         self.indexer = self.indexer_for(next_n)
         self._steps: dict[int, int] = {}
         self._pending: Optional[tuple[SpinIndexer, list[int], list[bool]]] = None  # MTP updates
+        self._pending_open = False
         self._last_cached: dict[int, int] = {}
         self._last_seen: dict[int, int] = {}           # request -> step it was last in a batch
         self._clock = 0
@@ -113,11 +125,12 @@ class SpinDecodeAdapter:
         return self.pool.generation
 
     def begin_step(self, batch: DecodeBatch, next_n: Optional[int] = None,
-                   dense: bool = False) -> None:
+                   dense: bool = False, select: bool = True) -> None:
         """next_n: this step's draft length + 1 (default: the adapter's current one).
         dense=True: the engine runs its own dense indexer this step; SPIN's buffers still get
         this step's batch with every block selected, so a CUDA graph captured with SPIN
-        computes the dense rows on replay."""
+        computes the dense rows on replay. select=False: the caller selects inside the step
+        with select_on_device (batch.kv_lens are then an upper bound of the device's)."""
         R = self.next_n if next_n is None else int(next_n)
         if not 1 <= R <= MAX_NEXT_N:
             raise SpinError(f"SpinDecodeAdapter: next_n must be 1..{MAX_NEXT_N}, got {R}")
@@ -156,10 +169,79 @@ class SpinDecodeAdapter:
         query = torch.where(padded, 0, (tokens - 1) // self.ratio).to(torch.int32)
         steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
         self.indexer.prepare(ids, context, query, steps, batch.block_table, state_slots=slots)
-        self.indexer.select(keep_all=dense)
+        if select:
+            self.indexer.select(keep_all=dense)
         for rid in real:
             self._steps[rid] += 1
         self._pending = (self.indexer, ids, pad) if R > 1 else None
+        self._pending_open = self._pending is not None
+
+    def select_on_device(self, kv_lens: torch.Tensor) -> None:
+        """Inside the step (CUDA-graph capturable: no host read, no allocation): each row's
+        lengths from the engine's device kv lens (int [>= B] tokens, this step's batch order),
+        capped at what begin_step uploaded (padding rows stay empty), then every layer's
+        selection. TensorRT-LLM's overlap scheduler prepares MTP steps as if every draft was
+        accepted and corrects kv_lens_cuda on the device inside the step: SPIN selects for the
+        corrected lengths, which upstream's own kernels then attend to."""
+        ix = self.indexer
+        B, R = ix.batch, ix.next_n
+        if kv_lens.dim() != 1 or kv_lens.shape[0] < B or kv_lens.device != self._device_kv.device:
+            raise SpinError(f"SpinDecodeAdapter.select_on_device: kv_lens must be a 1-D tensor of "
+                            f">= {B} lengths on {self._device_kv.device}, got "
+                            f"{list(kv_lens.shape)} on {kv_lens.device}")
+        offsets = self._row_offsets[MAX_NEXT_N - R:]      # row j sees kv - R + 1 + j tokens
+        kv = self._device_kv[:B]
+        kv.copy_(kv_lens[:B].view(B, 1))
+        tokens, derived = self._device_rows[:B, :R], self._device_rows[:B, R:2 * R]
+        torch.add(kv, offsets, out=tokens)
+        tokens.clamp_(min=1)                  # padding rows may carry any length
+        for target, shift in ((ix.context_lens[:B], 0), (ix.query_pos[:B], 1)):
+            torch.sub(tokens, shift, out=derived)
+            derived.floor_divide_(self.ratio)
+            torch.minimum(derived, target, out=target)
+        ix.select()
+
+    def finish_on_device(self, accepted: torch.Tensor, includes_bonus: bool = False) -> None:
+        """With MTP, inside the step once the engine knows acceptance on the device (CUDA-graph
+        capturable): the deferred updates of this step, rows 0..accepted[b] (int [>= B] in this
+        step's batch order: accepted drafts, or accepted tokens with includes_bonus, as
+        TensorRT-LLM's MTP worker counts them; clamped to 0..next_n - 1)."""
+        if not self.pending:
+            return
+        indexer = self._pending[0]
+        B, R = indexer.batch, indexer.next_n
+        if accepted.dim() != 1 or accepted.shape[0] < B:
+            raise SpinError(f"SpinDecodeAdapter.finish_on_device: accepted must be a 1-D tensor "
+                            f"of >= {B} counts, got {list(accepted.shape)}")
+        acc = self._device_accepted[:B]
+        acc.copy_(accepted[:B])
+        if includes_bonus:
+            acc.sub_(1)
+        acc.clamp_(0, R - 1)
+        indexer.finish(acc)
+        self._pending_open = False
+
+    def drop_pending(self) -> None:
+        """The last step's deferred MTP updates ran inside it (finish_on_device in a CUDA graph,
+        which the host does not see run)."""
+        self._pending_open = False
+
+    def reopen_pending(self) -> None:
+        """The step runs its forward again (an engine's warm-up, then its CUDA-graph capture,
+        for one prepare): its deferred updates wait again."""
+        self._pending_open = self._pending is not None
+
+    @property
+    def pending(self) -> bool:
+        """This step's MTP updates wait for its acceptance."""
+        return self._pending is not None and self._pending_open
+
+    def reset(self) -> None:
+        """Every request gives its state back (the engine rebuilt its KV cache)."""
+        for rid in list(self.pool.request_ids()):
+            self.release(rid)
+        self._pending, self._pending_open = None, False
+        self._last_cached.clear()
 
     def follow(self, request_ids: Sequence[int], cached: Mapping[int, int],
                prefill_ids: Sequence[int] = (), accepted: Optional[Mapping[int, int]] = None
@@ -168,7 +250,7 @@ class SpinDecodeAdapter:
         does not take part in): replay the last step's deferred MTP updates, with acceptance
         from how far each request's cached length (tokens before this step's rows) grew, and
         restart the state of requests whose context restarts or whose cache shrank."""
-        if accepted is None and self._pending is not None:
+        if accepted is None and self.pending:
             # the cache grows by the accepted drafts + 1 from one step to the next
             accepted = {rid: cached[rid] - self._last_cached[rid] - 1 for rid in self._pending[1]
                         if rid in cached and rid in self._last_cached}
@@ -213,13 +295,31 @@ class SpinDecodeAdapter:
             book.pop(request_id, None)
 
     def _replay_deferred(self, accepted: Optional[Mapping[int, int]]) -> None:
-        if self._pending is None:
+        if not self.pending:
+            self._pending = None
             return
         indexer, ids, pad = self._pending
         acc = [0 if p else max(0, min(int((accepted or {}).get(rid, 0)), indexer.next_n - 1))
                for rid, p in zip(ids, pad)]
         indexer.finish(torch.tensor(acc, dtype=torch.int32, device=self.pool.device))
         self._pending = None
+
+    def nbytes(self) -> int:
+        """Device bytes SPIN holds: the state pool, the MTP logits and every draft length's step
+        buffers (each allocation counted once)."""
+        seen, total = set(), 0
+        tensors = list(self.pool.state.tensors()) + [
+            t for t in vars(self).values() if torch.is_tensor(t)]
+        for ix in self._indexers.values():
+            tensors += [t for t in vars(ix).values() if torch.is_tensor(t)]
+            tensors += [ix._meta.buffer]
+        for t in tensors:
+            storage = t.untyped_storage()
+            key = (t.device, storage.data_ptr() if t.device.type != "meta" else id(storage))
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        return total
 
     @staticmethod
     def pages_for(tokens: int, compress_ratio: int) -> int:

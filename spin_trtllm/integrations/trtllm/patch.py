@@ -60,6 +60,7 @@ PACKAGES = ("tensorrt_llm._torch.attention.backends.sparse",      # main (1.3+)
             "tensorrt_llm._torch.attention_backend.sparse")       # release 1.2
 LOGITS_FNS = ("fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits")
 V41_MODULE = "tensorrt_llm._torch.models.modeling_deepseekv41"
+SPEC_MODULES = ("tensorrt_llm._torch.speculative.mtp", "tensorrt_llm._torch.speculative.eagle3")
 
 
 class SpinBlock(SpinConfig):
@@ -158,63 +159,130 @@ def _warn_once(key: str, msg: str) -> None:
 
 # ---- the model's SPIN runtime: one SpinDecodeAdapter over the model's KV-cache manager -------
 class _Runtime:
-    def __init__(self, ratio: int):
-        self.ratio = ratio
+    """SPIN's state and step buffers for one model geometry. Made at the first prepare() of any
+    step (TensorRT-LLM's start-up runs prefill and decode warm-ups before it sizes the KV cache,
+    so the state is part of what that sizing sees) and kept for the process: the engine builds
+    its KV cache again after sizing, and the runtime follows the new cache manager."""
+
+    def __init__(self, ratio: int, key: tuple):
+        self.ratio, self.key = ratio, key
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
+        self.manager_id = 0
         self.active = False
-        self.kv_lens: Optional[torch.Tensor] = None     # host kv lens SPIN selected for
+        self.step_key: tuple[int, int] = (0, 0)      # (next_n, generation requests) of the step
+        # the step's forward seen by Python (eager or CUDA-graph capture) and whether its MTP
+        # updates ran in it; graph_finishes: (next_n, batch) graphs whose capture recorded them
+        self.forward_in_python = False
+        self.finished_in_forward = False
+        self.graph_finishes: set[tuple[int, int]] = set()
 
-    def _create(self, md: Any, next_n: int) -> SpinDecodeAdapter:
+    def _create(self, md: Any, geometry: dict[str, int]) -> SpinDecodeAdapter:
         cfgs = set(_LAYERS.values())
         if len(cfgs) != 1:
             raise SpinError(f"SPIN layers of one model must share one SpinConfig, got {len(cfgs)}")
-        manager = md.kv_cache_manager
-        max_tokens = int(manager.max_seq_len)
-        max_seqs = int(getattr(md, "max_num_sequences", 0) or getattr(md, "max_num_requests", 0)
-                       or md.indexer_k_cache_block_offsets.shape[0])
-        page_slots = int(getattr(md, "_tokens_per_block", 0) or
-                         manager.tokens_per_block // self.ratio)
+        max_tokens = geometry["max_tokens"]
         adapter = SpinDecodeAdapter(
-            next(iter(cfgs)), len(self.layer_index), max_seqs, next_n, max_tokens, self.ratio,
-            device=md.indexer_k_cache_block_offsets.device, logits_backend=_EngineKernel(page_slots),
-            page_slots=page_slots, max_next_n=1 + int(getattr(md, "max_draft_tokens", 0) or 0),
+            next(iter(cfgs)), len(self.layer_index), geometry["max_batch"],
+            geometry["max_next_n"], max_tokens, self.ratio,
+            device=md.indexer_k_cache_block_offsets.device,
+            logits_backend=_EngineKernel(geometry["page_slots"]),
+            page_slots=geometry["page_slots"], max_next_n=geometry["max_next_n"],
             initial_capacity=max_tokens // self.ratio + 9)    # no growth: graphs stay valid
         log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
-                 "K %d), %.1f MB of state", len(self.layer_index), self.ratio, page_slots,
-                 adapter.cfg.index_topk, adapter.pool.nbytes() / 2**20)
+                 "K %d, up to %d requests), %.1f MB of state and step buffers",
+                 len(self.layer_index), self.ratio, geometry["page_slots"],
+                 adapter.cfg.index_topk, geometry["max_batch"], adapter.nbytes() / 2**20)
         return adapter
 
+    def attach(self, md: Any, geometry: dict[str, int]) -> None:
+        manager = md.kv_cache_manager
+        if self.adapter is None:
+            self.adapter = self._create(md, geometry)
+        elif id(manager) != self.manager_id:
+            self.adapter.reset()              # a rebuilt KV cache: no request carries over
+            self.graph_finishes.clear()
+        self.manager_id = id(manager)
+
+    def _settle_previous(self) -> None:
+        """Did the last step's MTP updates run inside its forward? (Then the host must not
+        replay them.) A replayed CUDA graph runs no Python: its capture tells."""
+        if self.adapter is not None and self.adapter.pending:
+            done = self.finished_in_forward if self.forward_in_python \
+                else self.step_key in self.graph_finishes
+            if done:
+                self.adapter.drop_pending()
+        self.forward_in_python = self.finished_in_forward = False
+
     def begin(self, md: Any) -> None:
-        """In prepare(): the generation requests of this step, before any layer runs."""
+        """In prepare(): the generation requests of this step, before any layer runs. Host-side
+        only: the selection runs inside the step (start_forward)."""
         self.active = False
+        self._settle_previous()
         nc, ng = int(md.num_contexts), int(md.num_generations)
         prefill = [int(r) for r in md.request_ids[:nc]]      # their state starts over
         if ng == 0:
-            if self.adapter is not None:
-                for rid in prefill:
-                    self.adapter.release(rid)
+            for rid in prefill:
+                self.adapter.release(rid)
             return
+        if ng > self.adapter.max_batch:
+            raise SpinError(f"spin_trtllm: {ng} generation requests in one step, SPIN's buffers "
+                            f"hold {self.adapter.max_batch} (the engine's max batch size)")
         gen_tokens = int(md.num_tokens) - int(md.num_ctx_tokens)
-        next_n = gen_tokens // ng
         ids = [int(r) for r in md.request_ids[nc:nc + ng]]
         cached, new = _host_lens(md, nc, ng)
-        if self.adapter is None:
-            self.adapter = self._create(md, next_n)
-        if gen_tokens != ng * next_n or bool((new != next_n).any()) or \
-                getattr(md, "ragged_verify_lens", None) is not None:
-            _warn_once("ragged", "generation requests verify different draft lengths (ragged "
-                                 "verification); those steps run the dense indexer")
-            self.adapter.follow(ids, dict(zip(ids, cached.tolist())), prefill)
-            return
-        # every context within K: upstream runs dense (or copies all slots); SPIN still fills
-        # its buffers, all blocks selected, so a graph captured with SPIN replays dense rows
-        dense = bool(getattr(md, "skip_indexer_for_gen_reqs", False))
-        self.adapter.begin_step(DecodeBatch(ids, cached + new,
+        next_n = gen_tokens // ng
+        if gen_tokens != ng * next_n or bool((new != next_n).any()):
+            # a ragged layout on the host: the layer calls see other query rows than (requests
+            # x next_n) and leave those steps to upstream's dense indexer
+            _warn_once("ragged", "generation requests verify different draft lengths on the "
+                                 "host (ragged verification); those steps run the dense indexer")
+            next_n = max(int(new.max()), 1)
+        # every step refills SPIN's buffers with its own batch: a graph captured with SPIN
+        # never replays an earlier step's rows
+        self.adapter.begin_step(DecodeBatch(ids, cached + next_n,
                                             md.indexer_k_cache_block_offsets[nc:nc + ng],
-                                            prefill_ids=prefill), next_n=next_n, dense=dense)
-        self.active = not dense
-        self.kv_lens = cached + new
+                                            prefill_ids=prefill), next_n=next_n, select=False)
+        self.active = True
+        self.step_key = (next_n, ng)
+
+    def start_forward(self, md: Any) -> None:
+        """The first SPIN layer of a forward (eager, warm-up or CUDA-graph capture): the rows'
+        lengths from the device kv lens as they stand now (after the overlap scheduler's
+        corrections in the step's preprocessing), then every layer's selection."""
+        if self.forward_in_python:
+            self.adapter.reopen_pending()       # warm-up then capture: one prepare, two forwards
+        self.forward_in_python, self.finished_in_forward = True, False
+        device_kv = getattr(md, "kv_lens_cuda", None)
+        nc = int(md.num_contexts)
+        if device_kv is not None:
+            self.adapter.select_on_device(device_kv[nc:])
+        else:
+            self.adapter.indexer.select()
+
+    def on_accepted(self, md: Any, num_accepted: torch.Tensor) -> None:
+        """The MTP worker's acceptance (accepted tokens, bonus included, [num_seqs] on the
+        device) inside the step: the deferred updates run now, in the same forward."""
+        if not (self.active and self.forward_in_python and self.adapter.pending):
+            return
+        self.adapter.finish_on_device(num_accepted[int(md.num_contexts):], includes_bonus=True)
+        self.finished_in_forward = True
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            self.graph_finishes.add(self.step_key)
+
+
+def geometry_of(md: Any, ratio: int) -> dict[str, int]:
+    """What SPIN's buffers are sized from: the engine's limits, not the metadata that happens
+    to run first (a CUDA-graph metadata carries its graph's batch)."""
+    manager = md.kv_cache_manager
+    max_batch = max(int(getattr(manager, "max_batch_size", 0) or 0),
+                    int(getattr(md, "max_num_sequences", 0) or 0),
+                    int(getattr(md, "max_num_requests", 0) or 0),
+                    int(md.indexer_k_cache_block_offsets.shape[0]))
+    page_slots = int(getattr(md, "_tokens_per_block", 0) or manager.tokens_per_block // ratio)
+    return {"max_batch": max_batch, "max_tokens": int(manager.max_seq_len),
+            "page_slots": page_slots,
+            "max_next_n": 1 + int(getattr(md, "max_draft_tokens", 0) or 0)}
 
 
 def _host_lens(md: Any, nc: int, ng: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,12 +297,13 @@ def _host_lens(md: Any, nc: int, ng: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _RUNTIME_ATTR = "_spin_trtllm_runtime"
+_RUNTIMES: dict[tuple, _Runtime] = {}     # geometry -> runtime (kept across KV-cache rebuilds)
 
 
 def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
-    """The model's SPIN runtime. It lives on the KV-cache manager, which every attention
-    metadata object of the model shares (TensorRT-LLM keeps one metadata per CUDA-graph batch
-    size), so the per-request state is one, whichever metadata runs the step."""
+    """The model's SPIN runtime. The KV-cache manager, which every attention metadata object
+    of the model shares (TensorRT-LLM keeps one metadata per CUDA-graph batch size), points at
+    it, so the per-request state is one, whichever metadata runs the step."""
     owner = getattr(md, "kv_cache_manager", None)
     if owner is None:
         return None
@@ -244,7 +313,12 @@ def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
     if rt is None and create_ratio is not None and _LAYERS and \
             callable(getattr(owner, "get_indexer_k_cache_buffers", None)) and \
             getattr(md, "indexer_k_cache_block_offsets", None) is not None:
-        rt = _Runtime(create_ratio)
+        geometry = geometry_of(md, create_ratio)
+        key = (create_ratio, *sorted(geometry.items()))
+        rt = _RUNTIMES.get(key)
+        if rt is None:
+            rt = _RUNTIMES[key] = _Runtime(create_ratio, key)
+        rt.attach(md, geometry)
         object.__setattr__(owner, _RUNTIME_ATTR, rt)
     return rt
 
@@ -440,6 +514,8 @@ def _patch_indexer(found: dict[str, Any]) -> None:
                                    f"the dense indexer")
             else:
                 call = _LayerCall(rt, self, md, found)
+                if call.layer == 0:
+                    rt.start_forward(md)
         token = _CALL.set(call)
         try:
             out = original_run(self, *args, **kwargs)
@@ -516,24 +592,41 @@ def _patch_metadata(cls: type, ratio: int) -> None:
         return out
 
     cls.prepare = prepare
-    if callable(getattr(cls, "on_update_kv_lens", None)) and "on_update_kv_lens" in cls.__dict__:
-        original_update = cls.on_update_kv_lens
 
-        def on_update_kv_lens(self, *args, **kwargs):
-            out = original_update(self, *args, **kwargs)
-            rt = _runtime(self)
-            device_kv = getattr(self, "kv_lens_cuda", None)
-            if rt is not None and rt.active and device_kv is not None and rt.kv_lens is not None:
-                nc, ng = int(self.num_contexts), int(self.num_generations)
-                now = device_kv[nc:nc + ng].to("cpu", torch.int64)
-                if not torch.equal(now, rt.kv_lens.to(torch.int64)):
-                    # SPIN selected for the host-side lengths (MTP with the overlap scheduler)
-                    raise SpinError("kv lengths changed on the device after prepare() (the "
-                                    "overlap scheduler with MTP): SPIN's selection would not "
-                                    "match; set disable_overlap_scheduler: true")
-            return out
 
-        cls.on_update_kv_lens = on_update_kv_lens
+def _patch_spec_workers() -> list[str]:
+    """TensorRT-LLM's one-model speculative workers verify the drafts inside the model's
+    forward (inside its CUDA graph): sample_and_accept_draft_tokens returns the accepted
+    tokens per request on the device. SPIN's deferred MTP updates run right after it, in the
+    same forward, with exactly that acceptance (the host never needs it)."""
+    done = []
+    for name in SPEC_MODULES:
+        module = _import(name)
+        if module is None:
+            continue
+        for attr, cls in list(vars(module).items()):
+            if not isinstance(cls, type) or cls.__module__ != module.__name__ or \
+                    "sample_and_accept_draft_tokens" not in cls.__dict__:
+                continue
+            original = cls.sample_and_accept_draft_tokens
+            signature = inspect.signature(original)
+            if "attn_metadata" not in signature.parameters:
+                continue
+
+            def sample_and_accept_draft_tokens(self, *args, _original=original,
+                                               _signature=signature, **kwargs):
+                out = _original(self, *args, **kwargs)
+                md = _signature.bind(self, *args, **kwargs).arguments["attn_metadata"]
+                rt = _runtime(md)
+                if rt is not None and isinstance(out, tuple) and len(out) >= 2 and \
+                        torch.is_tensor(out[1]):
+                    rt.on_accepted(md, out[1])
+                return out
+
+            cls.sample_and_accept_draft_tokens = functools.wraps(original)(
+                sample_and_accept_draft_tokens)
+            done.append(f"{name}.{attr}.sample_and_accept_draft_tokens")
+    return done
 
 
 _LOCK = threading.Lock()
@@ -563,6 +656,7 @@ def activate() -> list[str]:
         _patch_topk(found)
         done.append("torch.ops.trtllm.indexer_topk_decode" if found["legacy"]
                     else "TopK.forward")
+        done += _patch_spec_workers()
         _patch_metadata(found["DSAtrtllmAttentionMetadata"], ratio=1)
         done.append("DSAtrtllmAttentionMetadata.prepare")
         v4 = found["DeepseekV4TrtllmAttentionMetadata"]
