@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from .._utils import standin_device
+
 
 class Buffers:
     def __init__(self):
@@ -20,7 +22,7 @@ class Buffers:
         key = (buffer_name, dtype)
         store = self._storage.get(key)
         if store is None or store.numel() < numel:
-            store = torch.zeros(numel, dtype=dtype)
+            store = torch.zeros(numel, dtype=dtype, device=standin_device())
             self._storage[key] = store
         return store[:numel].view(*shape)
 

@@ -12,8 +12,14 @@ Simplified / stand-in behaviour:
   built for another batch (error) or another next_n (recorded in SCHEDULE_MISMATCHES);
 - with 2D context lens, logits outside each row's [0, context_lens[b, j]) are unspecified
   upstream (no clean pass); here they are NaN, so a consumer that reads them is caught;
-- host checks follow the SM100 rules (block_kv 32 or 64, heads 8/16/32/64, head_dim 128 for FP4).
+- host checks follow the SM100 rules (block_kv 32 or 64, heads 8/16/32/64, head_dim 128 for FP4);
+- the kernels' arguments are taken as plain tensors (a test's host-read guard on device
+  tensors stops at a kernel call, as a real kernel reads them on the device);
+- with TRTLLM_STANDIN_DEEPGEMM=real the functions are DeepGEMM's own (`import deep_gemm`):
+  the stand-in on a GPU drives the kernels TensorRT-LLM runs.
 """
+import functools
+import os
 from typing import Optional
 
 import torch
@@ -176,3 +182,30 @@ def fp8_fp4_mqa_logits(q: tuple, kv: tuple, weights: torch.Tensor,
     keys = dequantize_fp4(k_packed.reshape(k_packed.shape[0], -1), k_sf.reshape(-1))
     return _ragged_logits(q_deq.view(-1, heads, keys.shape[-1]), keys, weights,
                           cu_seq_len_k_start, cu_seq_len_k_end, clean_logits)
+
+
+def _plain(fn):
+    def unwrap(value):
+        if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+            return value.as_subclass(torch.Tensor)
+        if isinstance(value, tuple):
+            return tuple(unwrap(v) for v in value)
+        return value
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*(unwrap(a) for a in args), **{k: unwrap(v) for k, v in kwargs.items()})
+    return call
+
+
+KERNELS = ("get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits",
+           "fp8_mqa_logits", "fp8_fp4_mqa_logits")
+if os.environ.get("TRTLLM_STANDIN_DEEPGEMM") == "real":
+    import deep_gemm as _real
+
+    for _name in KERNELS + ("get_num_sms",):
+        if hasattr(_real, _name):
+            globals()[_name] = getattr(_real, _name)
+else:
+    for _name in KERNELS:
+        globals()[_name] = _plain(globals()[_name])

@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from ...._utils import standin_device
 from ...metadata import KVCacheParams
 
 
@@ -90,7 +91,15 @@ class AttentionMetadata:
         self._seq_lens = None if value is None else torch.as_tensor(value, dtype=torch.int32)
         if self._seq_lens is not None:
             self.num_tokens = int(self._seq_lens.sum())
-            self.seq_lens_cuda = self._seq_lens.clone()
+            # a device buffer of fixed address (CUDA graphs read it), refilled from the host
+            n = self._seq_lens.numel()
+            buf = getattr(self, "_seq_lens_cuda_buffer", None)
+            if buf is None or buf.numel() < n:
+                buf = torch.zeros(max(n, self.max_num_sequences or 0), dtype=torch.int32,
+                                  device=standin_device())
+                self._seq_lens_cuda_buffer = buf
+            buf[:n].copy_(self._seq_lens)
+            self.seq_lens_cuda = buf[:n]
             self._seq_lens_cuda = self.seq_lens_cuda
             if not self.is_cross:
                 self.seq_lens_kv = self._seq_lens
@@ -117,7 +126,7 @@ class AttentionMetadata:
     @staticmethod
     def get_empty(buffers, tensor_shape, dtype, cache_name: str, capture_graph: bool = False):
         if buffers is None:
-            return torch.zeros(tuple(tensor_shape), dtype=dtype)
+            return torch.zeros(tuple(tensor_shape), dtype=dtype, device=standin_device())
         return buffers.get_buffer(tuple(tensor_shape), dtype, buffer_name=cache_name,
                                   reserve_buffer=capture_graph)
 

@@ -28,7 +28,14 @@ class TrtllmAttentionMetadata(AttentionMetadata):
         cached = torch.tensor(self.kv_cache_params.num_cached_tokens_per_seq[:self.num_seqs],
                               dtype=torch.int32)
         self.kv_lens = cached + torch.as_tensor(self.seq_lens_kv, dtype=torch.int32)
-        self.kv_lens_cuda = self.kv_lens.clone()
+        # one device buffer for the model's life: CUDA graphs and in-forward updates (the
+        # overlap scheduler's corrections, the MTP worker's rewinds) address it
+        if getattr(self, "_kv_lens_cuda_buffer", None) is None:
+            self._kv_lens_cuda_buffer = self.get_empty(
+                self.cuda_graph_buffers, (self.max_num_sequences,), cache_name="kv_lens_cuda",
+                dtype=torch.int32, capture_graph=self.is_cuda_graph)
+        self.kv_lens_cuda = self._kv_lens_cuda_buffer
+        self.kv_lens_cuda[:self.num_seqs].copy_(self.kv_lens)
         self.kv_lens_cuda_runtime = self.kv_lens_cuda[:self.num_seqs]
         self.prompt_lens_cpu = torch.as_tensor(self.prompt_lens or self.kv_lens.tolist())
         if self.kv_cache_manager is not None:

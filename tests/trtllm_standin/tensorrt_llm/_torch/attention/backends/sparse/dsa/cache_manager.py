@@ -15,6 +15,7 @@ from typing import List, Optional
 import torch
 
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager
+from tensorrt_llm._utils import standin_device
 from .params import DSAParams
 
 
@@ -69,7 +70,8 @@ class DSACacheManager(KVCacheManager):
         per_token = _get_indexer_k_cache_bytes_per_token(self.index_head_dim,
                                                          self.quant_block_size, self.use_fp4)
         self.indexer_k_cache_pool_per_layer = [
-            torch.zeros(self.num_blocks, tokens_per_block * per_token, dtype=torch.uint8)
+            torch.zeros(self.num_blocks, tokens_per_block * per_token, dtype=torch.uint8,
+                        device=standin_device())
             if full else None for full in self.indexer_k_cache_local_layer_mask]
 
     def get_primary_pool_page_index_params(self, local_layer_idx: int):

@@ -55,7 +55,8 @@ def _compute_slot_mappings(global_positions, block_offsets, req_indices, head_di
     block_stride = tokens_per_block * (data_bytes_per_token + scale_size)
     block_in_seq = global_positions // tokens_per_block
     pos_in_block = global_positions % tokens_per_block
-    assert bool((block_in_seq < block_offsets.shape[1]).all()), "block index out of bounds"
+    if not (block_in_seq.is_cuda and torch.cuda.is_current_stream_capturing()):
+        assert bool((block_in_seq < block_offsets.shape[1]).all()), "block index out of bounds"
     block_ids = block_offsets[req_indices, block_in_seq].to(torch.int64)
     fp8_indices = block_ids * block_stride + pos_in_block * data_bytes_per_token
     scale_indices = (block_ids * block_stride + tokens_per_block * data_bytes_per_token
@@ -244,7 +245,9 @@ class Indexer(nn.Module):
         nc, ng = metadata.num_contexts, metadata.num_generations
         gen_seq_lens = metadata.get_indexer_kv_lens(metadata.kv_lens_cuda_runtime[nc:nc + ng])
         metadata.gen_indexer_kv_lens_cuda_runtime = gen_seq_lens
-        if not metadata.use_expanded_buffers_for_mtp:
+        if metadata.use_expanded_buffers_for_mtp:
+            metadata.refresh_expanded_buffers(gen_seq_lens)
+        else:
             cap = metadata.kv_lens_cuda_2d.shape[1]
             metadata.kv_lens_cuda_2d[:ng, :cap].copy_(gen_seq_lens.unsqueeze(-1).expand(-1, cap))
             metadata.scheduler_metadata_buffer.copy_(get_paged_mqa_logits_metadata(
@@ -254,8 +257,6 @@ class Indexer(nn.Module):
                 metadata.scheduler_metadata_buffer_full_next_n.copy_(
                     get_paged_mqa_logits_metadata(metadata.kv_lens_cuda_2d[:ng, :cap].contiguous(),
                                                   _DG_SCHEDULE_BLOCK_KV, metadata.num_sms))
-        else:
-            raise NotImplementedError("stand-in: expanded MTP buffers (SM90 / ragged verify)")
 
     @staticmethod
     def prepare(metadata: DSAtrtllmAttentionMetadata) -> None:
@@ -384,7 +385,11 @@ class Indexer(nn.Module):
                 scheduler_metadata_buffer = (metadata.scheduler_metadata_buffer if next_n == 1
                                              else metadata.scheduler_metadata_buffer_full_next_n)
             else:
-                raise NotImplementedError("stand-in: expanded MTP buffers")
+                rows = ng * next_n                      # every MTP row its own request
+                q_decode = q_decode.view(rows, 1, *q_fp8.shape[1:])
+                context_lens = metadata.kv_lens_expanded_cuda[:rows].view(-1, 1)
+                block_table = metadata.block_table_expanded[:rows]
+                scheduler_metadata_buffer = metadata.scheduler_metadata_buffer_expanded
             assert num_gen_tokens == ng * next_n
             weights_decode = weights[gen]
             k_cache = metadata.kv_cache_manager.get_indexer_k_cache_buffers(self.layer_idx)

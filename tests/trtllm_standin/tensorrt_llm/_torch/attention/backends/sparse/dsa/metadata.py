@@ -13,8 +13,12 @@ get_indexer_max_seq_len(); runtime_tokens_per_gen_step / gen_token_stride;
 update_spec_dec_param(); set_skip_topk / set_in_mtp_draft_loop / set_mtp_num_accepted;
 _ensure_pool_view_cached().
 
+Also mirrored: the SM90 expanded MTP buffers (kv_lens_expanded_cuda, block_table_expanded,
+scheduler_metadata_buffer_expanded; every MTP row its own request) and update_for_spec_dec()
+(-> on_update_kv_lens); on_update_kv_lens does device work only, as it runs inside capture.
+
 Simplified: not a dataclass (upstream: @dataclass(init=False)); no ragged verification, no
-expanded (SM90) MTP buffers, no CuTe DSL atom split, no draft KV-cache rebinding, no NVFP4
+CuTe DSL atom split, no draft KV-cache rebinding, no NVFP4
 MLA buffers, no fused metadata kernel. UNVERIFIED: radix_aux_indices / radix_aux_logits (the
 indexer asserts they exist; the metadata version read predates them) are empty placeholders.
 """
@@ -139,7 +143,7 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         self.indexer_k_cache_block_offsets = self._empty(
             [seqs, blocks], "indexer_k_cache_block_offsets", torch.int32, capture_graph)
         self.host_indexer_k_cache_block_offsets = torch.zeros_like(
-            self.indexer_k_cache_block_offsets)
+            self.indexer_k_cache_block_offsets, device="cpu")
         if params.has_shared_indexer_layers or params.mtp_index_share:
             self.shared_topk_indices = self._empty((toks, self.num_sparse_topk),
                                                    "shared_topk_indices", torch.int32,
@@ -151,10 +155,10 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         self.mtp_num_accepted = None
         self.slot_mapping_fp8 = self._empty((toks,), "slot_mapping_fp8", torch.int64,
                                             capture_graph)
-        self.host_slot_mapping_fp8 = torch.zeros_like(self.slot_mapping_fp8)
+        self.host_slot_mapping_fp8 = torch.zeros_like(self.slot_mapping_fp8, device="cpu")
         self.slot_mapping_scale = self._empty((toks,), "slot_mapping_scale", torch.int64,
                                               capture_graph)
-        self.host_slot_mapping_scale = torch.zeros_like(self.slot_mapping_scale)
+        self.host_slot_mapping_scale = torch.zeros_like(self.slot_mapping_scale, device="cpu")
         self.req_idx_per_token = self._empty((toks,), "req_idx_per_token", torch.int32,
                                              capture_graph)
         self.block_table = self._empty([seqs, blocks], "block_table", torch.int32, capture_graph)
@@ -164,13 +168,21 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
             (self.num_sms + 1, 2), "scheduler_metadata_buffer_full_next_n", torch.int32,
             capture_graph)
         self._create_kv_lens_2d_buffer(capture_graph)
+        expanded = seqs * (1 + max(self.max_draft_tokens, 8 - 1))
+        self.kv_lens_expanded_cuda = self._empty((expanded,), "kv_lens_expanded_cuda",
+                                                 torch.int32, capture_graph)
+        self.block_table_expanded = self._empty([expanded, blocks], "block_table_expanded",
+                                                torch.int32, capture_graph)
+        self.scheduler_metadata_buffer_expanded = self._empty(
+            (self.num_sms + 1, 2), "scheduler_metadata_buffer_expanded", torch.int32,
+            capture_graph)
         self.cu_seqlen_ks = self._empty((toks,), "cu_seqlen_ks", torch.int32, capture_graph)
         self.cu_seqlen_ke = self._empty((toks,), "cu_seqlen_ke", torch.int32, capture_graph)
         if self.enable_indexer_skip:
             self.topk_indices_buffer = self._empty((toks, self.num_sparse_topk),
                                                    "topk_indices_buffer", torch.int32,
                                                    capture_graph)
-            self.host_topk_indices_buffer = torch.zeros_like(self.topk_indices_buffer)
+            self.host_topk_indices_buffer = torch.zeros_like(self.topk_indices_buffer, device="cpu")
         if self.needs_gvr_prior:
             self.gvr_prior_indices = self._empty(
                 (self.kv_cache_manager.num_local_layers, seqs, self.num_sparse_topk),
@@ -215,19 +227,22 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         return max(1, self.kv_cache_manager.max_seq_len // self._indexer_compress_ratio)
 
     def on_update_kv_lens(self) -> None:
-        """kv_lens_cuda changed on the device after prepare(): refresh what depends on it."""
+        """kv_lens_cuda changed on the device after prepare(): refresh what depends on it.
+        Device work only (it runs inside CUDA-graph capture, in the runner's
+        _preprocess_inputs and the MTP worker): request index per token by a search over the
+        cumulative lengths, as upstream, not a repeat with host-read counts."""
         super().on_update_kv_lens()
         self._invalidate_pool_view_cache()
         nc, ns, nt = self.num_contexts, self.num_seqs, self.num_tokens
-        seq_lens = self.seq_lens_cuda[:ns]
+        seq_lens = self.seq_lens_cuda[:ns].long()
+        ends = torch.cumsum(seq_lens, 0)
         if nt > 0:
-            self.req_idx_per_token[:nt] = torch.repeat_interleave(
-                torch.arange(ns, dtype=torch.int32), seq_lens.long())
+            token = torch.arange(nt, device=ends.device)
+            req = torch.searchsorted(ends, token, right=True)
+            self.req_idx_per_token[:nt] = req.int()
         if self.kv_cache_manager is not None and nt > 0:
-            start = self.kv_lens_cuda[:ns] - seq_lens
-            req = self.req_idx_per_token[:nt].long()
-            seq_starts = torch.cumsum(seq_lens.long(), 0) - seq_lens.long()
-            positions = start[req].long() + torch.arange(nt) - seq_starts[req]
+            start = self.kv_lens_cuda[:ns].long() - seq_lens
+            positions = start[req] + token - (ends - seq_lens)[req]
             head_dim = self.kv_cache_manager.index_head_dim
             use_fp4 = getattr(self.kv_cache_manager, "use_fp4", False)
             fp8_idx, scale_idx = _compute_slot_mappings(
@@ -244,11 +259,38 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
             self.kv_lens_cuda_2d[:ng, :cap].copy_(gen.unsqueeze(-1).expand(-1, cap))
             self.scheduler_metadata_buffer.copy_(get_paged_mqa_logits_metadata(
                 gen.view(-1, 1).int().contiguous(), _DG_SCHEDULE_BLOCK_KV, self.num_sms))
-            if self.max_draft_tokens > 0 and not self.use_expanded_buffers_for_mtp:
+            if self.use_expanded_buffers_for_mtp:
+                self.refresh_expanded_buffers(gen)
+            elif self.max_draft_tokens > 0:
                 self.scheduler_metadata_buffer_full_next_n.copy_(get_paged_mqa_logits_metadata(
                     self.kv_lens_cuda_2d[:ng, :cap].contiguous(), _DG_SCHEDULE_BLOCK_KV,
                     self.num_sms))
         self.prepare_dense_topk_indices(self.kv_lens_cuda, device=True)
+
+    def update_for_spec_dec(self) -> None:
+        """The MTP worker changed kv_lens_cuda inside the forward (one-model spec decoding)."""
+        super().update_for_spec_dec()
+        self.max_ctx_kv_len = 0
+        self.num_ctx_cached_tokens = 0
+        self.max_gen_seq_len = 1
+        self.on_update_kv_lens()
+
+    def refresh_expanded_buffers(self, gen_indexer_kv_lens: torch.Tensor) -> None:
+        """SM90 with more than one draft token: every MTP row of a generation request becomes a
+        request of next_n 1 with its own causal length (UNVERIFIED: upstream's exact length
+        per row; the rows must be causal for the dense top-K to be right), the request's
+        indexer block-offset row repeated for it, and a schedule built from those lengths."""
+        nc, ng = self.num_contexts, self.num_generations
+        next_n = self.gen_token_stride
+        rows = ng * next_n
+        tokens = self.kv_lens_cuda[nc:nc + ng].long().repeat_interleave(next_n) - (
+            next_n - 1 - torch.arange(next_n, device=self.kv_lens_cuda.device).repeat(ng))
+        self.kv_lens_expanded_cuda[:rows] = self.get_indexer_kv_lens(tokens).int()
+        self.block_table_expanded[:rows] = \
+            self.indexer_k_cache_block_offsets[nc:nc + ng].repeat_interleave(next_n, dim=0)
+        self.scheduler_metadata_buffer_expanded.copy_(get_paged_mqa_logits_metadata(
+            self.kv_lens_expanded_cuda[:rows].view(-1, 1).contiguous(), _DG_SCHEDULE_BLOCK_KV,
+            self.num_sms))
 
     def update_spec_dec_param(self, batch_size, is_spec_decoding_enabled, is_spec_dec_tree,
                               is_spec_dec_dynamic_tree, max_draft_len, max_total_draft_tokens,
@@ -295,9 +337,10 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         past = kv_lens - seq_lens
         ends = torch.cumsum(seq_lens, 0)
         starts = ends - seq_lens
-        batch = torch.searchsorted(ends, torch.arange(num_tokens), right=True)
-        position = torch.arange(num_tokens) + (past - starts)[batch]
-        cols = torch.arange(num_sparse_topk)
+        token = torch.arange(num_tokens, device=seq_lens.device)
+        batch = torch.searchsorted(ends, token, right=True)
+        position = token + (past - starts)[batch]
+        cols = torch.arange(num_sparse_topk, device=seq_lens.device)
         return torch.where(cols <= position[:, None], cols, -1).int()
 
     def prepare_dense_topk_indices(self, kv_lens, device=False):
@@ -374,8 +417,6 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         use_dsl = self.sparse_metadata_params.use_cute_dsl_paged_mqa_logits
         self.use_expanded_buffers_for_mtp = not use_dsl and (
             self.max_draft_tokens > 1 and get_sm_version() == 90)
-        if self.use_expanded_buffers_for_mtp:
-            raise NotImplementedError("stand-in: SM90 expanded MTP buffers")
         self.expand_for_dsl = False
         self.dsl_expand_factor = 1
         self.dsl_atom = self.gen_token_stride

@@ -1,0 +1,1 @@
+"""Stand-in package (see runner.py)."""

@@ -1,0 +1,1 @@
+"""Stand-in for tensorrt_llm/_torch/speculative/: the one-model MTP worker."""
