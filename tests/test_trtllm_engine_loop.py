@@ -187,9 +187,11 @@ class Loop:
         id repeated, as upstream's warm-up does), so serving steps only replay."""
         cgr = importlib.import_module("tensorrt_llm._torch.pyexecutor.cuda_graph_runner")
         KVCacheParams = importlib.import_module("tensorrt_llm._torch.metadata").KVCacheParams
+        # the padding request holds its pages with graphs on or off: requests get the same
+        # pages (the same keys) either way
+        dummy = cgr.padding_dummy_request(self.manager, self.R - 1)
         if not self.runner.cuda_graph_runner.enabled:
             return
-        dummy = cgr.padding_dummy_request(self.manager, self.R - 1)
         for ng in range(1, self.batch):
             md = self.current_md = self.metadata((ng, self.R))
             md.request_ids = [dummy] * ng
