@@ -393,7 +393,8 @@ def _spin_for_deploy(args: argparse.Namespace) -> SpinConfig:
 def cmd_build(args: argparse.Namespace) -> int:
     import re
 
-    from .integrations.trtllm.bundle import BundleOptions, model_folder_warning, write_bundle
+    from .integrations.trtllm.bundle import (BundleOptions, memory_report, model_folder_warning,
+                                            write_bundle)
 
     model = args.model
     if Path(model).exists():
@@ -410,8 +411,10 @@ def cmd_build(args: argparse.Namespace) -> int:
                          tensor_parallel_size=args.tp or 1, max_batch_size=args.max_batch_size,
                          max_seq_len=args.max_seq_len, mtp_depth=args.mtp, name=args.name,
                          llmapi_model=args.llmapi_model)
-    for path in write_bundle(_spin_for_deploy(args), opts, args.output, force=args.force):
+    spin = _spin_for_deploy(args)
+    for path in write_bundle(spin, opts, args.output, force=args.force):
         print(path)
+    print(memory_report(spin, opts))
     return 0
 
 

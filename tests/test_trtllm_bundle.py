@@ -1,6 +1,8 @@
 """spin-trtllm build / serve: generated files parse and validate; bad input is refused."""
 
 import ast
+import json
+import re
 import sys
 
 import pytest
@@ -27,19 +29,24 @@ def build(tmp_path, *extra):
 def test_build_writes_a_valid_bundle(tmp_path, capsys):
     rc, out, model = build(tmp_path, "--mtp", "3", "--tp", "8", "--name", "dsv4")
     assert rc == 0
-    printed = capsys.readouterr().out.split()
-    assert len(printed) == 4
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 5 and printed[-1].startswith("SPIN memory on each GPU")
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     block = opts["sparse_attention_config"]
-    assert block["algorithm"] == "deepseek_v4" and block["index_topk"] == 512
+    # K is the checkpoint's unless asked for: TensorRT-LLM keeps an explicit one over it
+    assert block["algorithm"] == "deepseek_v4" and "index_topk" not in block
     spin = spin_config_of(block)
     assert spin.target_sparsity == 0.4 and spin.seed == 7 and spin.index_topk == 512
     assert opts["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
-    assert opts["disable_overlap_scheduler"] is True and opts["tensor_parallel_size"] == 8
+    # SPIN follows the overlap scheduler's device-side corrections: it is left on
+    assert "disable_overlap_scheduler" not in opts and opts["tensor_parallel_size"] == 8
     repo = out / "triton_model_repo" / "dsv4"
     cfg = text_format.Parse((repo / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.name == "dsv4" and cfg.backend == "python"
+    inputs = {i.name: i for i in cfg.input}
     assert [i.name for i in cfg.input][0] == "text_input"
+    assert list(inputs["text_input"].dims) == [-1]        # as upstream's LLM-API model
+    assert inputs["return_finish_reason"].optional and inputs["stop"].optional
     assert {o.name for o in cfg.output} == {"text_output", "finish_reason"}
     assert cfg.max_batch_size == 0           # no Triton batch dimension, as upstream ships it
     tree = ast.parse((repo / "1" / "model.py").read_text())
@@ -55,15 +62,40 @@ def test_build_writes_a_valid_bundle(tmp_path, capsys):
     assert spin_config_of(my["sparse_attention_config"]) == spin
 
 
-def test_build_dsa_keeps_k_and_refuses_to_overwrite(tmp_path, capsys):
-    rc, out, _ = build(tmp_path, "--algorithm", "dsa")
+def test_build_writes_k_when_asked_and_refuses_to_overwrite(tmp_path, capsys):
+    rc, out, _ = build(tmp_path, "--algorithm", "dsa", "--index-topk", "1024")
     assert rc == 0
     block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
-    assert block["index_topk"] == 2048 and "index_topk" not in block["spin"]
+    assert block["index_topk"] == 1024 and "index_topk" not in block["spin"]
     capsys.readouterr()
     rc, _, _ = build(tmp_path, "--algorithm", "dsa")
     assert rc == 2 and "pass --force" in capsys.readouterr().err
     assert build(tmp_path, "--force")[0] == 0
+
+
+def test_build_on_a_v4_pro_config_keeps_its_k_and_prints_spin_memory(tmp_path, capsys):
+    """V4-Pro's checkpoint K is 1024: a YAML that wrote 512 would run the model at 512."""
+    model = tmp_path / "v4pro"
+    model.mkdir()
+    ratios = [4 if i % 2 else 128 for i in range(61)] + [1]        # 30 indexer layers
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 61,
+        "index_topk": 1024, "max_position_embeddings": 1 << 20, "compress_ratios": ratios}))
+    rc = main(["build", str(model), "-o", str(tmp_path / "b"), "--sparsity", "0.4",
+               "--max-batch-size", "64", "--mtp", "1"])
+    assert rc == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    block = yaml.safe_load((tmp_path / "b" / "llm_api_options.yaml").read_text())[
+        "sparse_attention_config"]
+    assert "index_topk" not in block
+    # V and D in fp32 per slot, an int64 age per 64-slot block, for every layer and request
+    slots = (1 << 20) // 4
+    state = 30 * 64 * slots * (2 * 4 + 8 / 64) / 2**30
+    got = float(re.search(r"state ([0-9.]+) GiB", line).group(1))
+    assert abs(got - state) / state < 0.01, line
+    total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
+    mtp_logits = 30 * 64 * 2 * slots * 4 / 2**30            # kept until acceptance
+    assert total >= got + mtp_logits * 0.99 and "30 SPIN layers x 64 requests" in line
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -321,3 +321,79 @@ def test_release_1_2_layout():
                                                          f"{HERE.parent}", "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "legacy ok" in res.stdout and "use_custom_topk=False" in res.stderr
+
+
+def _decode_fields(md, ids, cached, new, table):
+    """A generation-only metadata as prepare() leaves it (the fields the runtime reads)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(
+        num_contexts=0, num_generations=len(ids), request_ids=list(ids),
+        num_tokens=sum(new), num_ctx_tokens=0, kv_cache_manager=md.kv_cache_manager,
+        kv_cache_params=SimpleNamespace(num_cached_tokens_per_seq=list(cached)),
+        seq_lens_kv=torch.tensor(new), indexer_k_cache_block_offsets=table)
+
+
+def test_state_is_made_at_the_first_prepare_and_kept_across_kv_cache_rebuilds(env):
+    """TensorRT-LLM sizes its KV cache after start-up steps of a temporary engine: SPIN's state
+    must exist by then (made at the first prepare, context-only too) and be reused by the
+    rebuilt engine, not allocated a second time after the sizing."""
+    trt, patch = env
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1)
+    sa.run_step(model, manager, md, [1], [0], [90], num_contexts=1)      # prefill only
+    rt = getattr(manager, patch._RUNTIME_ATTR, None)
+    assert rt is not None and rt.adapter is not None
+    adapter = rt.adapter
+    assert adapter.pool.nbytes() > 0 and adapter.nbytes() > adapter.pool.nbytes()
+    sa.run_step(model, manager, md, [1], [90], [1], num_contexts=0)
+    assert adapter.pool.slot_of(1) is not None
+    _, model2, manager2, md2 = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1)
+    sa.run_step(model2, manager2, md2, [5], [0], [120], num_contexts=1)
+    rt2 = getattr(manager2, patch._RUNTIME_ATTR)
+    assert rt2 is rt and rt2.adapter is adapter             # the same allocation
+    assert adapter.pool.slot_of(1) is None                  # nothing carried over
+    sa.run_step(model2, manager2, md2, [5], [120], [1], num_contexts=0)
+    allowed, _ = selection_of(patch, manager2, md2)
+    assert adapter.pool.slot_of(5) is not None
+
+
+def test_buffers_are_sized_from_the_engine_max_batch(env):
+    """A CUDA-graph metadata of batch 1 may run the first decode step: SPIN's buffers still hold
+    the engine's max batch, and a larger batch than that is refused by name."""
+    trt, patch = env
+    mc, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1,
+                                      batch=4)
+    backend = sa._imp("tensorrt_llm._torch.attention.backends.utils").get_attention_backend(
+        "TRTLLM", mc.sparse_attention_config)
+    small = backend.Metadata(max_num_requests=1, max_num_tokens=1024, kv_cache_manager=manager,
+                             sparse_attention_config=mc.sparse_attention_config)
+    rec = sa.Recorder(model)
+    sa.run_step(model, manager, md, [1, 2, 3], [0, 0, 0], [80, 90, 100], num_contexts=3)
+    sa.run_step(model, manager, small, [1], [80], [1], num_contexts=0)
+    sa.run_step(model, manager, md, [1, 2, 3], [81, 90, 100], [1, 1, 1], num_contexts=0)
+    rt = getattr(manager, patch._RUNTIME_ATTR)
+    assert rt.adapter.max_batch == 4 and rt.adapter.indexer.batch == 3
+    allowed, _ = selection_of(patch, manager, md)
+    dummy = sa._imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
+    assert sa.reference_check(model, rec, False, 1, dummy, allowed) > 0
+    table = torch.zeros(5, 4, dtype=torch.int32)
+    with pytest.raises(patch.SpinError, match="5 generation requests in one step, SPIN's "
+                                              "buffers hold 4"):
+        rt.begin(_decode_fields(md, [1, 2, 3, 4, 6], [90] * 5, [1] * 5, table))
+
+
+def test_every_step_refills_spin_buffers_even_ragged_ones(env):
+    """A step whose rows are not (requests x next_n) on the host runs upstream's dense
+    indexer, but SPIN's buffers must hold that step's batch: a graph captured with SPIN that
+    replays on it must never see an earlier step's rows."""
+    trt, patch = env
+    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 2)
+    sa.run_step(model, manager, md, [1, 2], [0, 0], [200, 150], num_contexts=2)
+    sa.run_step(model, manager, md, [1, 2], [200, 150], [2, 2], num_contexts=0, next_n=2)
+    rt = getattr(manager, patch._RUNTIME_ATTR)
+    manager.add_sequence(3, 60)
+    table = manager.copy_batch_block_offsets([2, 3])
+    rt.begin(_decode_fields(md, [2, 3], [152, 58], [2, 1], table))        # ragged
+    ix = rt.adapter.indexer
+    assert ix.batch == 2 and ix.request[:2].tolist() == [2, 3]
+    assert ix.context_lens[:2].tolist() == [[153, 154], [59, 60]]
+    assert torch.equal(ix.block_table[:2, :table.shape[1]], table)

@@ -107,6 +107,30 @@ class SpinDecodeAdapter:
         self._last_seen: dict[int, int] = {}           # request -> step it was last in a batch
         self._clock = 0
 
+    @classmethod
+    def for_engine(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
+                   compress_ratio: int, page_slots: int, max_next_n: int,
+                   device: torch.device | str, logits_backend: Any) -> "SpinDecodeAdapter":
+        """Sized once for an engine's limits (max batch, max sequence length, largest draft
+        length + 1): the state never grows, so captured CUDA graphs stay valid."""
+        return cls(cfg, num_layers, max_batch, max_next_n, max_tokens, compress_ratio,
+                   device=device, logits_backend=logits_backend, page_slots=page_slots,
+                   max_next_n=max_next_n, initial_capacity=max_tokens // compress_ratio + 9)
+
+    @classmethod
+    def planned_bytes(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
+                      compress_ratio: int, page_slots: int = BLOCK,
+                      max_next_n: int = 1) -> tuple[int, int]:
+        """(state bytes, all bytes) that for_engine allocates, counted without allocating
+        (built on the meta device)."""
+        class _Kernel:
+            name, needs_out = "planned", False
+
+        _Kernel.page_slots = page_slots
+        plan = cls.for_engine(cfg, num_layers, max_batch, max_tokens, compress_ratio,
+                              page_slots, max_next_n, "meta", _Kernel())
+        return plan.pool.nbytes(), plan.nbytes()
+
     def indexer_for(self, next_n: int) -> SpinIndexer:
         """The step buffers of one draft length (made on first use)."""
         if next_n not in self._indexers:

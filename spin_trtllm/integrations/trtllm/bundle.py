@@ -36,14 +36,19 @@ class BundleOptions:
 def sparse_attention_block(spin: SpinConfig, algorithm: str,
                            index_topk: Optional[int] = None) -> dict[str, Any]:
     """sparse_attention_config with a `spin:` sub-block: only the SPIN fields set explicitly
-    (so TensorRT-LLM's YAML stays short) and K once, at the outer level."""
+    (so TensorRT-LLM's YAML stays short), and K at the outer level only when the user asked
+    for one: TensorRT-LLM keeps an explicitly set index_topk over the checkpoint's (V4-Flash
+    512, V4-Pro 1024, V3.2 2048), so writing a default would change the model."""
     if algorithm not in TRTLLM_ALGORITHM_TOPK:
         raise SpinError(f"algorithm must be one of {sorted(TRTLLM_ALGORITHM_TOPK)}, got {algorithm!r}")
     k = index_topk if index_topk is not None else (
-        spin.index_topk if "index_topk" in spin.model_fields_set else TRTLLM_ALGORITHM_TOPK[algorithm])
+        spin.index_topk if "index_topk" in spin.model_fields_set else None)
     fields = {n: getattr(spin, n) for n in SpinConfig.model_fields
               if n in spin.model_fields_set and n != "index_topk"}
-    block = {"algorithm": algorithm, "index_topk": k, "spin": fields}
+    block: dict[str, Any] = {"algorithm": algorithm}
+    if k is not None:
+        block["index_topk"] = k
+    block["spin"] = fields
     SpinConfig.from_trtllm(block)            # the runtime will accept what we write
     return block
 
@@ -60,22 +65,88 @@ def llm_api_options(spin: SpinConfig, opts: BundleOptions) -> dict[str, Any]:
     if opts.mtp_depth:
         out["speculative_config"] = {"decoding_type": "MTP",
                                      "num_nextn_predict_layers": opts.mtp_depth}
-        # SPIN learns acceptance from the host-side kv lens at prepare(); the overlap
-        # scheduler only corrects them later on the device
-        out["disable_overlap_scheduler"] = True
     return out
 
 
+# what `build` assumes of a model whose config.json it cannot read: the released checkpoints'
+ASSUMED_SHAPES = {"deepseek_v4": {"spin_layers": 21, "max_seq_len": 1 << 20, "ratio": 4},
+                  "dsa": {"spin_layers": 61, "max_seq_len": 163840, "ratio": 1}}
+
+
+def model_shapes(opts: BundleOptions) -> tuple[dict[str, int], list[str]]:
+    """SPIN layers, longest sequence and compress ratio of the model, from its config.json
+    when the model is a local folder (else the released checkpoints' shapes), and what was
+    assumed."""
+    shapes = dict(ASSUMED_SHAPES[opts.algorithm])
+    assumed = []
+    config: dict[str, Any] = {}
+    path = Path(opts.model) / "config.json"
+    if path.is_file():
+        try:
+            import json
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise SpinError(f"{path}: not readable as JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise SpinError(f"{path}: expected a JSON object")
+    layers = config.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > 0:
+        ratios = config.get("compress_ratios")
+        if shapes["ratio"] > 1 and isinstance(ratios, list):
+            shapes["spin_layers"] = sum(1 for r in ratios[:layers] if r == shapes["ratio"])
+        elif shapes["ratio"] == 1:
+            shapes["spin_layers"] = layers
+        else:
+            assumed.append("SPIN layers")
+    else:
+        assumed.append("SPIN layers")
+    if opts.max_seq_len:
+        shapes["max_seq_len"] = opts.max_seq_len
+    elif isinstance(config.get("max_position_embeddings"), int):
+        shapes["max_seq_len"] = config["max_position_embeddings"]
+    else:
+        assumed.append("max sequence length")
+    return shapes, assumed
+
+
+def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
+    """What SPIN will hold on each GPU (its state and step buffers, made at the engine's first
+    step, during TensorRT-LLM's start-up, before the KV cache is sized)."""
+    from .adapter import SpinDecodeAdapter
+
+    shapes, assumed = model_shapes(opts)
+    batch = opts.max_batch_size or 1
+    if shapes["spin_layers"] < 1:
+        return "SPIN memory: the model has no SPIN (indexer) layers"
+    state, total = SpinDecodeAdapter.planned_bytes(
+        spin, shapes["spin_layers"], batch, shapes["max_seq_len"], shapes["ratio"],
+        max_next_n=1 + opts.mtp_depth)
+    slots = shapes["max_seq_len"] // shapes["ratio"]
+    who = f"{batch} requests" if opts.max_batch_size else \
+        "1 request (pass --max-batch-size for the engine's total)"
+    line = (f"SPIN memory on each GPU: {total / 2**30:.2f} GiB = state {state / 2**30:.2f} GiB "
+            f"({shapes['spin_layers']} SPIN layers x {who} x {slots:,} slots, "
+            f"{spin.state_dtype}) + step buffers {(total - state) / 2**30:.2f} GiB"
+            f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
+            f"engine's first step, before TensorRT-LLM sizes its KV cache")
+    if assumed:
+        line += f" [assumed, no config.json: {', '.join(assumed)}]"
+    return line
+
+
 CONFIG_PBTXT = """# Generated by spin-trtllm {version} (`spin-trtllm build`): TensorRT-LLM's LLM-API model
-# interface, served by 1/model.py with SPIN enabled. max_batch_size 0: no Triton batch
+# interface (the inputs its model.py reads, as its own config.pbtxt declares them), served by
+# 1/model.py with SPIN enabled. max_batch_size 0: no Triton batch
 # dimension (the LLM batches in flight); decoupled comes from 1/model.yaml (triton_config).
 name: "{name}"
 backend: "python"
 max_batch_size: 0
 
 input [
-  {{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "text_input", data_type: TYPE_STRING, dims: [ -1 ] }},
   {{ name: "streaming", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "return_finish_reason", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "stop", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
   {{ name: "sampling_param_max_tokens", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},
   {{ name: "sampling_param_temperature", data_type: TYPE_FP32, dims: [ 1 ], optional: true }},
   {{ name: "sampling_param_top_k", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},

@@ -36,6 +36,7 @@ import importlib
 import inspect
 import logging
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -169,6 +170,7 @@ class _Runtime:
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
         self.manager_id = 0
+        self.manager_ref: Callable[[], Any] = lambda: None
         self.active = False
         self.step_key: tuple[int, int] = (0, 0)      # (next_n, generation requests) of the step
         # the step's forward seen by Python (eager or CUDA-graph capture) and whether its MTP
@@ -181,14 +183,10 @@ class _Runtime:
         cfgs = set(_LAYERS.values())
         if len(cfgs) != 1:
             raise SpinError(f"SPIN layers of one model must share one SpinConfig, got {len(cfgs)}")
-        max_tokens = geometry["max_tokens"]
-        adapter = SpinDecodeAdapter(
+        adapter = SpinDecodeAdapter.for_engine(
             next(iter(cfgs)), len(self.layer_index), geometry["max_batch"],
-            geometry["max_next_n"], max_tokens, self.ratio,
-            device=md.indexer_k_cache_block_offsets.device,
-            logits_backend=_EngineKernel(geometry["page_slots"]),
-            page_slots=geometry["page_slots"], max_next_n=geometry["max_next_n"],
-            initial_capacity=max_tokens // self.ratio + 9)    # no growth: graphs stay valid
+            geometry["max_tokens"], self.ratio, geometry["page_slots"], geometry["max_next_n"],
+            md.indexer_k_cache_block_offsets.device, _EngineKernel(geometry["page_slots"]))
         log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
                  "K %d, up to %d requests), %.1f MB of state and step buffers",
                  len(self.layer_index), self.ratio, geometry["page_slots"],
@@ -203,6 +201,7 @@ class _Runtime:
             self.adapter.reset()              # a rebuilt KV cache: no request carries over
             self.graph_finishes.clear()
         self.manager_id = id(manager)
+        self.manager_ref = weakref.ref(manager)
 
     def _settle_previous(self) -> None:
         """Did the last step's MTP updates run inside its forward? (Then the host must not
@@ -315,6 +314,8 @@ def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
             getattr(md, "indexer_k_cache_block_offsets", None) is not None:
         geometry = geometry_of(md, create_ratio)
         key = (create_ratio, *sorted(geometry.items()))
+        for other in [k for k, r in _RUNTIMES.items() if k != key and r.manager_ref() is None]:
+            del _RUNTIMES[other]            # its KV cache is gone: give its memory back
         rt = _RUNTIMES.get(key)
         if rt is None:
             rt = _RUNTIMES[key] = _Runtime(create_ratio, key)
