@@ -9,7 +9,8 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
   Predicted slot score  z^[i] = max(V[i], D[q - i]).
 - Blocks: b(i) = i // b, B = ceil(n / b). Block score S[j] = pool(z^ over the block's
   visible slots), pool in {max, mean, top4 (mean of up to the 4 largest)}.
-- Budget  m = min(B, max(ceil(K/b), ceil((1 - rho) B))); products of a float knob are
+- Budget  m = min(B, max(f, ceil((1 - rho) B))), f = ceil((K + e)/b) the floor that holds K
+  visible slots (e: empty slots of a partly filled newest block); products of a float knob are
   formed in float64 and ceiled/floored with a 1e-6 tolerance, so that e.g. 0.7 * 10 gives 7,
   not 8 (also for a float32 0.7, whose product is 3.00000012 at B = 10).
 - Forced blocks: sink (block 0) if keep_sink, newest (block B-1) if keep_newest. They count
@@ -107,10 +108,25 @@ def block_count(n: torch.Tensor, block_size: int) -> torch.Tensor:
     return (n.to(torch.int64) + block_size - 1) // block_size
 
 
-def block_budget(n_blocks: torch.Tensor, rho: torch.Tensor, cfg: SpinConfig) -> torch.Tensor:
-    """m = min(B, max(ceil(K/b), ceil((1 - rho) B))), int64, broadcast over rho."""
+def budget_floor(n_blocks: torch.Tensor, cfg: SpinConfig,
+                 n: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The fewest blocks that hold K visible slots whichever blocks they are:
+    ceil((K + e) / b), e the empty slots of a partly filled newest block (ceil(K/b) when n is
+    not given or the newest block is full)."""
+    n_blocks = n_blocks.to(torch.int64)
+    if n is None:
+        return torch.full_like(n_blocks, cfg.min_blocks)
+    empty = (n_blocks * cfg.block_size - n.to(torch.int64)).clamp(min=0)
+    return (cfg.index_topk + empty + cfg.block_size - 1) // cfg.block_size
+
+
+def block_budget(n_blocks: torch.Tensor, rho: torch.Tensor, cfg: SpinConfig,
+                 n: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """m = min(B, max(floor, ceil((1 - rho) B))), int64, broadcast over rho; floor from
+    budget_floor (n: the rows' visible slots)."""
     keep = ceil_tol((1.0 - torch.as_tensor(rho).to(torch.float64)) * n_blocks.to(torch.float64))
-    return torch.minimum(n_blocks.to(torch.int64), keep.clamp(min=cfg.min_blocks))
+    floor = budget_floor(n_blocks, cfg, n)
+    return torch.minimum(n_blocks.to(torch.int64), torch.maximum(keep, floor))
 
 
 # ---- state ------------------------------------------------------------------------------------
@@ -312,14 +328,14 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
             slot_sel = torch.nn.functional.pad(slot_sel, (0, pad), value=False)
         chosen = slot_sel.view(G, R, NB, b).any(-1) | forced
         # keep room for K slots: top up to ceil(K/b) blocks with the best remaining ones
-        deficit = (torch.minimum(nblk, torch.full_like(nblk, cfg.min_blocks))
+        deficit = (torch.minimum(nblk, budget_floor(nblk, cfg, n))
                    - chosen.sum(-1)).clamp(min=0)
         rest = block_scores.masked_fill(chosen | ~valid, NEG_INF)
         chosen |= _take_top(rest, deficit) & valid & ~chosen
         m0 = chosen.sum(-1)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m0.to(torch.float64)), nblk - m0)
     else:
-        m = torch.maximum(block_budget(nblk, rho_r, cfg), n_forced)
+        m = torch.maximum(block_budget(nblk, rho_r, cfg, n), n_forced)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m.to(torch.float64)), m - n_forced)
         # forced blocks first, then the best of the rest (ranked without them, so no score,
         # not even an overflowed +inf, can tie with a forced block)

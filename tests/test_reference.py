@@ -170,11 +170,30 @@ def test_single_block_sink_is_newest():
 
 
 def test_newest_block_is_the_ragged_last_visible_block():
-    # n = 9 -> B = 3 (block 2 holds only slot 8); NB = 5 columns. rho = 0.9 -> m = 1 -> 2
+    # n = 9 -> B = 3 (block 2 holds only slot 8); NB = 5 columns. rho = 0.9 -> 1 block, but
+    # the floor holds K = 4 visible slots: ceil((4 + 3 empty) / 4) = 2 blocks
     cfg = mk(keep_sink=False)
     sel = select(cfg, [9.0, 8.0, -5.0, 99.0, 99.0], 9, 0.9)
-    # forced newest = block 2 (not NB - 1 = 4); m = max(1, 1) = 1 -> only block 2
-    assert ids(sel.mask[0]) == [2]
+    # forced newest = block 2 (not NB - 1 = 4), then the best other block (0)
+    assert ids(sel.mask[0]) == [0, 2]
+
+
+@pytest.mark.parametrize("K,b,n", [(4, 4, 9), (512, 64, 1000), (512, 64, 1025), (500, 64, 1010),
+                                   (8, 4, 8), (6, 4, 7), (1, 4, 5)])
+def test_the_budget_floor_holds_k_visible_slots(K, b, n):
+    """At the floor (high sparsity) the selected blocks hold at least min(K, n) visible
+    slots, however the blocks rank: DeepSeek-V4's sparse attention counts min(kv // 4, K)
+    entries of the top-K row, so fewer would put -1 inside that count."""
+    cfg = mk(index_topk=K, block_size=b, keep_sink=False, keep_newest=True)
+    NB = -(-n // b)
+    for scores in ([float(NB - j) for j in range(NB)], [float(j) for j in range(NB)]):
+        sel = select(cfg, scores, n, 0.99)
+        blocks = ids(sel.mask[0])
+        visible = sum(min(b, n - j * b) for j in blocks)
+        assert visible >= min(K, n), (blocks, visible)
+        # and no more than the floor asks for: one block fewer would not hold K
+        floor = -(-(K + NB * b - n) // b)
+        assert len(blocks) == min(NB, floor)
 
 
 # ---- ties ----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ the 1e-6 tolerance of the spec is meant to reproduce.
 from __future__ import annotations
 
 import math
+from typing import Optional
 from dataclasses import dataclass
 
 import pytest
@@ -37,9 +38,15 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def oracle_budget(B: int, rho_pct: int, K: int, b: int) -> int:
-    """min(B, max(ceil(K/b), ceil((1 - rho) B))) with rho = rho_pct / 100, exactly."""
-    return min(B, max(ceil_div(K, b), ceil_div((100 - rho_pct) * B, 100)))
+def oracle_floor(B: int, K: int, b: int, n: Optional[int] = None) -> int:
+    """Blocks that hold K visible slots whichever they are: ceil((K + empty slots of a partly
+    filled newest block) / b)."""
+    return ceil_div(K + (0 if n is None else max(B * b - n, 0)), b)
+
+
+def oracle_budget(B: int, rho_pct: int, K: int, b: int, n: Optional[int] = None) -> int:
+    """min(B, max(floor, ceil((1 - rho) B))) with rho = rho_pct / 100, exactly."""
+    return min(B, max(oracle_floor(B, K, b, n), ceil_div((100 - rho_pct) * B, 100)))
 
 
 def oracle_forced(B: int, cfg: SpinConfig) -> set[int]:
@@ -90,14 +97,14 @@ def oracle_row(cfg, n, rho_pct, scores_row, slot_row, last_seen, request, layer,
         s = n if rho_pct == 0 else min(n, math.ceil(-B * math.log(rho_pct / 100) - 1e-6))
         slots = top_ids({i: float(slot_row[i]) for i in range(n)}, s)
         chosen = {i // b for i in slots} | forced
-        deficit = min(B, ceil_div(K, b)) - len(chosen)
+        deficit = min(B, oracle_floor(B, K, b, n)) - len(chosen)
         if deficit > 0:
             rest = {j: float(scores_row[j]) for j in range(B) if j not in chosen}
             chosen |= set(top_ids(rest, deficit))
         m0 = len(chosen)
         e = min(gp * m0 // 100, B - m0) if gp else 0
     else:
-        m = max(oracle_budget(B, rho_pct, K, b), len(forced))
+        m = max(oracle_budget(B, rho_pct, K, b, n), len(forced))
         e = min(gp * m // 100, m - len(forced)) if gp else 0
         rest = {j: float(scores_row[j]) for j in range(B) if j not in forced}
         chosen = forced | set(top_ids(rest, m - e - len(forced)))
@@ -287,7 +294,7 @@ def _check_selection(scn: Scn, sel, block_scores, slot_pred, state_before: SpinS
             assert oracle_forced(B, cfg) <= got                  # forced present
             if cfg.reduction != "A0" and not dense:
                 # m_t = max(budget formula, forced count)
-                assert m == max(oracle_budget(B, scn.rho_pct[g], cfg.index_topk, b),
+                assert m == max(oracle_budget(B, scn.rho_pct[g], cfg.index_topk, b, n),
                                 len(oracle_forced(B, cfg)))
             rows.append(got)
         union = _ids(sel.mask[g])
@@ -342,8 +349,12 @@ def test_budget_formula_vectorized(scn: Scn):
     cfg, b = scn.cfg, scn.cfg.block_size
     B = torch.tensor([[ceil_div(x, b) for x in row] for row in scn.n], dtype=torch.int64)
     rho = torch.tensor([[p / 100] * scn.R for p in scn.rho_pct], dtype=torch.float64)
-    got = block_budget(B, rho, cfg).tolist()
-    exp = [[oracle_budget(int(B[g, r]), scn.rho_pct[g], cfg.index_topk, b)
+    n = torch.tensor(scn.n, dtype=torch.int64)
+    assert block_budget(B, rho, cfg).tolist() == [
+        [oracle_budget(int(B[g, r]), scn.rho_pct[g], cfg.index_topk, b) for r in range(scn.R)]
+        for g in range(scn.G)]
+    got = block_budget(B, rho, cfg, n).tolist()
+    exp = [[oracle_budget(int(B[g, r]), scn.rho_pct[g], cfg.index_topk, b, scn.n[g][r])
             for r in range(scn.R)] for g in range(scn.G)]
     assert got == exp
 
@@ -480,8 +491,8 @@ def test_warmup_after_reset_then_budget(scn: Scn):
                 if k < w:
                     assert got == set(range(B))
                 elif cfg.reduction != "A0":
-                    m = max(oracle_budget(B, scn.rho_pct[g], cfg.index_topk, b),
-                            len(oracle_forced(B, cfg)))
+                    m = max(oracle_budget(B, scn.rho_pct[g], cfg.index_topk, b,
+                                          scn.n[g][r]), len(oracle_forced(B, cfg)))
                     assert len(got) == m
 
 

@@ -287,8 +287,13 @@ def test_release_1_2_layout():
             "algorithm": "dsa", "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,
             "skip_indexer_for_short_seqs": False,
             "spin": {"target_sparsity": 0.5, "exploration": 0.0}}).sparse_attention_config
+        # the model's layer count, as ModelConfig.from_pretrained records it: the MTP draft
+        # layer (layer_idx = num_hidden_layers) gets no SPIN state
+        patch._BASE_LAYERS[id(cfg)] = 1
+        draft = Indexer(None, None, None, False, cfg, None, layer_idx=1)
+        assert draft._spin is None and 1 not in patch._LAYERS
         ix = Indexer(None, None, None, False, cfg, None, layer_idx=0)
-        assert patch._LAYERS[0].index_topk == 2048
+        assert patch._LAYERS[0].index_topk == 2048 and list(patch._LAYERS) == [0]
         manager = DSACacheManager(num_layers=1, tokens_per_block=64, max_seq_len=8192,
                                   max_batch_size=2, sparse_attention_config=cfg)
         pages = manager.get_indexer_k_cache_buffers(0).view(manager.num_blocks, -1)

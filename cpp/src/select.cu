@@ -418,7 +418,6 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
   const bool dense = s.decode_steps[stream] < p.warmup_steps;
   const int64_t step = p.step[b];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int min_blocks = (p.index_topk + kBlockSize - 1) / kBlockSize;
 
   int nb_all = 0;
   for (int r = 0; r < p.rows; ++r) {
@@ -470,6 +469,10 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     }
     const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
     const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);
+    // the floor holds K visible slots whichever blocks it takes: one more block when the
+    // newest is partly filled
+    const int empty = max(B * kBlockSize - n, 0);
+    const int min_blocks = (p.index_topk + empty + kBlockSize - 1) / kBlockSize;
     long long m = min(static_cast<long long>(B), max(static_cast<long long>(min_blocks),
                                                      static_cast<long long>(keep)));
     m = max(m, static_cast<long long>(min(n_forced, B)));

@@ -200,7 +200,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
                 slot_pred = None
             rho_t = rho
             if adaptive is not None:
-                rho_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b), rho)
+                rho_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b), rho, n[:, 0])
             sel, _ = decode_step(state, cfg, dense_g, n, q, acc, rho_t, request_ids,
                                  layer_ids, step, block_scores=blocks)
 

@@ -68,7 +68,7 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..reference import NEG_INF, block_budget
+from ..reference import NEG_INF, block_budget, budget_floor
 
 PREDICTORS = ("spin", "probe", "hybrid", "quest", "gauss")
 BUDGETS = ("uniform", "adaptive")
@@ -236,15 +236,17 @@ class AdaptiveBudget:
         return valid & ~forced, forced.sum(-1)
 
     def allocate(self, block_scores: torch.Tensor, n_blocks: torch.Tensor,
-                 rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 rho: torch.Tensor, n: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho float64 [G] per stream, m int64 [G] row-0 blocks) from row 0's predicted block
-        scores [G, R, NB], its block count n_blocks [G] and the uniform target rho [G]."""
+        scores [G, R, NB], its block count n_blocks [G], its visible slots n [G] (the budget
+        floor holds K of them) and the uniform target rho [G]."""
         cfg = self.cfg
         NB = block_scores.shape[-1]
         B = n_blocks.to(torch.int64)
         cand, n_forced = self._candidates(B, NB)
-        uniform = torch.maximum(block_budget(B, rho, cfg), n_forced)
-        floor = torch.maximum(torch.minimum(B, torch.full_like(B, cfg.min_blocks)), n_forced)
+        uniform = torch.maximum(block_budget(B, rho, cfg, n), n_forced)
+        floor = torch.maximum(torch.minimum(B, budget_floor(B, cfg, n)), n_forced)
         key = block_scores[:, 0].float().nan_to_num(nan=NEG_INF).masked_fill(~cand, NEG_INF)
         # candidates first (selection's order: score desc, lower id), then the rest
         order = torch.sort(torch.where(cand, 1, 0), dim=-1, descending=True, stable=True).indices

@@ -486,6 +486,9 @@ def _patch_indexer(found: dict[str, Any]) -> None:
         spin = getattr(params, "spin", None)
         if spin is not None and legacy:
             spin = spin_config_of(params)            # 1.2 passes the pydantic config itself
+            base_layers = _BASE_LAYERS.get(id(params))
+            if base_layers is not None and int(getattr(self, "layer_idx", 0)) >= base_layers:
+                spin = None     # an MTP draft layer (1.2 builds it from the same config): dense
         k = getattr(self, "index_topk", None)
         if spin is not None and k is not None and k != spin.index_topk:
             spin = spin.with_overrides(index_topk=int(k))           # the layer's resolved K
