@@ -30,6 +30,7 @@ if GPU:
 K = 128                     # index_topk: several blocks' worth, so SPIN prunes
 PAGE = 64
 CKPT = dict(sa.V32_CKPT, index_topk=K, num_hidden_layers=2)
+V4_CKPT = dict(sa.V4_CKPT, index_topk=K)          # indexer layers 1 and 3 (ratio 4)
 
 
 # ---- a host-read guard standing in for stream capture on the CPU ---------------------------
@@ -80,53 +81,59 @@ def capture_guard(md):
 # ---- keys and the reference ----------------------------------------------------------------
 def fill_pages(pool: torch.Tensor, gen: torch.Generator) -> None:
     """Random FP8 keys and fp32 scales in every page of one layer's indexer K cache
-    (uint8 [pages, 64 * 132]: 64 fp8 rows of 128 B, then 64 fp32 scales)."""
-    pages = pool.shape[0]
-    keys = torch.randn(pages, PAGE, 128, generator=gen)
+    (uint8 [pages, slots, 1, 132]; each page holds its fp8 rows of 128 B, then its fp32
+    scales)."""
+    pages, slots = pool.shape[0], pool.shape[1]
+    keys = torch.randn(pages, slots, 128, generator=gen)
     scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
     fp8 = (keys / scale[..., None]).to(torch.float8_e4m3fn)
     data = torch.cat([fp8.view(torch.uint8).reshape(pages, -1),
                       scale.float().view(torch.uint8).reshape(pages, -1)], 1)
-    pool.copy_(data.to(pool.device))
+    pool.view(pages, -1).copy_(data.to(pool.device))
 
 
 def dequantized_keys(pool: torch.Tensor) -> torch.Tensor:
-    """float64 [pages, 64, 128] from the page bytes (the format contract, written here)."""
-    raw = pool.cpu()
-    pages = raw.shape[0]
-    fp8 = raw[:, :PAGE * 128].contiguous().view(torch.float8_e4m3fn).view(pages, PAGE, 128)
-    scale = raw[:, PAGE * 128:PAGE * 132].contiguous().view(torch.float32).view(pages, PAGE)
+    """float64 [pages, slots, 128] from the page bytes (the format contract, written here)."""
+    pages, slots = pool.shape[0], pool.shape[1]
+    raw = pool.reshape(pages, -1).cpu()
+    fp8 = raw[:, :slots * 128].contiguous().view(torch.float8_e4m3fn).view(pages, slots, 128)
+    scale = raw[:, slots * 128:slots * 132].contiguous().view(torch.float32).view(pages, slots)
     return fp8.double() * scale.double()[..., None]
 
 
 def reference_logits(keys, pages, n, q, w):
     """Dense indexer scores of slots 0..n-1 of a request whose pages are `pages`."""
     slots = torch.arange(n)
-    k = keys[torch.as_tensor(pages)[slots // PAGE], slots % PAGE]          # [n, 128]
+    per_page = keys.shape[1]
+    k = keys[torch.as_tensor(pages)[slots // per_page], slots % per_page]   # [n, 128]
     scores = torch.relu(torch.einsum("hd,nd->hn", q.double(), k))
     return (scores * w.double()[:, None]).sum(0)
 
 
 # ---- the engine loop -----------------------------------------------------------------------
 class Loop:
-    def __init__(self, trt, patch, next_n: int, graphs: bool, overlap: bool, seed: int):
+    MAX_TOKENS = 16384
+    def __init__(self, trt, patch, next_n: int, graphs: bool, overlap: bool, seed: int,
+                 v4: bool = False, tokens_per_block: int = PAGE):
         llm_args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
         runner_mod = importlib.import_module(
             "tensorrt_llm._torch.pyexecutor.engine.runners.decoder.runner")
         mtp = importlib.import_module("tensorrt_llm._torch.speculative.mtp")
         self.patch, self.R = patch, next_n
         self.device = torch.device(os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu"))
-        cfg = tp.sparse_config(False, spin={"target_sparsity": 0.5, "exploration": 0.1})
-        self.batch = 4
+        cfg = tp.sparse_config(v4, spin={"target_sparsity": 0.5, "exploration": 0.1})
+        self.batch, self.ratio = 4, 4 if v4 else 1
+        ckpt = V4_CKPT if v4 else CKPT
         self.mc, self.model, self.manager, self.md = sa.build(
-            trt, CKPT, cfg, PAGE, next_n, max_seq_len=2048, batch=self.batch,
-            max_num_tokens=4096)
-        self.layers = [l.self_attn.indexer for l in self.model.model.layers[:2]]
+            trt, ckpt, cfg, tokens_per_block, next_n, max_seq_len=2048 * self.ratio,
+            batch=self.batch, max_num_tokens=self.MAX_TOKENS)
+        self.layers = [l.self_attn.indexer for l in
+                       self.model.model.layers[:ckpt["num_hidden_layers"]]
+                       if l.self_attn.indexer is not None]
         gen = torch.Generator().manual_seed(seed)
         self.keys = {}
         for ix in self.layers:
-            pool = self.manager.indexer_k_cache_pool_per_layer[
-                self.manager.layer_offsets[ix.layer_idx]]
+            pool = self.manager.get_indexer_k_cache_buffers(ix.layer_idx)
             fill_pages(pool, gen)
             self.keys[ix.layer_idx] = dequantized_keys(pool)
         self.rng = random.Random(seed)
@@ -162,7 +169,7 @@ class Loop:
                 "tensorrt_llm._torch.attention.backends.utils").get_attention_backend(
                 "TRTLLM", self.mc.sparse_attention_config)
             buffers = importlib.import_module("tensorrt_llm._torch.memory_buffer_utils").Buffers()
-            md = backend.Metadata(max_num_requests=self.batch, max_num_tokens=4096,
+            md = backend.Metadata(max_num_requests=self.batch, max_num_tokens=self.MAX_TOKENS,
                                   kv_cache_manager=self.manager,
                                   sparse_attention_config=self.mc.sparse_attention_config,
                                   is_cuda_graph=True, cuda_graph_buffers=buffers)
@@ -272,9 +279,11 @@ class Loop:
             for b, rid in enumerate(gens):
                 chosen = block_ids[b, spin_layer, :int(counts[b, spin_layer])].long()
                 for j in range(self.R):
-                    n = self.cached[rid] + j + 1              # what the engine attends to
+                    # what the engine attends to: indexer slots of the tokens so far
+                    n = (self.cached[rid] + j + 1) // self.ratio
                     assert int(ix.context_lens[b, j]) == n, "SPIN's row length"
-                    pages = table[b, :(n + PAGE - 1) // PAGE].tolist()
+                    per_page = self.keys[layer.layer_idx].shape[1]
+                    pages = table[b, :(n + per_page - 1) // per_page].tolist()
                     logits = reference_logits(self.keys[layer.layer_idx], pages, n,
                                               q[b * self.R + j], w[b * self.R + j])
                     slots = (chosen.view(-1, 1) * PAGE + torch.arange(PAGE)).view(-1)
@@ -295,21 +304,23 @@ def acceptance(rng, gens, R, step):
     return {r: rng.randrange(R) for r in gens}
 
 
-def run_loop(trt, patch, next_n, graphs, overlap, seed=0, steps=14):
-    loop = Loop(trt, patch, next_n, graphs, overlap, seed)
+def run_loop(trt, patch, next_n, graphs, overlap, seed=0, steps=14, v4=False,
+             tokens_per_block=PAGE):
+    loop = Loop(trt, patch, next_n, graphs, overlap, seed, v4, tokens_per_block)
     loop.warmup()
     rng = random.Random(seed)
-    loop.step({1: 700, 2: 950}, [], {})
+    scale = loop.ratio                # V4: 4 tokens per indexer slot
+    loop.step({1: 700 * scale, 2: 950 * scale}, [], {})
     live = [1, 2]
     for t in range(steps):
         contexts = {}
         if t == 3:
-            contexts = {3: 1300}                 # joins beside decoding requests
+            contexts = {3: 1300 * scale}         # joins beside decoding requests
         if t == 8:
             live.remove(1)                       # leaves
             loop.manager.free_resources(1)
         if t == 10:
-            contexts = {4: 400}
+            contexts = {4: 400 * scale}
         gens = list(live)
         loop.step(contexts, gens, acceptance(rng, gens, next_n, t))
         live += list(contexts)
@@ -338,6 +349,23 @@ def test_engine_loop_rows_are_the_topk_of_the_selected_blocks(env, next_n, overl
     trt, patch = env
     loop = run_loop(trt, patch, next_n, graphs=True, overlap=overlap)
     assert loop.checked >= 60 * next_n and loop.pruned > 0
+
+
+# DeepSeek-V4: 4 tokens per indexer slot; tokens_per_block 256 gives 64-slot pages, 128 gives
+# 32-slot pages (two a SPIN block), which DeepGEMM's SM90 kernel does not take (upstream fails
+# there with or without SPIN): on a GPU only 256 runs
+V4_CASES = [(256, 1, False), (256, 3, True), (256, 2, True)] + \
+    ([] if GPU else [(128, 2, True), (128, 4, False)])
+
+
+@pytest.mark.parametrize("tokens_per_block,next_n,overlap", V4_CASES)
+def test_engine_loop_v4_rows_are_the_topk_of_the_selected_blocks(env, tokens_per_block, next_n,
+                                                                 overlap):
+    trt, patch = env
+    loop = run_loop(trt, patch, next_n, graphs=True, overlap=overlap, v4=True,
+                    tokens_per_block=tokens_per_block)
+    assert loop.checked >= 60 * next_n and loop.pruned > 0
+    assert loop.keys[loop.layers[0].layer_idx].shape[1] == tokens_per_block // 4
 
 
 @pytest.mark.skipif(not GPU, reason="on the CPU a replay re-runs the forward in Python")

@@ -20,6 +20,7 @@ from typing import List
 import torch
 
 from tensorrt_llm._torch.pyexecutor.resource_manager import KVCacheManager
+from tensorrt_llm._utils import standin_device
 from .params import DeepseekV4AttentionType
 
 BAD_PAGE_INDEX = -1
@@ -60,7 +61,8 @@ class DeepseekV4CacheManager(KVCacheManager):
                     self.num_blocks, tokens_per_block // ratio, head_dim)
             if ratio == 4:
                 self._indexer_pools[layer] = torch.zeros(
-                    self.num_blocks, (tokens_per_block // 4) * width, dtype=torch.uint8)
+                    self.num_blocks, (tokens_per_block // 4) * width, dtype=torch.uint8,
+                    device=standin_device())
         self._indexer_width = width
         self.compressor_state: dict = {}     # (layer, is_indexer) -> {request_id: rows}
 

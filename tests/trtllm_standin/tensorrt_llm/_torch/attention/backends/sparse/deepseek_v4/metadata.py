@@ -12,7 +12,11 @@ through copy_batch_indexer_compress_block_tables, clamped to >= 0), prepare_for_
 prepare_for_deepseek_v4_indices (sparse_mla_topk_lens: ratio 4 -> 128 + min(kv // 4, K)),
 DeepseekV4Indexer.prepare(metadata=self).
 
-Simplified: no offload, draft KV caches, pool pointers or per-ratio compressor metadata.
+Also mirrored: on_update_kv_lens() overridden (the DSA one through super(), then the V4
+index tables from the device kv lens), so an MTP rewind refreshes sparse_mla_topk_lens.
+
+Simplified: no offload, draft KV caches, pool pointers or per-ratio compressor metadata; the
+override's per-ratio compressed lengths and masks are not mirrored.
 """
 from __future__ import annotations
 
@@ -89,12 +93,15 @@ class DeepseekV4TrtllmAttentionMetadata(DSAtrtllmAttentionMetadata):
             cu = self.cu_seq_lens[:nr + 1]
             token_idx = torch.arange(nt, dtype=torch.int32)
             req = torch.searchsorted(cu[1:], token_idx, right=True)
-            token_positions = self.cached_token_lens_cuda[req] + token_idx - cu[req]
+            token_positions = (self.cached_token_lens_cuda[:nr].cpu()[req] + token_idx
+                               - cu[req]).to(self.cached_token_lens_cuda.device)
         n = token_positions.shape[0]
+        dev = token_positions.device
         pos = token_positions.long()[:, None]
-        swa = (pos - self.window_size + 1).clamp(min=0) + torch.arange(self.window_size)
+        swa = (pos - self.window_size + 1).clamp(min=0) + torch.arange(self.window_size,
+                                                                       device=dev)
         self.swa_local_indices_cuda[:n] = torch.where(swa > pos, -1, swa).int()
-        cols = torch.arange(self.max_compressed_indices[128])
+        cols = torch.arange(self.max_compressed_indices[128], device=dev)
         valid = cols[None, :] < (token_positions.long() + 1)[:, None] // 128
         self.compressed_local_indices_cuda[:n] = torch.where(valid, cols, -1).int()
         kv = token_positions.long() + 1
@@ -106,6 +113,21 @@ class DeepseekV4TrtllmAttentionMetadata(DSAtrtllmAttentionMetadata):
             else:
                 total = self.window_size + kv // ratio
             self.sparse_mla_topk_lens[ratio][:n] = total.int()
+
+    def on_update_kv_lens(self) -> None:
+        """Upstream overrides it: the DSA refresh (super()), then the per-token positions and
+        the V4 index tables (sparse_mla_topk_lens among them) from the device kv lens. Device
+        work only, as it runs inside capture."""
+        super().on_update_kv_lens()
+        nt, ns = self.num_tokens, self.num_seqs
+        if nt == 0:
+            return
+        seq_lens = self.seq_lens_cuda[:ns].long()
+        ends = torch.cumsum(seq_lens, 0)
+        token = torch.arange(nt, device=ends.device)
+        req = torch.searchsorted(ends, token, right=True)
+        start = self.kv_lens_cuda[:ns].long() - seq_lens
+        self.prepare_for_deepseek_v4_indices(start[req] + token - (ends - seq_lens)[req])
 
     def prepare(self):
         assert self.kv_cache_manager is not None and self.request_ids is not None

@@ -240,7 +240,9 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
             token = torch.arange(nt, device=ends.device)
             req = torch.searchsorted(ends, token, right=True)
             self.req_idx_per_token[:nt] = req.int()
-        if self.kv_cache_manager is not None and nt > 0:
+        # token-space slot mappings (V3.2); V4's compressor writes its compressed keys through
+        # its own mappings (simplified: not refreshed here)
+        if self.kv_cache_manager is not None and nt > 0 and self._indexer_compress_ratio <= 1:
             start = self.kv_lens_cuda[:ns].long() - seq_lens
             positions = start[req] + token - (ends - seq_lens)[req]
             head_dim = self.kv_cache_manager.index_head_dim
