@@ -164,14 +164,16 @@ class CostModel:
 
     def spin_us(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
                 state_bytes: int = 2, predictor: str = "spin",
-                update_beside: bool = False) -> float:
+                update_beside: bool = False, index_topk: int = 0) -> float:
         """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
-        logits + top-K + update, with a fraction `sparsity` of the blocks skipped.
+        logits + top-K + update, with a fraction `sparsity` of the blocks skipped, but never
+        fewer than the budget floor that holds index_topk visible slots (0: no floor).
         update_beside: the update is launched beside the top-K (next_n 1 only); it overlaps
         only spin's top-K kernel, not flashinfer's path (whose last kernel, the remap, does not
         let it start early)."""
         slots = _block_slots(visible_slots)
-        scored = slots * (1.0 - sparsity)
+        scored = sum(max(_block_slots([n]) * (1.0 - sparsity), _floor_slots(n, index_topk))
+                     for n in visible_slots)
         state = state_bytes / 2
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
         update = self.update_fixed_us + self.update_us_per_slot * scored * next_n * update_bytes
@@ -183,7 +185,8 @@ class CostModel:
 
     def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
-                    predictor: str = "spin", update_beside: bool = False) -> bool:
+                    predictor: str = "spin", update_beside: bool = False,
+                    index_topk: int = 0) -> bool:
         """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
         batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
         every step)."""
@@ -193,8 +196,18 @@ class CostModel:
         overhead = self.engine_overhead_beside_us \
             if self._beside(visible_slots, next_n, update_beside) else self.engine_overhead_us
         spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor,
-                            update_beside) + overhead
+                            update_beside, index_topk) + overhead
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
+
+
+def _floor_slots(visible: int, index_topk: int) -> float:
+    """Slots of the blocks the budget floor keeps for one request: ceil((K + e) / 64) blocks,
+    e the empty slots of its partly filled newest block (reference.budget_floor)."""
+    blocks = math.ceil(max(0, int(visible)) / BLOCK_SLOTS)
+    if index_topk <= 0 or blocks == 0:
+        return 0.0
+    empty = blocks * BLOCK_SLOTS - int(visible)
+    return float(min(blocks, -(-(index_topk + empty) // BLOCK_SLOTS)) * BLOCK_SLOTS)
 
 
 def _block_slots(visible_slots: Sequence[int]) -> float:

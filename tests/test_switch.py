@@ -344,3 +344,18 @@ def test_demo_speed_size_is_checked(capsys):
     from spin_trtllm.cli import main
     assert main(["demo", "--device", "cpu", "--speed-size", "0", "131072"]) == 2
     assert "--speed-size" in capsys.readouterr().err
+
+
+def test_the_cost_model_counts_the_budget_floor():
+    """At high sparsity on short contexts SPIN still scores the floor's blocks (K visible
+    slots, one block more when the newest is partly filled): the model must charge them."""
+    from spin_trtllm.costs import H200
+    ctx = [1000] * 16                               # 16 blocks, the newest holds 40 slots
+    assert H200.spin_us(ctx, 0.9, index_topk=512) > H200.spin_us(ctx, 0.9)
+    # where the budget is above the floor, K changes nothing
+    long = [65536] * 16
+    assert H200.spin_us(long, 0.5, index_topk=512) == pytest.approx(H200.spin_us(long, 0.5))
+    # the floor's blocks are charged exactly: ceil((512 + 24 empty) / 64) = 9 blocks = 576
+    # slots a request, as a sparsity that keeps 576 of the 1024 would be
+    assert H200.spin_us(ctx, 0.9, index_topk=512) == pytest.approx(
+        H200.spin_us(ctx, 1 - 576 / 1024))

@@ -756,7 +756,8 @@ class Engine:
                                               self.pool.state.V.element_size(),
                                               running_spin=self._ran_spin,
                                               predictor=self.predictor,
-                                              update_beside=self.spin_indexer.update_beside)
+                                              update_beside=self.spin_indexer.update_beside,
+                                              index_topk=self.spin.index_topk)
         else:
             use = self.switch == "spin"
         self._ran_spin = use
