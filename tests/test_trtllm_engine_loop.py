@@ -15,12 +15,12 @@ import contextlib
 import importlib
 import os
 import random
-import sys
 
 import pytest
 import torch
 
 import test_trtllm_patch as tp
+from test_trtllm_patch import env  # noqa: F401  (the fixture: a fresh stand-in + SPIN)
 import test_trtllm_standin as sa
 
 GPU = os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu").startswith("cuda")
@@ -325,22 +325,6 @@ def run_loop(trt, patch, next_n, graphs, overlap, seed=0, steps=14, v4=False,
         loop.step(contexts, gens, acceptance(rng, gens, next_n, t))
         live += list(contexts)
     return loop
-
-
-@pytest.fixture
-def env():
-    saved = {k: v for k, v in sys.modules.items() if k == "tensorrt_llm"
-             or k.startswith("tensorrt_llm.") or k in tp.SPIN_MODULES}
-    tp._purge()
-    sys.path.insert(0, str(sa.STANDIN))
-    try:
-        trt = importlib.import_module("tensorrt_llm")
-        patch = importlib.import_module("spin_trtllm.integrations.trtllm.patch")
-        yield trt, patch
-    finally:
-        sys.path.remove(str(sa.STANDIN))
-        tp._purge()
-        sys.modules.update(saved)
 
 
 @pytest.mark.parametrize("next_n,overlap", [(1, False), (2, True), (3, True), (4, False),
