@@ -402,3 +402,20 @@ def test_every_step_refills_spin_buffers_even_ragged_ones(env):
     assert ix.batch == 2 and ix.request[:2].tolist() == [2, 3]
     assert ix.context_lens[:2].tolist() == [[153, 154], [59, 60]]
     assert torch.equal(ix.block_table[:2, :table.shape[1]], table)
+
+
+def test_cute_dsl_paged_logits_layers_stay_dense(env, monkeypatch, caplog):
+    """SM100 with use_cute_dsl_paged_mqa_logits: upstream scores through its CuTe DSL kernel,
+    which SPIN cannot drive: those layers get no SPIN state and run as upstream ships them."""
+    trt, patch = env
+    for mod in ("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer",
+                "tensorrt_llm._torch.attention.backends.sparse.dsa.metadata"):
+        monkeypatch.setattr(sa._imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
+    monkeypatch.setattr(sa._imp("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer"),
+                        "is_sm_100f", lambda: True)
+    cfg = sparse_config(False, spin={}, use_cute_dsl_paged_mqa_logits=True)
+    with caplog.at_level(logging.WARNING, logger="spin_trtllm"):
+        _, model, _, _ = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1)
+    layers = [l.self_attn.indexer for l in model.model.layers[:2]]
+    assert all(ix.use_cute_dsl_paged_mqa_logits and ix._spin is None for ix in layers)
+    assert not patch._LAYERS and "CuTe DSL paged logits" in caplog.text

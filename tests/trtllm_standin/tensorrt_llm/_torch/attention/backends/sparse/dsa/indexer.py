@@ -21,7 +21,8 @@ Mirrored, in upstream's order and with upstream's names and signatures:
 
 Simplified: projections are plain nn.Linear without RoPE, Hadamard rotation, LayerNorm fusion
 or streams; prefill runs the single-pass path only (no chunking, no cached context tokens, no
-q split); the CuTe DSL paged-logits branch and GVR emission are omitted (SM100 only).
+q split); GVR emission is omitted and the CuTe DSL paged-logits branch (SM100 only:
+use_cute_dsl_paged_mqa_logits and IS_CUTLASS_DSL_AVAILABLE and is_sm_100f()) raises.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from tensorrt_llm._torch.modules.top_k import TopK, TopKImplementation
-from tensorrt_llm._utils import get_sm_version
+from tensorrt_llm._utils import get_sm_version, is_sm_100f
 from tensorrt_llm.deep_gemm import (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits,
                                     fp8_mqa_logits, fp8_paged_mqa_logits,
                                     get_paged_mqa_logits_metadata)
@@ -173,7 +174,8 @@ class Indexer(nn.Module):
         self.use_fp4 = sparse_params.indexer_k_dtype == "fp4"
         self.aux_stream = aux_stream
         self.use_cute_dsl_topk = sparse_params.use_cute_dsl_topk and IS_CUTLASS_DSL_AVAILABLE
-        self.use_cute_dsl_paged_mqa_logits = False
+        self.use_cute_dsl_paged_mqa_logits = (sparse_params.use_cute_dsl_paged_mqa_logits
+                                              and IS_CUTLASS_DSL_AVAILABLE and is_sm_100f())
         self.weight_scale_factor = self.softmax_scale * self.n_heads ** -0.5
         self._enable_heuristic_topk = sparse_params.enable_heuristic_topk and \
             get_sm_version() >= 100
@@ -378,6 +380,9 @@ class Indexer(nn.Module):
                 "max_decode_len != min_decode_len, we need padding"
             q_decode = q_fp8[gen]
             next_n = num_gen_tokens // ng
+            if self.use_cute_dsl_paged_mqa_logits:
+                raise NotImplementedError("stand-in: the CuTe DSL paged logits "
+                                          "(torch.ops.trtllm.cute_dsl_fp8_paged_mqa_logits)")
             if not metadata.use_expanded_buffers_for_mtp or next_n == 1:
                 q_decode = q_decode.view(ng, -1, *q_fp8.shape[1:])
                 context_lens = metadata.kv_lens_cuda_2d[:ng, :next_n].contiguous()
