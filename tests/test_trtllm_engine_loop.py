@@ -382,6 +382,8 @@ def test_mtp_updates_in_the_forward_equal_the_host_replay(env, monkeypatch):
                 for rid in pool.request_ids()}
 
     state_inside = state(inside)
+    assert any(bool(t.abs().sum() > 0) for ts in state_inside.values() for t in ts[:2]), \
+        "the updates ran"
     monkeypatch.setattr(patch._Runtime, "on_accepted", lambda self, md, num: None)
     host = run_loop(trt, patch, 3, graphs=False, overlap=False, seed=9)
     for a, b in zip(inside.rows, host.rows):
@@ -391,3 +393,18 @@ def test_mtp_updates_in_the_forward_equal_the_host_replay(env, monkeypatch):
     for rid, tensors in state_inside.items():
         for a, b in zip(tensors, state_host[rid]):
             assert torch.equal(a, b), f"request {rid}"
+
+
+@pytest.mark.parametrize("v4", [False, True])
+def test_the_overlap_scheduler_changes_nothing(env, v4):
+    """With the overlap scheduler the host prepares each MTP step as if every draft was
+    accepted and the runner corrects kv_lens_cuda inside the step: SPIN must select, score and
+    update exactly as when the host knew the lengths."""
+    trt, patch = env
+    on = run_loop(trt, patch, 3, graphs=True, overlap=True, seed=3, v4=v4,
+                  tokens_per_block=256 if v4 else PAGE)
+    off = run_loop(trt, patch, 3, graphs=True, overlap=False, seed=3, v4=v4,
+                   tokens_per_block=256 if v4 else PAGE)
+    assert on.checked == off.checked > 0
+    for a, b in zip(on.rows, off.rows):
+        assert torch.equal(a, b)

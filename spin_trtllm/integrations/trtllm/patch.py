@@ -211,7 +211,9 @@ class _Runtime:
                 else self.step_key in self.graph_finishes
             if done:
                 self.adapter.drop_pending()
+        # decided once: a pending update left now is the host's to replay
         self.forward_in_python = self.finished_in_forward = False
+        self.step_key = (0, 0)
 
     def begin(self, md: Any) -> None:
         """In prepare(): the generation requests of this step, before any layer runs. Host-side
@@ -239,6 +241,11 @@ class _Runtime:
             next_n = max(int(new.max()), 1)
         # every step refills SPIN's buffers with its own batch: a graph captured with SPIN
         # never replays an earlier step's rows
+        if next_n > 1 and not _SPEC_WORKERS:
+            _warn_once("spec", "no one-model speculative worker was found to patch "
+                               f"({', '.join(SPEC_MODULES)}): SPIN replays its MTP updates "
+                               "from the host at the next step, which with the overlap "
+                               "scheduler counts every draft accepted")
         self.adapter.begin_step(DecodeBatch(ids, cached + next_n,
                                             md.indexer_k_cache_block_offsets[nc:nc + ng],
                                             prefill_ids=prefill), next_n=next_n, select=False)
@@ -633,6 +640,7 @@ def _patch_spec_workers() -> list[str]:
     return done
 
 
+_SPEC_WORKERS: list[str] = []     # the speculative workers whose acceptance SPIN hooks
 _LOCK = threading.Lock()
 _PATCHED: list[str] = []
 
@@ -660,7 +668,8 @@ def activate() -> list[str]:
         _patch_topk(found)
         done.append("torch.ops.trtllm.indexer_topk_decode" if found["legacy"]
                     else "TopK.forward")
-        done += _patch_spec_workers()
+        _SPEC_WORKERS.extend(_patch_spec_workers())
+        done += _SPEC_WORKERS
         _patch_metadata(found["DSAtrtllmAttentionMetadata"], ratio=1)
         done.append("DSAtrtllmAttentionMetadata.prepare")
         v4 = found["DeepseekV4TrtllmAttentionMetadata"]
