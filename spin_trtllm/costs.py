@@ -78,6 +78,7 @@ from typing import Sequence
 import torch
 
 from .reference import PAGE_SLOTS as BLOCK_SLOTS
+from .reference import floor_blocks
 from .reference import SLOT_BYTES as KEY_BYTES_PER_SLOT   # FP8 key bytes + a 4-byte scale
 
 
@@ -201,13 +202,12 @@ class CostModel:
 
 
 def _floor_slots(visible: int, index_topk: int) -> float:
-    """Slots of the blocks the budget floor keeps for one request: ceil((K + e) / 64) blocks,
-    e the empty slots of its partly filled newest block (reference.budget_floor)."""
-    blocks = math.ceil(max(0, int(visible)) / BLOCK_SLOTS)
+    """Slots of the blocks the budget floor keeps for one request (reference.floor_blocks)."""
+    n = max(0, int(visible))
+    blocks = math.ceil(n / BLOCK_SLOTS)
     if index_topk <= 0 or blocks == 0:
         return 0.0
-    empty = blocks * BLOCK_SLOTS - int(visible)
-    return float(min(blocks, -(-(index_topk + empty) // BLOCK_SLOTS)) * BLOCK_SLOTS)
+    return float(min(blocks, floor_blocks(blocks, n, index_topk, BLOCK_SLOTS)) * BLOCK_SLOTS)
 
 
 def _block_slots(visible_slots: Sequence[int]) -> float:

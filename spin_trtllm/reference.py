@@ -108,16 +108,20 @@ def block_count(n: torch.Tensor, block_size: int) -> torch.Tensor:
     return (n.to(torch.int64) + block_size - 1) // block_size
 
 
+def floor_blocks(n_blocks, n, index_topk: int, block_size: int):
+    """The fewest blocks that hold K visible slots whichever blocks they are:
+    ceil((K + e) / b), e = n_blocks * b - n the empty slots of a partly filled newest block.
+    Ints or int tensors (n_blocks = ceil(n / b))."""
+    return (index_topk + n_blocks * block_size - n + block_size - 1) // block_size
+
+
 def budget_floor(n_blocks: torch.Tensor, cfg: SpinConfig,
                  n: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The fewest blocks that hold K visible slots whichever blocks they are:
-    ceil((K + e) / b), e the empty slots of a partly filled newest block (ceil(K/b) when n is
-    not given or the newest block is full)."""
+    """floor_blocks of each row (ceil(K/b) when n is not given)."""
     n_blocks = n_blocks.to(torch.int64)
     if n is None:
         return torch.full_like(n_blocks, cfg.min_blocks)
-    empty = (n_blocks * cfg.block_size - n.to(torch.int64)).clamp(min=0)
-    return (cfg.index_topk + empty + cfg.block_size - 1) // cfg.block_size
+    return floor_blocks(n_blocks, n.to(torch.int64), cfg.index_topk, cfg.block_size)
 
 
 def block_budget(n_blocks: torch.Tensor, rho: torch.Tensor, cfg: SpinConfig,

@@ -153,7 +153,6 @@ class Loop:
             self.forward, max_batch_size=self.batch, use_cuda_graph=graphs,
             is_spec_decode=next_n > 1, disable_overlap_scheduler=not overlap,
             capture_context=guard, device=self.device)
-        self.runner.use_previous_offsets = overlap
         self.graph_md = {}
         self.cached: dict[int, int] = {}       # true tokens in each request's cache
         self.pending: dict[int, int] = {}      # rejected drafts the host has not seen yet
@@ -215,7 +214,7 @@ class Loop:
     def step(self, contexts: dict[int, int], gens: list[int], accept: dict[int, int]):
         """contexts: new request -> prompt length; gens: requests decoding this step;
         accept: drafts accepted per generation request (decided on the device)."""
-        R, overlap = self.R, self.runner.use_previous_offsets
+        R, overlap = self.R, not self.runner.disable_overlap_scheduler
         ids = list(contexts) + gens
         host_cached, offsets, new = [], [], []
         for rid, prompt in contexts.items():

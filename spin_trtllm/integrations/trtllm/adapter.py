@@ -36,6 +36,21 @@ from ...state import StatePool
 MAX_NEXT_N = 8      # draft length + 1, as the ops allow
 
 
+class EngineKernel:
+    """The logits backend of an adapter whose indexers drive the engine's own kernel: that
+    kernel is only known inside the engine's call (its q layout, FP8 or FP4), so each
+    layer_logits call passes the call itself as its backend."""
+
+    name, needs_out = "engine", False
+
+    def __init__(self, page_slots: int):
+        self.page_slots = page_slots
+
+    def run(self, *args):
+        raise SpinError("SpinDecodeAdapter: the engine's indexer kernel runs only inside the "
+                        "engine's indexer call")
+
+
 @dataclass
 class DecodeBatch:
     """One decode step of the generation requests, in TensorRT-LLM's terms.
@@ -123,12 +138,8 @@ class SpinDecodeAdapter:
                       max_next_n: int = 1) -> tuple[int, int]:
         """(state bytes, all bytes) that for_engine allocates, counted without allocating
         (built on the meta device)."""
-        class _Kernel:
-            name, needs_out = "planned", False
-
-        _Kernel.page_slots = page_slots
         plan = cls.for_engine(cfg, num_layers, max_batch, max_tokens, compress_ratio,
-                              page_slots, max_next_n, "meta", _Kernel())
+                              page_slots, max_next_n, "meta", EngineKernel(page_slots))
         return plan.pool.nbytes(), plan.nbytes()
 
     def indexer_for(self, next_n: int) -> SpinIndexer:
@@ -339,7 +350,8 @@ class SpinDecodeAdapter:
             tensors += [ix._meta.buffer]
         for t in tensors:
             storage = t.untyped_storage()
-            key = (t.device, storage.data_ptr() if t.device.type != "meta" else id(storage))
+            # meta storages have no address: their C++ handle tells views apart
+            key = (t.device, storage.data_ptr() if t.device.type != "meta" else storage._cdata)
             if key not in seen:
                 seen.add(key)
                 total += storage.nbytes()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -83,7 +84,6 @@ def model_shapes(opts: BundleOptions) -> tuple[dict[str, int], list[str]]:
     path = Path(opts.model) / "config.json"
     if path.is_file():
         try:
-            import json
             config = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise SpinError(f"{path}: not readable as JSON ({err})") from None

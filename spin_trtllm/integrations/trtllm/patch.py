@@ -52,7 +52,7 @@ except ImportError as err:  # one clear error instead of an AttributeError later
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...logits.deepgemm import SCHEDULE_FN, compact_paged_logits
-from .adapter import DecodeBatch, SpinDecodeAdapter
+from .adapter import DecodeBatch, EngineKernel, SpinDecodeAdapter
 from .config_ext import FIELD, add_spin_field, spin_config_of
 
 log = logging.getLogger("spin_trtllm")
@@ -165,12 +165,11 @@ class _Runtime:
     so the state is part of what that sizing sees) and kept for the process: the engine builds
     its KV cache again after sizing, and the runtime follows the new cache manager."""
 
-    def __init__(self, ratio: int, key: tuple):
-        self.ratio, self.key = ratio, key
+    def __init__(self, ratio: int):
+        self.ratio = ratio
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
-        self.manager_id = 0
-        self.manager_ref: Callable[[], Any] = lambda: None
+        self.manager_ref: Callable[[], Any] = lambda: None     # the KV-cache manager it serves
         self.active = False
         self.step_key: tuple[int, int] = (0, 0)      # (next_n, generation requests) of the step
         # the step's forward seen by Python (eager or CUDA-graph capture) and whether its MTP
@@ -186,7 +185,7 @@ class _Runtime:
         adapter = SpinDecodeAdapter.for_engine(
             next(iter(cfgs)), len(self.layer_index), geometry["max_batch"],
             geometry["max_tokens"], self.ratio, geometry["page_slots"], geometry["max_next_n"],
-            md.indexer_k_cache_block_offsets.device, _EngineKernel(geometry["page_slots"]))
+            md.indexer_k_cache_block_offsets.device, EngineKernel(geometry["page_slots"]))
         log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
                  "K %d, up to %d requests), %.1f MB of state and step buffers",
                  len(self.layer_index), self.ratio, geometry["page_slots"],
@@ -197,10 +196,9 @@ class _Runtime:
         manager = md.kv_cache_manager
         if self.adapter is None:
             self.adapter = self._create(md, geometry)
-        elif id(manager) != self.manager_id:
+        elif self.manager_ref() is not manager:
             self.adapter.reset()              # a rebuilt KV cache: no request carries over
             self.graph_finishes.clear()
-        self.manager_id = id(manager)
         self.manager_ref = weakref.ref(manager)
 
     def _settle_previous(self) -> None:
@@ -325,27 +323,13 @@ def _runtime(md: Any, create_ratio: Optional[int] = None) -> Optional[_Runtime]:
             del _RUNTIMES[other]            # its KV cache is gone: give its memory back
         rt = _RUNTIMES.get(key)
         if rt is None:
-            rt = _RUNTIMES[key] = _Runtime(create_ratio, key)
+            rt = _RUNTIMES[key] = _Runtime(create_ratio)
         rt.attach(md, geometry)
         object.__setattr__(owner, _RUNTIME_ATTR, rt)
     return rt
 
 
 # ---- one SPIN layer's decode call: the engine's logits kernel on the compacted table ---------
-class _EngineKernel:
-    """Stand-in logits backend of the adapter's indexers: TensorRT-LLM's own kernel is only
-    known inside a call (its q layout, FP8 or FP4), so each call passes a _KernelCall."""
-
-    name, needs_out = "tensorrt_llm", False
-
-    def __init__(self, page_slots: int):
-        self.page_slots = page_slots
-
-    def run(self, *args):
-        raise SpinError("spin_trtllm: the TensorRT-LLM indexer kernel runs only inside "
-                        "Indexer.sparse_attn_indexer")
-
-
 class _KernelCall:
     """The paged-logits call upstream is making, replayed over SPIN's selection."""
 

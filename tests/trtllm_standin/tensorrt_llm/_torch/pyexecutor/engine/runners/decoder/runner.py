@@ -38,14 +38,13 @@ class DecoderRunner:
         self.is_spec_decode = is_spec_decode
         self.disable_overlap_scheduler = disable_overlap_scheduler
         self.cuda_graph_runner = CUDAGraphRunner(use_cuda_graph, capture_context)
+        # zero for requests without a previous step in flight
         self.previous_kv_lens_offsets_cuda = torch.zeros(max_batch_size, dtype=torch.int32,
                                                          device=device)
-        self.use_previous_offsets = False
 
     def _preprocess_inputs(self, attn_metadata, spec_metadata) -> None:
         attn_metadata.on_update_kv_lens()
-        if self.is_spec_decode and not self.disable_overlap_scheduler and \
-                self.use_previous_offsets:
+        if self.is_spec_decode and not self.disable_overlap_scheduler:
             nc, ns = attn_metadata.num_contexts, attn_metadata.num_seqs
             attn_metadata.kv_lens_cuda[nc:ns] += self.previous_kv_lens_offsets_cuda[:ns - nc]
             attn_metadata.on_update_kv_lens()
