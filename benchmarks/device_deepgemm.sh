@@ -17,9 +17,9 @@ build_native "$out/build.log"
 wait $dg_pid || { echo "DeepGEMM build failed"; exit 1; }
 export PYTHONPATH="$DG_SRC:$PYTHONPATH"
 echo "builds: $(( $(date +%s) - t0 )) s"
-python3 -m pytest -q -p no:cacheprovider tests/test_compact_ops.py tests/test_logits_backends.py \
+python3 -m pytest -q -p no:cacheprovider tests/test_ops_compact.py tests/test_logits_backends.py \
   -m gpu 2>&1 | tee "$out/pytest_dg.log" | tail -4
-python3 -m pytest -q -p no:cacheprovider tests/test_ops.py -k "gpu and topk" 2>&1 \
+python3 -m pytest -q -p no:cacheprovider tests/test_ops_topk.py -m gpu 2>&1 \
   | tee "$out/pytest_topk.log" | tail -2
 python3 benchmarks/bench_deepgemm_path.py --json "$out/bench_dg.json" --markdown "$out/bench_dg.md" \
   "$@" > "$out/bench_dg.log" 2>&1

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._inputs import load_yaml_file, one_line, shown
 from .errors import SpinConfigError
+from .limits import BLOCK_SLOTS, EXPLORATION_POLICY, POOLING, STATE_DTYPES
 
 # index_topk defaults of the two TensorRT-LLM DSA algorithms.
 TRTLLM_ALGORITHM_TOPK = {"deepseek_v4": 512, "dsa": 2048}
@@ -29,12 +30,12 @@ MAX_WARMUP_STEPS = (1 << 31) - 1
 class SpinConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
 
-    block_size: int = Field(64, ge=1, le=MAX_BLOCK_SIZE,
+    block_size: int = Field(BLOCK_SLOTS, ge=1, le=MAX_BLOCK_SIZE,
                             description="KV slots per block (one page)")
     target_sparsity: float = Field(0.4, ge=0.0, lt=1.0, description="rho: fraction of blocks to skip")
     ema_decay: float = Field(0.5, ge=0.0, lt=1.0, description="alpha of the V/D EMAs")
     exploration: float = Field(0.05, ge=0.0, lt=1.0, description="gamma: share of m_t explored")
-    exploration_policy: Literal["random", "staleness", "age"] = "random"
+    exploration_policy: Literal[tuple(EXPLORATION_POLICY)] = "random"
     index_topk: int = Field(512, ge=1, le=MAX_INDEX_TOPK,
                             description="K of the post-indexer top-K")
     warmup_steps: int = Field(1, ge=1, le=MAX_WARMUP_STEPS,
@@ -42,11 +43,11 @@ class SpinConfig(BaseModel):
     keep_sink: bool = True
     keep_newest: bool = True
     reduction: Literal["A0", "A1", "A2"] = "A1"
-    pooling: Literal["max", "mean", "top4"] = "max"
+    pooling: Literal[tuple(POOLING)] = "max"
     mtp_mask: Literal["row0", "union"] = "union"
     mtp_update: Literal["row0", "prefix_valid"] = "prefix_valid"
     # float8_e4m3fn: a quarter of fp32's state bytes; EMAs saturate at +-448
-    state_dtype: Literal["float32", "float16", "float8_e4m3fn"] = "float32"
+    state_dtype: Literal[STATE_DTYPES] = "float32"
     seed: int = Field(0, ge=0, lt=1 << 32, description="exploration RNG seed (uint32)")
 
     def __init__(self, **data: Any) -> None:

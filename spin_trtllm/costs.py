@@ -3,83 +3,45 @@
 SPIN saves the K-cache bytes (and top-K work) of the blocks it skips and pays select (reads
 every visible slot's state), the EMA update (reads and writes the scored slots' state) and
 fixed launch costs. At small batches and contexts the fixed costs win: there the engine runs
-the all-keep indexer instead (Engine(..., switch="auto")).
+the all-keep indexer instead (switch "auto").
 
-Each kernel's time per indexer layer is `fixed + work / rate`, fitted to the per-layer kernel
-benchmarks of an H200 (benchmarks/RESULTS.md, fp16 state, K 512; sixth session):
-  logits   7.5 us + K-cache bytes at 3.66 TB/s; rows of an MTP step read the pages again,
-           so the bytes scale by 1 + 0.45 (next_n - 1) (native kernel)
-  top-K    max(16 us, 7.5 us + 7.75 ps per scored slot per row) with spin's kernel (refitted in
-           the seventeenth session, benchmarks/results_topk_s17.json: 14.6-224 us at 8-192 rows
-           x 32K-128K slots, within a third); with flashinfer's (peer_topk, at the shapes where
-           ops.topk hands it the rows: spin_topk_is_faster false) 19 us + 4.3 ps per scored
-           slot per row, fitted to the whole path (top-K, lengths, remap) at 8-192 rows x
-           32K-128K slots (fourteenth session, benchmarks/results_topk_paths.json: 19.8-118.6 us)
-  select   0.5 us + 1.44 ps per visible slot (per layer's share of the one launch); kept after
-           the eighteenth session's faster select (0.75-15.3 us a layer at 8-96 x 32K-128K,
-           benchmarks/results_select_s18.jsonl, fp16 state), which it prices 1-21% high (fp32
-           state, priced at twice that: 9-42% high, results_select_fp32_s18.jsonl)
-  update   3 us + 4.1 ps per scored slot per row (refitted in the eleventh session to the
-           one-row launch of at most about 1,536 CTAs: 4.1-28.3 us at 8-96 x 32K-128K)
-           kept after the sixteenth session's vector update (4.5-24.5 us at those shapes):
-           it now prices it 13-18% high at 32-96 x 32K-128K and 21% low at 8 x 32K, and the
-           suites the switch is tested against ran the older kernel. Timed where a step runs
-           it, after the masked logits and top-K (eighteenth session,
-           benchmarks/results_update_in_sequence_s18.jsonl: 2.0-26.1 us), it is within 20% at
-           32-96 x 32K-128K and inside the 2.0-4.5 us measured at 8 x 32K. Those timings
-           used contexts of whole blocks; a step's context ends mid-block 63 times in 64, which
-           cost 7.9-39.9 us in sequence before the nineteenth session's fix of the update's
-           edge chunk and 6.0-33.7 after (mean over the 8 D skews, bench_update_skew.py,
-           benchmarks/results_update_skew_s19.jsonl): the term prices that 15% low at 96 x
-           128K and 34-58% low at the smaller shapes. It is kept: engine_overhead_us below was
-           fitted to dsa-lite steps, whose contexts end mid-block
-Beside the top-K (next_n 1, sm_90+: SpinIndexer's overlap_update, twenty-first session) the
-update runs on the SMs the top-K leaves idle; a step then pays update_beside_share (0.5) of the
-term above. Measured (bench_update_overlap.py, CUDA graphs, fp16, mean over the 8 D skews,
-benchmarks/results_update_overlap_s21.json): the update adds 1.3-6.7 us a layer beside the top-K
-against 5.2-16.8 after it at 8-96 x 32K-128K (0.25-0.53 of it), and nothing measurable at 96 x
-128K, where the model still charges half. Where ops.topk runs flashinfer's path, the update
-follows its remap kernel, which does not let it start early: the whole term is charged there.
-State bytes s scale select's term by s / 2 (float32: twice the fp16 figure) and the update's by
-the bytes it moves per scored slot, (4 + 4 s) / 12 (its fp32 logit, V and D read and written):
-float8_e4m3fn state 0.5x and 0.67x of fp16's, float32 2x and 1.67x. Measured at 96 x 128K:
-fp8 select 0.68x and update 0.81x of fp16's (twentieth session, profiler kernel times,
-benchmarks/results_kernel_times_s20.json); fp32 select 1.71x and update 1.28x (fifth and
-eighteenth sessions, README): the bytes, not a fixed cost, are what the update's term should
-scale, and the fp32 term it replaces (2x) was further from the 1.28x measured.
-The query-aware predictors replace select's share (tenth session, `bench_probe.py`, next_n 1):
+Each kernel's time per indexer layer is `fixed + work / rate`, fitted on an H200 (fp16 state,
+K 512) to the per-kernel benchmarks in benchmarks/ (bench_kernel_times.py, bench_topk.py,
+bench_update_skew.py, bench_update_overlap.py, bench_probe.py; numbers in
+benchmarks/RESULTS.md):
+  logits   fixed + K-cache bytes at 3.66 TB/s; an MTP step's rows re-read the pages
+           (x 1 + 0.45 (next_n - 1))
+  top-K    spin's kernel max(16 us, 7.5 us + 7.75 ps per scored slot per row); FlashInfer's
+           path (where ops.topk hands it the rows) 19 us + 4.3 ps per scored slot per row
+  select   0.5 us + 1.44 ps per visible slot (a layer's share of the one launch)
+  update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
+           top-K) a step pays update_beside_share of it
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
-           one-layer select, one CTA per request: 10 us + 0.14 ns per slot of the longest
-           request per row
-  hybrid   the probe's, plus the merge's V/D pooling and rank sort in that select: 0.6 ns per
-           slot of the longest request per row (latency-bound: one CTA per request)
-In an engine's captured step SPIN pays about 15 us per indexer layer more than its kernels
-take alone (engine_overhead_us: its extra launches and their gaps, its state's bytes beside the
-layer's other traffic), fitted to the dsa-lite suite on an H200 (fifteenth session,
-benchmarks/results_dsa_s15_flashinfer_suite.jsonl; thirteenth, results_dsa_overlap.jsonl): the
-measured SPIN / all-keep indexer time ratios, times the model's all-keep time, put SPIN 9-21 us
-(fifteenth) and 5-24 us (thirteenth) a layer above the kernels' model at rho 0.5, next_n 1.
-prefer_spin adds it for every predictor and next_n (fitted only to SPIN's at next_n 1);
-spin_us is the kernels alone. Where the update runs beside the top-K the same fit gives less,
-engine_overhead_beside_us = 8 us (twenty-second session, benchmarks/results_dsa_s22.jsonl, rho
-0.5, native, no flashinfer: -1.5 to 11.9 us a layer at 32K-128K slots x 32-96, mean 5.7): the
-update's tail after the top-K was part of what the 15 us absorbed.
-The constants are device-specific; `CostModel(...)` takes others. Only the comparison matters,
-and it is insensitive to the shared terms (both sides read the same bytes per scored slot).
+           one-layer select: 10 us + 0.14 ns per slot of the longest request per row
+  hybrid   the probe's, plus 0.6 ns per slot of the longest request per row (the merge)
+State bytes s scale select's term by s / 2 and the update's by (4 + 4 s) / 12 (its fp32 logit,
+V and D read and written). In an engine's captured step SPIN pays engine_overhead_us per layer
+beyond its kernels (extra launches and their gaps, its state's traffic), fitted to dsa-lite
+suites at target_sparsity 0.5, next_n 1; engine_overhead_beside_us where the update runs beside
+the top-K. prefer_spin adds it; spin_us is the kernels alone. The constants are
+device-specific (CostModel(...) takes others); only the comparison matters, and the shared
+terms cancel (both sides read the same bytes per scored slot).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
-from .reference import PAGE_SLOTS as BLOCK_SLOTS
+from .limits import BLOCK_SLOTS
+from .limits import SLOT_BYTES
+from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
-from .reference import SLOT_BYTES as KEY_BYTES_PER_SLOT   # FP8 key bytes + a 4-byte scale
+
+KEY_BYTES_PER_SLOT = SLOT_BYTES  # TEMP-ALIAS
 
 
 @dataclass(frozen=True)
@@ -109,7 +71,7 @@ class CostModel:
 
     def _logits(self, slots: float, next_n: int) -> float:
         reread = 1.0 + self.mtp_reread * (next_n - 1)
-        return self.logits_fixed_us + slots * KEY_BYTES_PER_SLOT * reread / self.logits_bytes_per_us
+        return self.logits_fixed_us + slots * SLOT_BYTES * reread / self.logits_bytes_per_us
 
     def _peer_runs(self, visible_slots: Sequence[int], next_n: int) -> bool:
         """Whether ops.topk hands these rows to flashinfer (the rows and the longest request's
@@ -137,8 +99,8 @@ class CostModel:
         installed on CUDA and SPIN_TOPK allows it, at the shapes ops.topk hands it."""
         from . import ops
 
-        peer = torch.device(device).type == "cuda" and ops._flashinfer_topk() is not None \
-            and os.environ.get("SPIN_TOPK", "auto") != "spin"
+        peer = torch.device(device).type == "cuda" and ops.peer_available() \
+            and ops.topk_backend() != "spin"
         return replace(self, peer_topk=peer)
 
     def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
@@ -150,16 +112,18 @@ class CostModel:
                 predictor: str) -> float:
         """Choosing the blocks, one layer: select's share of the all-layer launch (spin), or
         summarize + probe + a one-layer select (probe; hybrid adds the merge)."""
-        if predictor == "spin":
+        if predictor not in ENGINE_PREDICTORS:
+            raise ValueError(f"CostModel: unknown predictor {predictor!r} (one of "
+                             f"{', '.join(ENGINE_PREDICTORS)})")
+        chosen = REGISTRY[predictor]
+        if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
-        if predictor not in ("probe", "hybrid"):
-            raise ValueError(f"CostModel: unknown predictor {predictor!r}")
         longest = max(_block_slots([s]) for s in visible_slots)
         cost = (self.probe_fixed_us
                 + self.probe_us_per_slot * slots * (1.0 + 0.5 * (next_n - 1))
                 + self.probe_select_fixed_us
                 + self.probe_select_us_per_request_slot * longest * next_n)
-        if predictor == "hybrid":
+        if chosen.merges:
             cost += self.hybrid_us_per_request_slot * longest * next_n * state
         return cost
 
@@ -217,3 +181,34 @@ def _block_slots(visible_slots: Sequence[int]) -> float:
 
 
 H200 = CostModel()
+
+
+def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | None = None,
+                  predictor: str = "spin") -> tuple[int, int]:
+    """(K-cache bytes, SPIN state bytes) the decode indexer reads and writes, counted from the
+    kernels' access pattern (not measured), for blocks summed over requests and indexer layers.
+
+    K cache: every slot of every scored block, BLOCK_SLOTS x SLOT_BYTES (128 fp8 key bytes + a
+    4-byte fp32 scale) per block; all-keep scores every visible block (selected = visible).
+    SPIN state (state_dtype "float32", "float16" or "float8_e4m3fn", s = 4, 2 or 1 bytes; None:
+    all-keep, no state; reduction A1's slot-level V/D): select reads V (per slot) and D (per
+    offset) of every visible slot, 2 s bytes; update reads and writes V and D of every scored
+    slot and reads its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest
+    block as 64 slots); one update pass per step (MTP rows up to the accepted draft share it);
+    the logits and top-K traffic that SPIN and all-keep both have is not counted.
+    A query-aware predictor ("probe", "hybrid") adds one summary row (SUMMARY_BYTES) per
+    visible block to the K-cache figure; select reads V/D only for one that ranks by history
+    ("spin", "hybrid"); update reads and writes them for every predictor."""
+    from .limits import SUMMARY_BYTES
+
+    k_cache = selected_blocks * BLOCK_SLOTS * SLOT_BYTES
+    if state_dtype is None:
+        return k_cache, 0
+    s = {"float32": 4, "float16": 2, "float8_e4m3fn": 1}[state_dtype]
+    state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
+    chosen = REGISTRY[predictor]
+    if chosen.query:
+        k_cache += visible_blocks * SUMMARY_BYTES
+    if chosen.history:
+        state += visible_blocks * BLOCK_SLOTS * 2 * s
+    return k_cache, state

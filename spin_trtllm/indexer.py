@@ -31,17 +31,18 @@ from typing import Optional, Sequence
 import torch
 
 from . import logits as logits_backends
-from . import ops
+from . import ops, predictors
 from .config import SpinConfig
 from .errors import SpinError
+from .limits import BLOCK_SLOTS, MAX_NEXT_N
 from .state import StatePool
 
 
 PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
-PREDICTORS = ("spin", "probe", "hybrid")
+PREDICTORS = predictors.ENGINE_PREDICTORS  # TEMP-ALIAS
 
 
-def _backend(backend, device, page_slots: int = ops.BLOCK) -> "logits_backends.LogitsBackend":
+def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends.LogitsBackend":
     if isinstance(backend, str):
         return logits_backends.resolve(backend, device, page_slots)
     if backend.page_slots != page_slots:
@@ -107,7 +108,7 @@ class _BatchMetadata:
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
-                 page_slots: int = ops.BLOCK, logits_storage: Optional[torch.Tensor] = None,
+                 page_slots: int = BLOCK_SLOTS, logits_storage: Optional[torch.Tensor] = None,
                  predictor: str = "spin", overlap_update: bool = True,
                  overlap_select: bool = False):
         """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
@@ -124,34 +125,33 @@ class SpinIndexer:
         previous layer's top-K, beside it (CUDA sm_90+, ops.select's beside_previous), instead
         of every layer in select()'s one launch. Off by default: a one-layer select takes
         13-48 us (one CTA a request), so it hides under the top-K only where that is longer
-        and leaves SMs free. H200, fp16, rho 0.5, select + update added a layer, beside ->
-        overlap_select (benchmarks/bench_update_overlap.py, RESULTS.md twenty-second session):
-        32 x 128K slots 12.6 -> 8.3 us, 32 x 32K 6.7 -> 5.8; slower at 8 x 128K (8.5 -> 20.3)
-        and at 96 requests. A layer reached without it (called out of order, or again without
+        and leaves SMs free: faster at 32 requests x 32K-128K slots, slower at 8 x 128K and at
+        96 requests (H200, benchmarks/bench_update_overlap.py). A layer reached without it (called out of order, or again without
         a select() in between) is selected on its own before its logits: each pass through a
         layer's logits uses blocks selected from the state as it is then. select(keep_all)
         then selects layer 0 at once and the others where their selects run: a CUDA graph
         that holds those replays the keep_all of its capture, so call select() inside the
         same graph (as the harness engine does), not before it."""
         ops.require_supported(cfg)
-        if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1:
-            raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= 8, "
+        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context < 1:
+            raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= {MAX_NEXT_N}, "
                             f"max_context >= 1; got {max_batch}, {next_n}, {max_context}")
         if page_slots not in PAGE_SIZES:
             raise SpinError(f"SpinIndexer: page_slots must be one of {PAGE_SIZES}, got "
                             f"{page_slots}")
-        if predictor not in PREDICTORS:
-            raise SpinError(f"SpinIndexer: predictor must be one of {', '.join(PREDICTORS)}, "
-                            f"got {predictor!r}")
-        if predictor != "spin" and page_slots != ops.BLOCK:
+        try:
+            chosen = predictors.get(predictor, engine=True)
+        except SpinError as err:
+            raise SpinError(f"SpinIndexer: {err}") from None
+        if chosen.query and page_slots != BLOCK_SLOTS:
             # a summary row belongs to one page; a 64-slot block of two pages has no single row
-            raise SpinError(f"SpinIndexer: predictor={predictor!r} needs {ops.BLOCK}-slot pages, "
+            raise SpinError(f"SpinIndexer: predictor={predictor!r} needs {BLOCK_SLOTS}-slot pages, "
                             f"got page_slots={page_slots}")
-        if predictor == "hybrid" and max_context > ops.MAX_HYBRID_BLOCKS * ops.BLOCK:
-            raise SpinError(f"SpinIndexer: predictor='hybrid' ranks at most "
-                            f"{ops.MAX_HYBRID_BLOCKS * ops.BLOCK} slots, got max_context="
+        if chosen.max_context_len is not None and max_context > chosen.max_context_len:
+            raise SpinError(f"SpinIndexer: predictor={predictor!r} ranks at most "
+                            f"{chosen.max_context_len} slots, got max_context="
                             f"{max_context} (use 'probe')")
-        self.predictor = predictor
+        self.predictor = chosen
         self.cfg, self.pool = cfg, pool
         # where the update really runs beside the top-K (the cost model prices it so)
         sm90 = pool.device.type == "cuda" and torch.cuda.get_device_capability(pool.device)[0] >= 9
@@ -159,7 +159,7 @@ class SpinIndexer:
         # each layer selected beside the previous layer's top-K; since select(): _selected, the
         # layers selected (in the config select() chose) whose logits have not run yet, and
         # _used, those whose logits have
-        self.select_beside = overlap_select and predictor == "spin" and sm90
+        self.select_beside = overlap_select and not chosen.query and sm90
         self._selected = [False] * pool.num_layers
         self._used = [False] * pool.num_layers
         self._select_cfg = cfg
@@ -171,13 +171,13 @@ class SpinIndexer:
         L = pool.num_layers
         self.backend = _backend(logits_backend, dev, page_slots)
         # m_cap covers every block: warm-up steps select them all
-        self.m_cap = math.ceil(max_context / ops.BLOCK)
+        self.m_cap = math.ceil(max_context / BLOCK_SLOTS)
         rows = max_batch * next_n
         self.block_ids = torch.full((max_batch, L, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
         # with MTP every layer keeps its logits until acceptance is known, in a buffer that
         # outlives the step (a backend's own output may live in one CUDA graph's pool)
-        shape = (L if next_n > 1 else 1, rows, self.m_cap * ops.BLOCK)
+        shape = (L if next_n > 1 else 1, rows, self.m_cap * BLOCK_SLOTS)
         self.logits = None
         if self.backend.needs_out or next_n > 1:
             size = math.prod(shape)
@@ -194,7 +194,7 @@ class SpinIndexer:
         self.slot, self.request, self.step, self.context_lens, self.query_pos = (
             self._meta.device[name] for name, _, _ in _BatchMetadata.FIELDS)
         self.page_slots = page_slots
-        self.block_table = torch.full((max_batch, self.m_cap * (ops.BLOCK // page_slots)), -1,
+        self.block_table = torch.full((max_batch, self.m_cap * (BLOCK_SLOTS // page_slots)), -1,
                                       dtype=torch.int32, device=dev)
         self.accepted_zero = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         # with MTP: the counts each layer scored this step, zeroed in prepare() and written by
@@ -215,7 +215,7 @@ class SpinIndexer:
     @property
     def query_aware(self) -> bool:
         """Block summaries scored with the current query rank the blocks (probe, hybrid)."""
-        return self.predictor != "spin"
+        return self.predictor.query
 
     def prepare(self, request_ids: Sequence[int], context_lens: torch.Tensor,
                 query_pos: torch.Tensor, steps: Sequence[int] | torch.Tensor,
@@ -258,10 +258,10 @@ class SpinIndexer:
         # computed where the caller's metadata lives (the CPU, normally): no device work here
         table = block_table.to(torch.int64)
         n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context)
-        first = (n - R).clamp(min=0) // ops.BLOCK
-        last = (n - 1).clamp(min=0) // ops.BLOCK
+        first = (n - R).clamp(min=0) // BLOCK_SLOTS
+        last = (n - 1).clamp(min=0) // BLOCK_SLOTS
         cols = torch.stack([first, last], 1)                                  # [B, 2]
-        fill = (n.unsqueeze(1) - cols * ops.BLOCK).clamp(max=ops.BLOCK)
+        fill = (n.unsqueeze(1) - cols * BLOCK_SLOTS).clamp(max=BLOCK_SLOTS)
         width = min(table.shape[1], self.block_table.shape[1])   # the columns prepare() keeps
         use = torch.stack([n > 0, (n > 0) & (last > first)], 1) & (cols < width)
         pages = torch.full_like(cols, -1)
@@ -306,10 +306,10 @@ class SpinIndexer:
         if n.numel() != rows.shape[0]:
             raise SpinError(f"SpinIndexer.summarize_context: {rows.shape[0]} block-table rows "
                             f"but {n.numel()} context lengths")
-        width = min(-(-int(n.max()) // ops.BLOCK), rows.shape[1]) if n.numel() else 0
+        width = min(-(-int(n.max()) // BLOCK_SLOTS), rows.shape[1]) if n.numel() else 0
         if width == 0:
             return
-        fill = (n.unsqueeze(1) - torch.arange(width) * ops.BLOCK).clamp(0, ops.BLOCK)
+        fill = (n.unsqueeze(1) - torch.arange(width) * BLOCK_SLOTS).clamp(0, BLOCK_SLOTS)
         fill = fill.to(kv_cache.device, torch.int32)
         pages = torch.where(fill > 0, rows[:, :width].to(kv_cache.device, torch.int32), -1)
         ops.summarize(kv_cache, pages.reshape(-1).contiguous(), fill.reshape(-1).contiguous(),
@@ -380,7 +380,7 @@ class SpinIndexer:
         ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
                   out=scores)
         self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),
-                     merge_history=self.predictor == "hybrid")
+                     merge_history=self.predictor.merges)
 
     def layer_topk(self, layer: int, logits: torch.Tensor, row_lens: Optional[torch.Tensor],
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -437,19 +437,19 @@ class DenseIndexer:
     def __init__(self, index_topk: int, num_layers: int, max_batch: int, next_n: int,
                  max_context: int, device: torch.device | str = "cpu",
                  logits_backend: "str | logits_backends.LogitsBackend" = "native"):
-        if max_batch < 1 or not 1 <= next_n <= 8 or max_context < 1 or num_layers < 1:
-            raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= 8, "
+        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context < 1 or num_layers < 1:
+            raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= {MAX_NEXT_N}, "
                             f"max_context >= 1; got {num_layers}, {max_batch}, {next_n}, "
                             f"{max_context}")
         self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
         self.num_layers, self.index_topk = num_layers, index_topk
-        self.m_cap = math.ceil(max_context / ops.BLOCK)
+        self.m_cap = math.ceil(max_context / BLOCK_SLOTS)
         dev = torch.device(device)
         rows = max_batch * next_n
         self.block_ids = torch.arange(self.m_cap, dtype=torch.int32, device=dev).repeat(max_batch, 1)
         self.counts = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.backend = _backend(logits_backend, dev)
-        self.logits = torch.empty(rows, self.m_cap * ops.BLOCK, device=dev) \
+        self.logits = torch.empty(rows, self.m_cap * BLOCK_SLOTS, device=dev) \
             if self.backend.needs_out else None
         self.topk = torch.full((num_layers, rows, index_topk), -1, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
@@ -465,7 +465,7 @@ class DenseIndexer:
                             f"context_lens [{B}, {self.next_n}], got {list(context_lens.shape)}")
         self.batch = B
         self.context_lens[:B].copy_(context_lens)
-        blocks = (context_lens.max(1).values.to(torch.int64) + ops.BLOCK - 1) // ops.BLOCK
+        blocks = (context_lens.max(1).values.to(torch.int64) + BLOCK_SLOTS - 1) // BLOCK_SLOTS
         self.counts[:B].copy_(blocks.clamp(max=self.m_cap).to(torch.int32))
         _copy_table(self.block_table, block_table, B)
 

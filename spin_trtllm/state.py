@@ -17,7 +17,8 @@ import torch
 
 from .config import SpinConfig
 from .errors import SpinError
-from .ops import BLOCK, OpState
+from .limits import BLOCK_SLOTS
+from .ops import OpState
 
 
 class StatePool:
@@ -42,7 +43,7 @@ class StatePool:
 
     @staticmethod
     def _pages(capacity: int) -> int:
-        return math.ceil(capacity / BLOCK) * BLOCK
+        return math.ceil(capacity / BLOCK_SLOTS) * BLOCK_SLOTS
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
@@ -65,7 +66,7 @@ class StatePool:
     def bytes_per_slot_per_layer(self) -> float:
         """State bytes per context slot per layer: V + D entries plus the block ages."""
         elem = self.state.V.element_size()
-        return 2 * elem + 8 / BLOCK
+        return 2 * elem + 8 / BLOCK_SLOTS
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state.tensors())

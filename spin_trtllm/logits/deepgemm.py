@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import ops
+from ..limits import BLOCK_SLOTS
 
 LOGITS_FN = "fp8_paged_mqa_logits"
 SCHEDULE_FN = "get_paged_mqa_logits_metadata"
@@ -67,7 +68,7 @@ def compact_paged_logits(logits_fn: Callable, schedule_fn: Callable, num_sms: in
     kernel_lens = lens[:, -1].contiguous() if one_dim_lens else lens
     schedule = schedule_fn(kernel_lens, schedule_block_kv, num_sms)
     logits = logits_fn(q, kv_cache, weights, kernel_lens, table, schedule,
-                       block_ids.shape[-1] * ops.BLOCK, *extra)
+                       block_ids.shape[-1] * BLOCK_SLOTS, *extra)
     return logits, lens.view(B, R)
 
 
@@ -78,7 +79,7 @@ class DeepGemmLogits:
     name = "deepgemm"
     needs_out = False
 
-    def __init__(self, module: Optional[ModuleType] = None, page_slots: int = ops.BLOCK):
+    def __init__(self, module: Optional[ModuleType] = None, page_slots: int = BLOCK_SLOTS):
         if module is None:
             module, why = find_module()
             if module is None:

@@ -31,10 +31,10 @@ import torch
 from tqdm import tqdm
 
 from ..config import SpinConfig
+from .. import predictors
 from ..errors import SpinError
 from ..reference import SpinState, block_count, decode_step, hybrid_scores, predict_blocks
-from .probe import (BUDGETS, PREDICTORS, AdaptiveBudget, QueryProbe, require_query_data,
-                    rows_read_per_block)
+from .probe import BUDGETS, AdaptiveBudget, QueryProbe, require_query_data, rows_read_per_block
 from .trace import SpinTrace
 
 
@@ -134,18 +134,20 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     spread over layers)."""
     cfg = config_for_trace(trace, cfg)
     sparsities = check_sparsities(sparsities)
-    if predictor not in PREDICTORS:
-        raise SpinError(f"predictor {predictor!r}: choose one of {', '.join(PREDICTORS)}")
+    if predictor not in predictors.REPLAY_PREDICTORS:
+        raise SpinError(f"predictor {predictor!r}: choose one of "
+                        f"{', '.join(predictors.REPLAY_PREDICTORS)}")
+    chosen = predictors.REGISTRY[predictor]
     if budget not in BUDGETS:
         raise SpinError(f"budget {budget!r}: choose one of {', '.join(BUDGETS)}")
     require_query_data(trace, predictor)
     budget_mode = budget
-    custom = predictor != "spin" or budget != "uniform"
+    custom = chosen.query or budget != "uniform"
     if custom and cfg.reduction == "A0":
         raise SpinError(f"--predictor {predictor} --budget {budget}: reduction A0 selects "
                         f"slots from SPIN's slot predictions; use A1 or A2")
     probe = QueryProbe(trace, predictor, cfg.block_size, summaries) \
-        if predictor != "spin" else None
+        if chosen.query else None
     rows_per_block = rows_read_per_block(predictor, summaries)
     S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
     G = S * L
@@ -191,12 +193,12 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         else:
             nb_w = -(-width // b)
             blocks = slot_pred = None
-            if predictor in ("spin", "hybrid"):
+            if chosen.history:
                 blocks, slot_pred = predict_blocks(state, n, q, cfg, width)
             if probe is not None:
                 pb = probe.scores(t, trace.row_len[t], nb_w).repeat(S, 1, 1)
                 blocks = hybrid_scores(pb, blocks, block_count(n, b)) \
-                    if predictor == "hybrid" else pb
+                    if chosen.merges else pb
                 slot_pred = None
             rho_t = rho
             if adaptive is not None:
@@ -272,7 +274,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         if label is not None:
             entry["variant"] = label
         entry["predictor"], entry["budget"] = predictor, budget_mode
-        if predictor in ("probe", "hybrid"):
+        if chosen.mean_keys:
             entry["summaries"] = summaries
         ok = np.isfinite(m)
         entry.update(_summary(m[ok], p[ok], sel_sl[s].sum(), tot_sl[s].sum(),

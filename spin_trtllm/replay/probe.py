@@ -1,4 +1,4 @@
-"""Query-aware block predictors and the per-layer adaptive budget (issue 17, reference).
+"""Query-aware block predictors and the per-layer adaptive budget (reference).
 
 SPIN ranks blocks by history (V/D, spin_trtllm.reference). The predictors here rank them with
 the current indexer query, read from a SPIN trace v2 (q [T, L, R, H, D] with the quantization
@@ -67,17 +67,18 @@ from typing import Optional
 import torch
 
 from ..config import SpinConfig
+from .. import predictors
 from ..errors import SpinError
 from ..reference import NEG_INF, block_budget, budget_floor
 
-PREDICTORS = ("spin", "probe", "hybrid", "quest", "gauss")
 BUDGETS = ("uniform", "adaptive")
 _ADAPT_DECAY = 0.8
 
 
 def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
     """K-cache rows (one slot each) the predictor reads per visible block."""
-    return {"spin": 0, "probe": summaries, "hybrid": summaries, "quest": 2, "gauss": 2}[predictor]
+    chosen = predictors.get(predictor)
+    return summaries if chosen.mean_keys else chosen.summary_rows_per_block
 
 
 # ---- block summaries --------------------------------------------------------------------------
@@ -182,15 +183,17 @@ class QueryProbe:
     """The query-aware block scores of one trace v2, step by step (all layers at once)."""
 
     def __init__(self, trace, predictor: str, block_size: int, summaries: int = 1):
-        if predictor not in PREDICTORS or predictor == "spin":
+        query_aware = [name for name, p in predictors.REGISTRY.items() if p.query]
+        if predictor not in query_aware:
             raise SpinError(f"predictor {predictor!r}: a query-aware one is one of "
-                            f"{', '.join(PREDICTORS[1:])}")
+                            f"{', '.join(query_aware)}")
         require_query_data(trace, predictor)
         if summaries < 1 or block_size % summaries:
             raise SpinError(f"summaries per block ({summaries}) must be >= 1 and divide the "
                             f"block size ({block_size})")
         self.trace, self.predictor, self.b = trace, predictor, block_size
-        self.parts = 1 if predictor in ("quest", "gauss") else summaries
+        # quest/gauss keep two statistics rows per block; probe/hybrid `summaries` mean keys
+        self.parts = summaries if predictors.REGISTRY[predictor].mean_keys else 1
         self.summaries = BlockSummaries(trace.keys, block_size // self.parts)
 
     def scores(self, t: int, n: torch.Tensor, n_blocks: int) -> torch.Tensor:
@@ -205,7 +208,7 @@ class QueryProbe:
 
 
 def require_query_data(trace, predictor: str) -> None:
-    if predictor != "spin" and trace.version < 2:
+    if predictors.get(predictor).query and trace.version < 2:
         raise SpinError(f"--predictor {predictor} needs a SPIN trace v2 (tensors q, w, keys); "
                         f"{trace.name} has none (v1): record it with "
                         f"`spin-trtllm trace`")

@@ -27,9 +27,9 @@ from typing import Iterator
 import torch
 
 from ..errors import SpinError
+from ..limits import MAX_NEXT_N
 from .trace import SpinTrace
 
-MAX_NEXT_N = 8
 MAX_SCORES = 2_000_000_000  # about 4 GB of fp16; keeps int32 offsets and memory sane
 MAX_NOISE = 10.0     # more noise would drown the structure and keep hitting the clamp
 SCORE_CLAMP = 99.0   # hard bound for the rare far noise tail

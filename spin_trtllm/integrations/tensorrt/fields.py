@@ -11,17 +11,14 @@ import math
 
 from ...config import SpinConfig
 from ...errors import SpinError
+from ...limits import BLOCK_SLOTS, EXPLORATION_POLICY, MAX_NEXT_N, POOLING
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 SELECT, LOGITS, TOPK, UPDATE = "SpinSelect", "SpinIndexerLogits", "SpinTopK", "SpinUpdate"
 PLUGIN_NAMES = (SELECT, LOGITS, TOPK, UPDATE)
-BLOCK = 64                      # slots per block = one indexer K-cache page
-MAX_ROWS = 8                    # next_n the kernels support
 MAX_M_CAP = 33554431            # m_cap * 64 must fit the kernels' int row width
 INT32_MAX = 2**31 - 1
-POOLING = {"max": 0, "mean": 1, "top4": 2}
-POLICY = {"random": 0, "staleness": 1, "age": 2}
 
 # plugin -> ((field, kind), ...) in the creator's order; kind "int" (INT64) or "float" (FLOAT64)
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -47,8 +44,8 @@ def check_supported(cfg: SpinConfig) -> None:
     """The plugins implement what the kernels do: reduction A1 with 64-slot blocks."""
     if not isinstance(cfg, SpinConfig):
         raise SpinError(f"expected a SpinConfig, got {type(cfg).__name__}")
-    if cfg.reduction != "A1" or cfg.block_size != BLOCK:
-        raise SpinError(f"the SPIN plugins implement reduction A1 with block_size {BLOCK}; got "
+    if cfg.reduction != "A1" or cfg.block_size != BLOCK_SLOTS:
+        raise SpinError(f"the SPIN plugins implement reduction A1 with block_size {BLOCK_SLOTS}; got "
                         f"reduction={cfg.reduction}, block_size={cfg.block_size}")
 
 
@@ -60,15 +57,15 @@ def _int(name: str, value, lo: int, hi: int) -> int:
 
 def default_m_cap(max_context: int) -> int:
     """Every block of the longest context: warm-up steps select them all."""
-    return math.ceil(_int("max_context", max_context, 1, INT32_MAX) / BLOCK)
+    return math.ceil(_int("max_context", max_context, 1, INT32_MAX) / BLOCK_SLOTS)
 
 
 def select_fields(cfg: SpinConfig, *, max_context: int, m_cap: int | None = None) -> dict:
     check_supported(cfg)
     max_context = _int("max_context", max_context, 1, INT32_MAX)
     m_cap = default_m_cap(max_context) if m_cap is None else _int("m_cap", m_cap, 1, MAX_M_CAP)
-    return {"block_size": BLOCK, "target_sparsity": float(cfg.target_sparsity),
-            "exploration": float(cfg.exploration), "policy": POLICY[cfg.exploration_policy],
+    return {"block_size": BLOCK_SLOTS, "target_sparsity": float(cfg.target_sparsity),
+            "exploration": float(cfg.exploration), "policy": EXPLORATION_POLICY[cfg.exploration_policy],
             "pooling": POOLING[cfg.pooling], "index_topk": cfg.index_topk,
             "warmup_steps": cfg.warmup_steps, "keep_sink": int(cfg.keep_sink),
             "keep_newest": int(cfg.keep_newest), "mtp_union": int(cfg.mtp_mask == "union"),
@@ -76,20 +73,20 @@ def select_fields(cfg: SpinConfig, *, max_context: int, m_cap: int | None = None
 
 
 def logits_fields(*, layer: int) -> dict:
-    return {"block_size": BLOCK, "layer": _int("layer", layer, 0, INT32_MAX)}
+    return {"block_size": BLOCK_SLOTS, "layer": _int("layer", layer, 0, INT32_MAX)}
 
 
 def topk_fields(cfg: SpinConfig, *, layer: int) -> dict:
     check_supported(cfg)
-    return {"block_size": BLOCK, "index_topk": cfg.index_topk,
+    return {"block_size": BLOCK_SLOTS, "index_topk": cfg.index_topk,
             "layer": _int("layer", layer, 0, INT32_MAX)}
 
 
 def update_fields(cfg: SpinConfig, *, layer: int, max_context: int, next_n: int = 1) -> dict:
     """row0_only when the config says so, and without MTP (one row: nothing else to replay)."""
     check_supported(cfg)
-    next_n = _int("next_n", next_n, 1, MAX_ROWS)
-    return {"block_size": BLOCK, "layer": _int("layer", layer, 0, INT32_MAX),
+    next_n = _int("next_n", next_n, 1, MAX_NEXT_N)
+    return {"block_size": BLOCK_SLOTS, "layer": _int("layer", layer, 0, INT32_MAX),
             "ema_decay": float(cfg.ema_decay),
             "row0_only": int(cfg.mtp_update == "row0" or next_n == 1),
             "max_context": _int("max_context", max_context, 1, INT32_MAX)}

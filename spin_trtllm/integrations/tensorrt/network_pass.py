@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from ...config import SpinConfig
 from ...errors import SpinError
-from .fields import (LOGITS, MAX_ROWS, SELECT, TOPK, UPDATE, check_supported, logits_fields,
+from ...limits import MAX_NEXT_N
+from .fields import (LOGITS, SELECT, TOPK, UPDATE, check_supported, logits_fields,
                      select_fields, topk_fields, update_fields)
 
 PREFIX = "spin"
@@ -142,8 +143,8 @@ def mark_indexer(network, *, layer: int, logits: str, topk: str, q: TensorRef,
 
 def mark_mtp(network, *, next_n: int, accepted: Optional[TensorRef] = None) -> MtpMark:
     """Mark the MTP verifier: next_n query rows per request and its accepted-count tensor."""
-    if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_ROWS:
-        raise SpinError(f"mark_mtp: next_n must be 1..{MAX_ROWS}, got {next_n!r}")
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_NEXT_N:
+        raise SpinError(f"mark_mtp: next_n must be 1..{MAX_NEXT_N}, got {next_n!r}")
     mark = MtpMark(next_n, accepted)
     if accepted is not None:
         _Graph(network).tensor(accepted, "mark_mtp accepted")
@@ -347,8 +348,8 @@ def insert_spin(network, cfg: SpinConfig, *, max_context: int, next_n: Optional[
 
     if next_n is None:
         next_n = mtp.next_n if mtp is not None else 1
-    if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_ROWS:
-        raise SpinError(f"next_n must be 1..{MAX_ROWS}, got {next_n!r}")
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_NEXT_N:
+        raise SpinError(f"next_n must be 1..{MAX_NEXT_N}, got {next_n!r}")
     sel_fields = select_fields(cfg, max_context=max_context, m_cap=m_cap)
 
     # resolve everything before any change

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ...errors import SpinError
 from .fields import FIELDS, PLUGIN_NAMES, PLUGIN_NAMESPACE, PLUGIN_VERSION
@@ -120,7 +120,3 @@ class TensorRTBackend:
             raise SpinError(f"{plugin} {layer_name!r}: the creator refused the fields {fields} "
                             f"(the TensorRT log names the field)")
         return plugin_obj
-
-
-def default_backend(backend: Optional[object] = None):
-    return backend if backend is not None else TensorRTBackend()

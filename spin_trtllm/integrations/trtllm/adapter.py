@@ -30,10 +30,9 @@ import torch
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...indexer import SpinIndexer
-from ...ops import BLOCK
+from ...limits import BLOCK_SLOTS, MAX_NEXT_N
 from ...state import StatePool
 
-MAX_NEXT_N = 8      # draft length + 1, as the ops allow
 
 
 class EngineKernel:
@@ -80,7 +79,7 @@ class SpinDecodeAdapter:
                  max_tokens: int, compress_ratio: int = 1,
                  device: torch.device | str = "cuda", max_requests: Optional[int] = None,
                  initial_capacity: int = 4096, logits_backend: Any = "native",
-                 page_slots: int = BLOCK, max_next_n: Optional[int] = None):
+                 page_slots: int = BLOCK_SLOTS, max_next_n: Optional[int] = None):
         """num_layers: indexer layers (V3.2: every layer; V4: the ratio-4 layers).
         max_tokens: the longest sequence (max_seq_len); compress_ratio: tokens per indexer slot
         (1 for DeepSeek-V3.2, 4 for DeepSeek-V4's C4A layers). next_n: the first step's draft
@@ -112,7 +111,7 @@ class SpinDecodeAdapter:
         self._device_rows = torch.zeros(max_batch, 2 * MAX_NEXT_N, dtype=torch.int32, device=device)
         self._device_accepted = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self._logits_storage = torch.empty(
-            num_layers * max_batch * top * math.ceil(self.max_slots / BLOCK) * BLOCK,
+            num_layers * max_batch * top * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS,
             device=device) if top > 1 else None
         self.indexer = self.indexer_for(next_n)
         self._steps: dict[int, int] = {}
@@ -134,7 +133,7 @@ class SpinDecodeAdapter:
 
     @classmethod
     def planned_bytes(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
-                      compress_ratio: int, page_slots: int = BLOCK,
+                      compress_ratio: int, page_slots: int = BLOCK_SLOTS,
                       max_next_n: int = 1) -> tuple[int, int]:
         """(state bytes, all bytes) that for_engine allocates, counted without allocating
         (built on the meta device)."""
@@ -147,7 +146,7 @@ class SpinDecodeAdapter:
         if next_n not in self._indexers:
             storage = self._logits_storage
             if storage is not None and storage.numel() < self.pool.num_layers * self.max_batch \
-                    * next_n * math.ceil(self.max_slots / BLOCK) * BLOCK:
+                    * next_n * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS:
                 storage = None          # longer than planned: its own buffer
             self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
                                                  self.max_slots, self.logits_backend,
@@ -356,8 +355,3 @@ class SpinDecodeAdapter:
                 seen.add(key)
                 total += storage.nbytes()
         return total
-
-    @staticmethod
-    def pages_for(tokens: int, compress_ratio: int) -> int:
-        """Indexer K-cache pages a sequence of `tokens` tokens needs."""
-        return math.ceil((tokens // compress_ratio + 1) / BLOCK)

@@ -1,0 +1,251 @@
+"""What every spin op shares: argument checks that name the problem, the per-request state
+tensors, and registration (schema, CPU/CUDA dispatch, fake impl) in the `spin` namespace."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import reference as ref
+from ..config import SpinConfig
+from ..errors import SpinError
+from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, STATE_DTYPES
+from . import _native
+
+I32, I64 = (torch.int32,), (torch.int64,)
+STATE_TORCH_DTYPES = tuple(getattr(torch, name) for name in STATE_DTYPES)
+
+
+# ---- checks --------------------------------------------------------------------------------------
+def fail(op: str, msg: str) -> None:
+    raise SpinError(f"spin::{op}: {msg}")
+
+
+def device_of(t) -> torch.device:
+    return t.device if isinstance(t, torch.Tensor) else torch.device("cpu")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def check_tensor(op: str, name: str, t, dtypes, ndim: int, device: torch.device,
+                 contiguous: bool = False, inner_contiguous: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        fail(op, f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        fail(op, f"{name} must be "
+                 f"{'/'.join(_dtype_name(torch.empty(0, dtype=d)) for d in dtypes)}, "
+                 f"got {_dtype_name(t)}")
+    if t.dim() != ndim:
+        fail(op, f"{name} must have {ndim} dims, got shape {list(t.shape)}")
+    if t.device != device:
+        fail(op, f"{name} is on {t.device}, expected {device} like the other inputs")
+    if contiguous and not t.is_contiguous():
+        fail(op, f"{name} must be contiguous")
+    if inner_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        fail(op, f"{name} must be contiguous in its last dim")
+    return t
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple) -> None:
+    if tuple(t.shape) != tuple(expected):
+        fail(op, f"{name} must have shape {list(expected)}, got {list(t.shape)}")
+
+
+def check_next_n(op: str, next_n: int, what: str = "next_n") -> None:
+    if not 1 <= next_n <= MAX_NEXT_N:
+        fail(op, f"{what} must be 1..{MAX_NEXT_N}, got {next_n}")
+
+
+def check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
+    dev = device_of(V)
+    check_tensor(op, "V", V, STATE_TORCH_DTYPES, 3, dev, contiguous=True)
+    check_tensor(op, "D", D, (V.dtype,), 3, dev, contiguous=True)
+    check_shape(op, "D", D, V.shape)
+    S, L, cap = V.shape
+    check_tensor(op, "last_seen", last_seen, I64, 3, dev, contiguous=True)
+    check_shape(op, "last_seen", last_seen, (S, L, math.ceil(cap / BLOCK_SLOTS)))
+    check_tensor(op, "decode_steps", decode_steps, I64, 2, dev, contiguous=True)
+    check_shape(op, "decode_steps", decode_steps, (S, L))
+    return dev
+
+
+def check_context_lens(op: str, context_lens, dev) -> tuple[int, int]:
+    check_tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
+    B, R = context_lens.shape
+    check_next_n(op, R, "next_n (context_lens.shape[1])")
+    return B, R
+
+
+def check_batch(op: str, dev, state_slot, context_lens, query_pos) -> tuple[int, int]:
+    B, R = check_context_lens(op, context_lens, dev)
+    check_tensor(op, "query_pos", query_pos, I32, 2, dev, contiguous=True)
+    check_shape(op, "query_pos", query_pos, (B, R))
+    check_tensor(op, "state_slot", state_slot, I32, 1, dev, contiguous=True)
+    check_shape(op, "state_slot", state_slot, (B,))
+    return B, R
+
+
+def check_selection(op: str, dev, block_ids, counts, B: int, layered: bool) -> int:
+    """block_ids/counts as select writes them ([B, L, m_cap]/[B, L]) or one layer's view of
+    them ([B, m_cap]/[B]). Returns m_cap."""
+    check_tensor(op, "block_ids", block_ids, I32, 3 if layered else 2, dev,
+                 contiguous=layered, inner_contiguous=True)
+    check_tensor(op, "counts", counts, I32, 2 if layered else 1, dev, contiguous=layered)
+    if block_ids.shape[0] != B or counts.shape[0] != B:
+        fail(op, f"block_ids {list(block_ids.shape)} and counts {list(counts.shape)} must "
+                 f"have {B} requests")
+    if layered and tuple(counts.shape) != tuple(block_ids.shape[:2]):
+        fail(op, f"counts must have shape {list(block_ids.shape[:2])}, got {list(counts.shape)}")
+    return block_ids.shape[-1]
+
+
+def check_slots(op: str, slots: torch.Tensor, num_slots: int) -> None:
+    if slots.device.type != "cpu" or slots.numel() == 0:
+        return
+    if int(slots.min()) < 0 or int(slots.max()) >= num_slots:
+        fail(op, f"state slots must be in [0, {num_slots}), got [{int(slots.min())}, "
+                 f"{int(slots.max())}]")
+    if slots.unique().numel() != slots.numel():
+        fail(op, "state slots of one batch must be distinct")
+
+
+def check_max_context_len(op: str, max_context_len: int, cap: int) -> None:
+    if not 1 <= max_context_len <= cap:
+        fail(op, f"max_context_len {max_context_len} must be in [1, state capacity {cap}]")
+
+
+def check_host_bounds(op: str, context_lens, query_pos, max_context_len: int, cap: int,
+                      state_slot=None, num_slots: int = 0) -> None:
+    """Device-value checks; only on CPU, where they cost no synchronization. (On CUDA the
+    kernels clamp context lengths to max_context_len and skip out-of-range state slots.)"""
+    if context_lens.device.type != "cpu" or context_lens.numel() == 0:
+        return
+    if state_slot is not None:
+        check_slots(op, state_slot, num_slots)
+    if int(context_lens.min()) < 0 or int(context_lens.max()) > max_context_len:
+        fail(op, f"context_lens must be in [0, max_context_len={max_context_len}], got "
+                 f"[{int(context_lens.min())}, {int(context_lens.max())}]")
+    if int(query_pos.max()) >= cap or bool((query_pos < context_lens - 1).any()):
+        fail(op, f"query_pos must satisfy context_len - 1 <= q < state capacity {cap}")
+
+
+def check_aligned16(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            fail(op, f"{name} must start at a 16-byte aligned address (the kernels load 16 B)")
+
+
+def check_logits(op: str, logits, dev, rows: int, m_cap: int) -> None:
+    """fp32 [rows, W >= m_cap*64] read in its first m_cap*64 columns; 16-byte aligned rows."""
+    check_tensor(op, "logits", logits, (torch.float32,), 2, dev, inner_contiguous=True)
+    width = m_cap * BLOCK_SLOTS
+    if logits.shape[0] != rows or logits.shape[1] < width:
+        fail(op, f"logits must have shape [{rows}, W >= {width}] (B*R rows, at least m_cap*64 "
+                 f"columns), got {list(logits.shape)}")
+    check_aligned16(op, logits=logits)
+    if rows > 1 and logits.stride(0) % 4:
+        fail(op, f"logits rows must be a multiple of 4 floats apart (16-byte rows: the kernels "
+                 f"load 16 B), got row stride {logits.stride(0)}")
+
+
+def check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[int, int]:
+    """What indexer_logits and probe both read: q fp8 [B*R, 64, 128], weights fp32 [B*R, 64],
+    context_lens int32 [B, R], block_table int32 [B, max_pages]. Returns (B, R)."""
+    check_tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
+    B, R = check_context_lens(op, context_lens, dev)
+    check_shape(op, "q", q, (B * R, INDEX_HEADS, HEAD_DIM))
+    check_tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
+    check_shape(op, "weights", weights, (B * R, INDEX_HEADS))
+    check_aligned16(op, q=q, weights=weights)
+    check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    return B, R
+
+
+def check_cache(op: str, kv_cache, dev) -> None:
+    ndim = kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2
+    check_tensor(op, "kv_cache", kv_cache, (torch.uint8,), ndim, dev, contiguous=True)
+    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
+            kv_cache[0].numel() != BLOCK_SLOTS * ref.SLOT_BYTES:
+        fail(op, f"kv_cache must be uint8 pages of {BLOCK_SLOTS} x {ref.SLOT_BYTES} bytes "
+                 f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+
+
+# ---- state -----------------------------------------------------------------------------------------
+@dataclass
+class OpState:
+    """V/D/last_seen/decode_steps for num_slots state slots x num_layers indexer layers."""
+
+    V: torch.Tensor
+    D: torch.Tensor
+    last_seen: torch.Tensor
+    decode_steps: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_slots: int, num_layers: int, capacity: int, cfg: SpinConfig,
+              device: torch.device | str = "cpu") -> "OpState":
+        if min(num_slots, num_layers, capacity) < 1:
+            raise SpinError(f"OpState: num_slots ({num_slots}), num_layers ({num_layers}) and "
+                            f"capacity ({capacity}) must be >= 1")
+        dtype = getattr(torch, cfg.state_dtype)
+        blocks = math.ceil(capacity / BLOCK_SLOTS)
+        return cls(torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
+                   torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
+                   torch.zeros(num_slots, num_layers, blocks, dtype=torch.int64, device=device),
+                   torch.zeros(num_slots, num_layers, dtype=torch.int64, device=device))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.V, self.D, self.last_seen, self.decode_steps
+
+
+def require_supported(cfg: SpinConfig) -> None:
+    """The ops implement reduction A1 with 64-slot blocks."""
+    if cfg.reduction != "A1" or cfg.block_size != BLOCK_SLOTS:
+        raise SpinError(f"the spin ops implement reduction A1 with block_size {BLOCK_SLOTS}; got "
+                        f"reduction={cfg.reduction}, block_size={cfg.block_size} (A0/A2 are "
+                        f"replay ablations: use spin_trtllm.reference)")
+
+
+# ---- registration ----------------------------------------------------------------------------------
+LIBRARY = torch.library.Library("spin", "DEF")
+SCHEMAS: dict[str, str] = {}        # op name -> schema, in registration order
+
+
+def _fake(op: str, *args, **kwargs) -> None:
+    """Meta/fake impl: nothing to compute (the ops write into their arguments). A call that
+    mixes devices, e.g. one meta tensor among CPU or CUDA ones, lands here instead of in the
+    real kernel: refuse it rather than silently doing nothing."""
+    devices = {a.device for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)}
+    if len(devices) > 1:
+        fail(op, f"tensors on different devices: {sorted(str(d) for d in devices)}")
+
+
+def register(schema: str, validate, reference, native: bool = True) -> None:
+    """Define spin::<op>: validate, then the native kernel on CUDA tensors (when built and
+    `native`), else the reference."""
+    name = schema.split("(", 1)[0]
+
+    def impl(*args, **kwargs) -> None:
+        validate(*args, **kwargs)
+        if native and _native.NATIVE and args[0].is_cuda:
+            getattr(torch.ops.spin_native, name)(*args, **kwargs)
+        else:
+            reference(*args, **kwargs)
+
+    SCHEMAS[name] = schema
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, impl, "CPU")
+    LIBRARY.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"spin::{name}", functools.partial(_fake, name), lib=LIBRARY)
+
+
+def streams(state_slot: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """[S, L, ...] -> [B * L, ...] rows of the batch's state slots."""
+    idx = state_slot.long()
+    return [t[idx].reshape(idx.numel() * t.shape[1], *t.shape[2:]) for t in tensors]

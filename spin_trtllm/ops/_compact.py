@@ -1,0 +1,142 @@
+"""spin::compact and spin::remap: drive an external paged indexer-logits kernel (DeepGEMM's
+fp8_paged_mqa_logits, as TensorRT-LLM runs it) over the selected blocks only, and map its
+top-K back to slot ids.
+
+compact: block_ids [B, m_cap] and counts [B] as select writes them (a strided layer view is
+fine; the first min(count, m_cap) ids are used), context_lens [B, R], block_table int32
+[B, max_pages] of pages of page_slots = 64 or 32 slots (ppb = 64 / page_slots pages per block)
+-> compact_table int32 [B, T >= m_cap*ppb]: entry k*ppb + p = block_table[b, ids[k]*ppb + p]
+for each used k with ids[k] >= 0 and that column < max_pages, 0 elsewhere (keeps a reader
+inside the cache); compact_lens int32 [B, R]: row j = sum over used k of
+clamp(context_lens[b, j] - 64 ids[k], 0, 64). Ids ascend, so a row's visible slots are a prefix
+of the compact order: a kernel given (compact_table, compact_lens) as (block table, context
+lengths) computes indexer_logits' compact masked logits.
+remap: positions int32 [B*next_n, K] (compact positions, request-local, -1 padded; row stride
+allowed) -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos <
+min(count, m_cap)*64 with that id >= 0, else -1, order kept. Optional values fp32
+[B*next_n, K] (the top-K's scores) or scores fp32 [B*next_n, >= m_cap*64] (the logits the
+positions index): a non-finite value makes its entry -1. ascending (K <= MAX_SORTED_K): each
+row sorted, -1 last, which turns a peer's unordered top-K into topk's output in one launch.
+out may be positions itself (in place), otherwise it must not overlap it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import reference as ref
+from ..limits import BLOCK_SLOTS, MAX_SORTED_K
+from ._common import (I32, check_context_lens, check_next_n, check_selection, check_shape,
+                      check_tensor, device_of, fail, register)
+
+SCHEMA = ("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
+          "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()")
+REMAP_SCHEMA = ("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
+                "Tensor(a!) out, Tensor? values=None, bool ascending=False, "
+                "Tensor? scores=None) -> ()")
+PAGE_SLOTS_ACCEPTED = (32, BLOCK_SLOTS)
+
+
+def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_table,
+              compact_lens) -> None:
+    op = "compact"
+    dev = device_of(block_ids)
+    B, R = check_context_lens(op, context_lens, dev)
+    m_cap = check_selection(op, dev, block_ids, counts, B, layered=False)
+    check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    if page_slots not in PAGE_SLOTS_ACCEPTED:
+        fail(op, f"page_slots must be 64 or 32 (slots per KV page; a SPIN block is 64 slots), "
+                 f"got {page_slots}")
+    ppb = BLOCK_SLOTS // page_slots
+    check_tensor(op, "compact_table", compact_table, I32, 2, dev, inner_contiguous=True)
+    if compact_table.shape[0] != B or compact_table.shape[1] < m_cap * ppb:
+        fail(op, f"compact_table must have shape [{B}, T >= m_cap * {ppb} = {m_cap * ppb}], "
+                 f"got {list(compact_table.shape)}")
+    check_tensor(op, "compact_lens", compact_lens, I32, 2, dev, contiguous=True)
+    check_shape(op, "compact_lens", compact_lens, (B, R))
+
+
+def _reference(block_ids, counts, context_lens, block_table, page_slots, compact_table,
+               compact_lens) -> None:
+    table, lens = ref.compact_block_table(block_ids, counts, context_lens, block_table,
+                                          page_slots, compact_table.shape[1])
+    compact_table.copy_(table)
+    compact_lens.copy_(lens)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+    return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
+def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
+                    ascending=False, scores=None) -> None:
+    op = "remap"
+    dev = device_of(positions)
+    check_tensor(op, "positions", positions, I32, 2, dev, inner_contiguous=True)
+    B = block_ids.shape[0] if isinstance(block_ids, torch.Tensor) else 0
+    check_selection(op, dev, block_ids, counts, B, layered=False)
+    check_next_n(op, next_n)
+    if positions.shape[0] != B * next_n:
+        fail(op, f"positions must have shape [B*next_n = {B * next_n}, K], got "
+                 f"{list(positions.shape)}")
+    check_tensor(op, "out", out, I32, 2, dev, contiguous=True)
+    check_shape(op, "out", out, tuple(positions.shape))
+    if values is not None:
+        check_tensor(op, "values", values, (torch.float32,), 2, dev, inner_contiguous=True)
+        check_shape(op, "values", values, tuple(positions.shape))
+    if scores is not None:
+        m_cap = block_ids.shape[1]
+        check_tensor(op, "scores", scores, (torch.float32,), 2, dev, inner_contiguous=True)
+        if scores.shape[0] != positions.shape[0] or scores.shape[1] < m_cap * BLOCK_SLOTS:
+            fail(op, f"scores must have shape [{positions.shape[0]}, W >= "
+                     f"{m_cap * BLOCK_SLOTS}] (the rows the positions index), got "
+                     f"{list(scores.shape)}")
+    if ascending and positions.shape[1] > MAX_SORTED_K:
+        fail(op, f"ascending sorts rows of at most {MAX_SORTED_K} entries, got K = "
+                 f"{positions.shape[1]}")
+    same = out.data_ptr() == positions.data_ptr() and out.stride() == positions.stride()
+    (a0, a1), (b0, b1) = _byte_range(out), _byte_range(positions)
+    if not same and a0 < b1 and b0 < a1:
+        fail(op, "out must be positions itself (in place) or not overlap it")
+
+
+def _remap_reference(positions, block_ids, counts, next_n, out, values=None, ascending=False,
+                     scores=None) -> None:
+    out.copy_(ref.remap_positions(positions, block_ids, counts, next_n, values, ascending,
+                                  scores))
+
+
+register(SCHEMA, _validate, _reference)
+register(REMAP_SCHEMA, _validate_remap, _remap_reference)
+
+
+def compact(block_ids, counts, context_lens, block_table, page_slots: int = BLOCK_SLOTS,
+            compact_table: Optional[torch.Tensor] = None,
+            compact_lens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(compact_table int32 [B, m_cap * 64 / page_slots], compact_lens int32 [B, R]) of the
+    selected blocks; buffers are allocated when not given."""
+    B, m_cap = block_ids.shape[0], block_ids.shape[-1]
+    if compact_table is None:
+        ppb = BLOCK_SLOTS // page_slots if page_slots in PAGE_SLOTS_ACCEPTED else 1  # op refuses
+        compact_table = torch.empty(B, m_cap * ppb, dtype=torch.int32, device=block_ids.device)
+    if compact_lens is None:
+        compact_lens = torch.empty(tuple(context_lens.shape), dtype=torch.int32,
+                                   device=block_ids.device)
+    torch.ops.spin.compact(block_ids, counts, context_lens, block_table, page_slots,
+                           compact_table, compact_lens)
+    return compact_table, compact_lens
+
+
+def remap(positions, block_ids, counts, next_n: int,
+          out: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None,
+          ascending: bool = False, scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Compact positions -> request-local slot ids (out may be positions: in place)."""
+    if out is None:
+        out = torch.empty(tuple(positions.shape), dtype=torch.int32, device=positions.device)
+    torch.ops.spin.remap(positions, block_ids, counts, next_n, out, values, ascending, scores)
+    return out

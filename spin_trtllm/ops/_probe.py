@@ -1,0 +1,100 @@
+"""spin::summarize and spin::probe: the probe predictor's per-page key summaries and the
+query-aware block scores computed from them.
+
+summarize: kv_cache as indexer_logits reads it, pages int32 [P], fill int32 [P] -> summaries
+uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding), row pages[i] =
+the mean of that page's first clamp(fill[i], 0, 64) dequantized keys, re-quantized e4m3 with
+scale amax / 448 (reference.summarize_pages; the kernel's bytes equal the reference's). Pages
+outside [0, num_pages) are skipped. Kept beside the K cache with the same page ids.
+probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries -> out fp32
+[B*R, num_blocks]: sum_h w_h ReLU(q_h . summary(block_table[b, j])) per block j, -inf where the
+block has no visible slot, is past the table or its page is outside the summaries.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import reference as ref
+from ..limits import SUMMARY_BYTES
+from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
+                      device_of, fail, register)
+
+SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
+                    "Tensor(a!) summaries) -> ()")
+PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
+                "Tensor block_table, Tensor(a!) out) -> ()")
+
+
+def _check_summaries(op: str, summaries, dev) -> None:
+    check_tensor(op, "summaries", summaries, (torch.uint8,), 2, dev, contiguous=True)
+    if summaries.shape[0] < 1 or summaries.shape[1] != SUMMARY_BYTES:
+        fail(op, f"summaries must be uint8 [num_pages >= 1, {SUMMARY_BYTES}] (one row per "
+                 f"K-cache page), got shape {list(summaries.shape)}")
+    check_aligned16(op, summaries=summaries)
+
+
+def _validate_summarize(kv_cache, pages, fill, summaries) -> None:
+    op = "summarize"
+    dev = device_of(kv_cache)
+    check_cache(op, kv_cache, dev)
+    check_aligned16(op, kv_cache=kv_cache)
+    check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
+    check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
+    check_shape(op, "fill", fill, tuple(pages.shape))
+    _check_summaries(op, summaries, dev)
+    if summaries.shape[0] != kv_cache.shape[0]:
+        fail(op, f"summaries has {summaries.shape[0]} rows, the cache {kv_cache.shape[0]} pages: "
+                 "one summary per page")
+
+
+def _summarize_reference(kv_cache, pages, fill, summaries) -> None:
+    live = (pages >= 0) & (pages < summaries.shape[0])
+    if not bool(live.any()):
+        return
+    rows, scale = ref.summarize_pages(kv_cache, pages[live], fill[live])
+    at = pages[live].long()
+    summaries[at, :ref.KEY_BYTES] = rows
+    summaries[at, ref.KEY_BYTES:ref.KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
+
+
+def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> None:
+    op = "probe"
+    dev = device_of(q)
+    B, R = check_query(op, q, weights, context_lens, block_table, dev)
+    _check_summaries(op, summaries, dev)
+    check_tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
+    if out.shape[0] != B * R or out.shape[1] < 1:
+        fail(op, f"out must have shape [{B * R}, num_blocks >= 1], got {list(out.shape)}")
+
+
+def _probe_reference(q, summaries, weights, context_lens, block_table, out) -> None:
+    out.copy_(ref.probe_scores(q, summaries, weights, context_lens, block_table,
+                               out.shape[1]).float())
+
+
+register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_reference)
+register(PROBE_SCHEMA, _validate_probe, _probe_reference)
+
+
+def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A zeroed summary table for kv_cache: one SUMMARY_BYTES row per page."""
+    return torch.zeros(kv_cache.shape[0], SUMMARY_BYTES, dtype=torch.uint8,
+                       device=kv_cache.device)
+
+
+def summarize(kv_cache, pages, fill, summaries) -> None:
+    """Write the summary of each page pages[i] (its first fill[i] slots) into
+    summaries[pages[i]]. Build every page at prefill; at decode only the newest page changes."""
+    torch.ops.spin.summarize(kv_cache, pages, fill, summaries)
+
+
+def probe(q, summaries, weights, context_lens, block_table, num_blocks: int,
+          out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 [B*R, num_blocks] query-aware block scores (reference.probe_scores)."""
+    if out is None:
+        out = torch.empty(q.shape[0], num_blocks, dtype=torch.float32, device=q.device)
+    torch.ops.spin.probe(q, summaries, weights, context_lens, block_table, out)
+    return out

@@ -1,0 +1,56 @@
+"""The block predictors: what each one ranks blocks by, what it needs, and where it runs.
+
+Torch-free, so the CLI reads its choices from here. The engine (SpinIndexer, the cost model,
+dsa-lite) runs spin, probe and hybrid; the replay evaluator also runs quest and gauss, which
+need a trace v2 (queries and keys) and have no kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import SpinError
+from .limits import BLOCK_SLOTS, MAX_HYBRID_BLOCKS
+
+
+@dataclass(frozen=True)
+class Predictor:
+    name: str
+    history: bool                 # ranks with SPIN's V/D history
+    query: bool                   # ranks with query-aware block scores (needs per-block keys)
+    engine: bool                  # runs in SpinIndexer (has kernels), not only in replay
+    summary_rows_per_block: int   # K-cache rows read per visible block to score it (replay)
+    mean_keys: bool = False       # its summaries are mean keys (replay: `summaries` per block)
+    max_context_len: Optional[int] = None   # longest context its select step ranks
+    summary: str = ""
+
+    @property
+    def merges(self) -> bool:
+        """Ranks by the max of the rank shares of both (reference.hybrid_scores)."""
+        return self.history and self.query
+
+
+REGISTRY: dict[str, Predictor] = {p.name: p for p in (
+    Predictor("spin", history=True, query=False, engine=True, summary_rows_per_block=0,
+              summary="EMAs of past indexer scores per slot and per offset (the paper's SPIN)"),
+    Predictor("probe", history=False, query=True, engine=True, summary_rows_per_block=1,
+              mean_keys=True, summary="each block's mean key scored with the current query"),
+    Predictor("hybrid", history=True, query=True, engine=True, summary_rows_per_block=1,
+              mean_keys=True, max_context_len=MAX_HYBRID_BLOCKS * BLOCK_SLOTS,
+              summary="max of the rank shares of spin's and probe's scores"),
+    Predictor("quest", history=False, query=True, engine=False, summary_rows_per_block=2,
+              summary="upper bound from per-channel key min/max (Quest)"),
+    Predictor("gauss", history=False, query=True, engine=False, summary_rows_per_block=2,
+              summary="expected ReLU score under a per-channel Gaussian of the keys"),
+)}
+ENGINE_PREDICTORS = tuple(name for name, p in REGISTRY.items() if p.engine)
+REPLAY_PREDICTORS = tuple(REGISTRY)
+
+
+def get(name: str, engine: bool = False) -> Predictor:
+    """The predictor called `name`; engine=True: one SpinIndexer runs."""
+    choices = ENGINE_PREDICTORS if engine else REPLAY_PREDICTORS
+    if name not in choices:
+        raise SpinError(f"predictor must be one of {', '.join(choices)}, got {name!r}")
+    return REGISTRY[name]

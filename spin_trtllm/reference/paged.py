@@ -1,0 +1,221 @@
+"""The paged FP8 indexer, its top-K over compact logits, the compacted block table and the
+probe's page summaries, in plain PyTorch: the specification of the native ops that read the
+indexer K cache (uint8 pages of 64 fp8 keys of 128 B, then 64 fp32 scales)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
+
+
+# ---- the paged FP8 indexer and top-K over compact logits (spec of the native ops) ------------
+MAX_SLOT_ID = 2**31 - 1          # slot ids are int32
+
+
+def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """uint8 pages (64 fp8 rows of 128 B, then 64 fp32 scales) -> float32 keys [P, 64, 128]."""
+    pages = kv_cache.reshape(kv_cache.shape[0], BLOCK_SLOTS * SLOT_BYTES)
+    rows = pages[:, :BLOCK_SLOTS * KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
+    scales = pages[:, BLOCK_SLOTS * KEY_BYTES:].contiguous().view(torch.float32)
+    return rows.view(-1, BLOCK_SLOTS, KEY_BYTES) * scales.unsqueeze(-1)
+
+
+# ---- block summaries and the probe (query-aware block scores) ----------------------------------
+# One summary row per K-cache page, kept beside the cache and addressed by the same page ids:
+# the mean of the page's first `fill` dequantized keys, re-quantized like a key (e4m3, scale =
+# amax / 448), in a 144-byte row (128 fp8 bytes, the fp32 scale, 12 bytes of padding, so rows
+# stay 16-byte aligned).
+FP8_MAX = 448.0
+
+
+def table_pages(block_table: torch.Tensor, ids: torch.Tensor,
+                num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages of block ids [B, J] through block_table int32 [B, max_pages]: (int64 [B, J] page,
+    0 where not live; bool [B, J] live: the id is a table column and its page lies in
+    [0, num_pages), so it may be read)."""
+    table = block_table.to(torch.int64)
+    if table.shape[1] == 0:                        # no pages at all: nothing is read
+        table = torch.full((ids.shape[0], 1), -1, dtype=torch.int64, device=ids.device)
+    pages = table.gather(1, ids.clamp(0, table.shape[1] - 1))
+    live = (ids >= 0) & (ids < block_table.shape[1]) & (pages >= 0) & (pages < num_pages)
+    return torch.where(live, pages, 0), live
+
+
+def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
+                    fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summaries of K-cache pages: (fp8 e4m3 keys as uint8 [P, 128], fp32 scales [P]).
+
+    Page pages[i]'s summary is mean_{s < f} k_s over its first f = clamp(fill[i], 0, 64)
+    dequantized keys (the products fp8 * scale in fp32, summed in fp64, the mean cast to fp32),
+    quantized with scale = max(amax / 448, 1e-12) (fp32) and round-to-nearest e4m3; f = 0 gives
+    a zero key."""
+    keys = dequantize_pages(kv_cache[pages.long().clamp(0, kv_cache.shape[0] - 1)])
+    f = fill.long().clamp(0, BLOCK_SLOTS)
+    valid = torch.arange(BLOCK_SLOTS, device=keys.device) < f.unsqueeze(-1)
+    total = torch.where(valid.unsqueeze(-1), keys.double(), 0.0).sum(1)
+    mean = (total / f.clamp(min=1).unsqueeze(-1).double()).float()
+    scale = (mean.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
+    rows = (mean / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
+    return rows, scale
+
+
+def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
+    """uint8 [P, 144] summary rows -> float32 keys [P, 128]."""
+    rows = summaries[:, :KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
+    scales = summaries[:, KEY_BYTES:KEY_BYTES + 4].contiguous().view(torch.float32)
+    return rows * scales
+
+
+def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """P[b*R + r, j] = sum_h w_h ReLU(q_h . s_j) for blocks j < num_blocks, s_j the summary of
+    page block_table[b, j] (the block's mean key, scored like a slot). -inf where block j has
+    no visible slot (64 j >= context_lens[b, r]), is past the block table, or its page is
+    outside the summaries (never read). [B*R, num_blocks]."""
+    B, R = context_lens.shape
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    j = torch.arange(num_blocks, device=q.device)
+    pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
+    keys = dequantize_summaries(summaries)[pages].to(dtype)                        # [B, J, 128]
+    z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
+    visible = live.unsqueeze(1) & (j * BLOCK_SLOTS < context_lens.to(torch.int64).unsqueeze(-1))
+    return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+
+
+def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                          context_lens: torch.Tensor, block_table: torch.Tensor,
+                          block_ids: torch.Tensor, counts: torch.Tensor,
+                          dtype: torch.dtype = torch.float64, chunk: int = 256) -> torch.Tensor:
+    """z[i] = sum_h w_h ReLU(q_h . k_i) over the selected blocks, compact [B*R, m_cap*64].
+
+    Slot (c, s) is block block_ids[b, c], slot s. -inf where c >= min(count, m_cap), the block
+    id is outside the block table, its page is outside the cache (never read), or the slot is
+    past the row's causal length context_lens[b, r]."""
+    B, R = context_lens.shape
+    m_cap = block_ids.shape[1]
+    num_pages = kv_cache.shape[0]
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    c = torch.arange(m_cap, device=q.device)
+    ids = block_ids.to(torch.int64)
+    pages, live = table_pages(block_table, ids, num_pages)
+    live &= c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)
+    pages = torch.where(live, pages, 0)
+    out = torch.zeros(B, R, m_cap, BLOCK_SLOTS, dtype=dtype, device=q.device)
+    # only the pages of live blocks are read and dequantized, chunk by chunk (on the CPU the
+    # live range is known without a sync; on CUDA, where graphs may capture this, all chunks)
+    last = m_cap
+    if q.device.type == "cpu":
+        any_live = live.any(0)
+        last = int(torch.nonzero(any_live).max()) + 1 if bool(any_live.any()) else 0
+    for start in range(0, last, chunk):
+        sub = pages[:, start:start + chunk]
+        k = dequantize_pages(kv_cache[sub.reshape(-1)]).to(dtype).view(
+            B, sub.shape[1], BLOCK_SLOTS, -1)                           # [B, c, 64, 128]
+        dots = torch.einsum("brhd,bcsd->brcsh", qf, k)
+        out[:, :, start:start + chunk] = (torch.relu(dots) * w[:, :, None, None, :]).sum(-1)
+    slot = ids.unsqueeze(-1) * BLOCK_SLOTS + torch.arange(BLOCK_SLOTS, device=q.device)
+    visible = slot.unsqueeze(1) < context_lens.to(torch.int64)[:, :, None, None]
+    out = out.masked_fill(~(live[:, None, :, None] & visible), float("-inf"))
+    return out.reshape(B * R, m_cap * BLOCK_SLOTS)
+
+
+def topk_slots(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor, next_n: int,
+               k: int, row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """int32 [B*R, k]: top-k request-local slot ids of the compact logits, ascending, -1
+    padded. Only finite scores of selected blocks (and, with row_lens [B, R], positions below
+    the row's compact length) compete; ties go to the lower slot id."""
+    rows, width = logits.shape
+    if width == 0 or k == 0:
+        return torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    pos = torch.arange(width, device=logits.device)
+    scored = (counts.to(torch.int64).clamp(max=block_ids.shape[1]) * BLOCK_SLOTS)
+    valid = (pos < scored.repeat_interleave(next_n).unsqueeze(-1)) & torch.isfinite(logits)
+    if row_lens is not None:
+        valid &= pos < row_lens.reshape(-1, 1).to(torch.int64)
+    key = torch.where(valid, logits.float(), float("-inf"))
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :k]
+    take = torch.arange(order.shape[1], device=logits.device) < valid.sum(-1, keepdim=True)
+    chosen = torch.where(take, order, width).sort(-1).values           # ascending positions
+    ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
+    blk = ids.gather(1, (chosen // BLOCK_SLOTS).clamp(max=block_ids.shape[1] - 1))
+    slots = blk * BLOCK_SLOTS + chosen % BLOCK_SLOTS
+    # a block id that is negative, or whose slots do not fit int32, gives -1
+    slots = torch.where((chosen < width) & (blk >= 0) & (slots <= MAX_SLOT_ID), slots, -1)
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    out[:, :slots.shape[1]] = slots.to(torch.int32)
+    return out
+
+
+# ---- a compacted block table for an external paged logits kernel (spec of compact/remap) ------
+def compact_block_table(block_ids: torch.Tensor, counts: torch.Tensor, context_lens: torch.Tensor,
+                        block_table: torch.Tensor, page_slots: int,
+                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 [B, width] compact table, int32 [B, R] compact lengths) of the selected blocks.
+
+    With ppb = 64 // page_slots pages per block, entry k*ppb + p is block_table[b, ids[k]*ppb + p]
+    for the used blocks k < min(count, m_cap) with ids[k] >= 0 and that column < max_pages; any
+    other entry is 0. Row j's length is the sum over the used blocks of
+    clamp(context_lens[b, j] - 64 ids[k], 0, 64): with ascending ids the visible slots of a row
+    are a prefix of the compact order, compact position k*64 + s being slot ids[k]*64 + s."""
+    B, m_cap = block_ids.shape
+    ppb = BLOCK_SLOTS // page_slots
+    dev = block_ids.device
+    ids = block_ids.to(torch.int64)
+    used = (torch.arange(m_cap, device=dev) < counts.to(torch.int64).clamp(max=m_cap)[:, None]) \
+        & (ids >= 0)                                                   # [B, m_cap]
+    cols = (ids[:, :, None] * ppb + torch.arange(ppb, device=dev)).flatten(1)   # [B, m_cap*ppb]
+    max_pages = block_table.shape[1]
+    live = used.repeat_interleave(ppb, 1) & (cols < max_pages)
+    pages = torch.zeros_like(cols)
+    if max_pages:
+        pages = block_table.to(torch.int64).gather(1, cols.clamp(0, max_pages - 1))
+    table = torch.zeros(B, width, dtype=torch.int32, device=dev)
+    table[:, :m_cap * ppb] = torch.where(live, pages, 0).to(torch.int32)
+    first = ids[:, None, :] * BLOCK_SLOTS
+    seen = (context_lens.to(torch.int64)[:, :, None] - first).clamp(0, BLOCK_SLOTS)
+    lens = (seen * used[:, None, :]).sum(-1)
+    return table, lens.to(torch.int32)
+
+
+def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor,
+                    next_n: int, values: Optional[torch.Tensor] = None,
+                    ascending: bool = False,
+                    scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """int32 [B*next_n, K]: compact positions (-1 padded) -> request-local slot ids.
+
+    Position pos of row r (request r // next_n) becomes ids[pos // 64] * 64 + pos % 64 when
+    0 <= pos < min(count, m_cap) * 64, that id is >= 0, (values given) values[r, i] is finite
+    and (scores given: [B*next_n, >= m_cap * 64], the rows the positions index) scores[r, pos]
+    is finite, else -1. The order is kept, or with ascending each row is sorted, -1 last."""
+    slots = _remap(positions, block_ids, counts, next_n)
+    if values is not None:
+        slots = torch.where(torch.isfinite(values), slots, -1)
+    if scores is not None and scores.shape[1] > 0:   # no columns: every slot is -1 already
+        at = torch.where(slots >= 0, positions.long(), 0)
+        slots = torch.where(torch.isfinite(scores.gather(1, at)), slots, -1)
+    if ascending:
+        last = torch.iinfo(torch.int32).max
+        slots = torch.where(slots < 0, last, slots).sort(-1).values
+        slots = torch.where(slots == last, -1, slots)
+    return slots
+
+
+def _remap(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor,
+           next_n: int) -> torch.Tensor:
+    rows, _ = positions.shape
+    m_cap = block_ids.shape[1]
+    pos = positions.to(torch.int64)
+    scored = counts.to(torch.int64).clamp(max=m_cap).repeat_interleave(next_n) * BLOCK_SLOTS
+    inside = (pos >= 0) & (pos < scored[:, None])
+    if m_cap == 0:
+        return torch.full_like(positions, -1, dtype=torch.int32)
+    ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
+    block = ids.gather(1, torch.where(inside, pos // BLOCK_SLOTS, 0))
+    slots = block * BLOCK_SLOTS + pos % BLOCK_SLOTS
+    return torch.where(inside & (block >= 0), slots, -1).to(torch.int32)
