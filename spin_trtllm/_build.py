@@ -1,8 +1,9 @@
 """Build the native library (python -m spin_trtllm._build [--check]); build.sh calls this.
 
-- With a CUDA build of torch and nvcc: compiles cpp/src/*.cu and the torch bindings into
-  spin_trtllm/libspin_native.so (SPIN_CUDA_ARCHS adds -gencode targets; SPIN_PORTABLE_ONLY=1
-  builds without sm_90a, to test the portable kernels on Hopper).
+- With a CUDA build of torch and nvcc: compiles cpp/src/*.cu and the torch bindings
+  (spin_trtllm/csrc/*.cpp, one file per op) into spin_trtllm/libspin_native.so
+  (SPIN_CUDA_ARCHS adds -gencode targets; SPIN_PORTABLE_ONLY=1 builds without sm_90a, to test
+  the portable kernels on Hopper).
 - Otherwise: says so in one line; the ops run through the reference.
 - --check: compiles every cpp/src/*.cu for sm_90a, sm_90 and sm_89 with nvcc alone (no torch
   CUDA needed), so a kernel that does not compile fails on CPU-only machines too.
@@ -21,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(__file__).resolve().parent
 SOURCES = sorted((ROOT / "cpp" / "src").glob("*.cu"))
+BINDINGS = sorted((PACKAGE / "csrc").glob("*.cpp"))  # one op's schema and binding per file
 SM90A = "-gencode=arch=compute_90a,code=sm_90a"   # wgmma kernels
 PORTABLE = ["-gencode=arch=compute_90,code=sm_90"]  # mma.sync kernels
 GENCODE = [SM90A, *PORTABLE]
@@ -79,7 +81,7 @@ def build(verbose: bool = False) -> int:
     out_dir = ROOT / "build" / "native"
     out_dir.mkdir(parents=True, exist_ok=True)
     load(name="spin_native",
-         sources=[str(s) for s in SOURCES] + [str(PACKAGE / "csrc" / "native_ops.cpp")],
+         sources=[str(s) for s in SOURCES + BINDINGS],
          extra_include_paths=[str(ROOT / "cpp" / "include")],
          extra_cflags=["-O3", "-std=c++17"],
          extra_cuda_cflags=["-O3", "-std=c++17", *gencode_flags()],

@@ -15,6 +15,7 @@ SLOT_BYTES = KEY_BYTES + 4    # fp8 key + its fp32 scale
 SUMMARY_BYTES = 144       # a page's probe summary: 128 fp8 bytes, fp32 scale, padding
 MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row
 MAX_HYBRID_BLOCKS = 8192  # select(merge_history=True) sorts a row's blocks in shared memory
+MAX_M_CAP = 33554431      # m_cap * 64 must fit the kernels' int row width
 
 # Enum values as the kernels read them.
 POOLING = {"max": 0, "mean": 1, "top4": 2}

@@ -427,8 +427,13 @@ def test_field_builders_follow_the_config():
         F.logits_fields(layer=-1)
     with pytest.raises(SpinError, match="has no field 'nope'"):
         F.field_kind("SpinTopK", "nope")
-    from spin_trtllm import ops
-    assert F.POOLING == ops.POOLING and F.POLICY == ops.POLICY and F.BLOCK == ops.BLOCK
+    from spin_trtllm.limits import BLOCK_SLOTS, EXPLORATION_POLICY, POOLING
+    for pooling in POOLING:            # the plugins read the enums as the ops pass them
+        for policy in EXPLORATION_POLICY:
+            got = F.select_fields(CFG.with_overrides(pooling=pooling, exploration_policy=policy),
+                                  max_context=64, m_cap=3)
+            assert (got["pooling"], got["policy"], got["block_size"]) == \
+                (POOLING[pooling], EXPLORATION_POLICY[policy], BLOCK_SLOTS)
 
 
 # ---- without TensorRT ------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ __host__ __device__ constexpr int state_bytes(int type) {
 
 // The largest finite value of a state type: stores saturate there, as reference._store does.
 __host__ __device__ constexpr float state_max(int type) {
-  return type == kStateF32 ? FLT_MAX : type == kStateF16 ? 65504.0f : 448.0f;
+  return type == kStateF32 ? FLT_MAX : type == kStateF16 ? 65504.0f : kE4M3Max;
 }
 
 __device__ __forceinline__ float saturate_state(int type, float v) {

@@ -23,7 +23,7 @@ constexpr int kRemapThreads = 256;
 static_assert(16 * kRemapThreads == kMaxSortedK, "remap_sorted_kernel<16> covers kMaxSortedK");
 
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams p) {
-  __shared__ long long partial[kMaxRows][kCompactWarps];
+  __shared__ long long partial[kMaxNextN][kCompactWarps];
   const int b = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
@@ -46,10 +46,10 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
   }
 
   // the lengths: row r sees clamp(n_r - 64 j, 0, 64) slots of block j
-  int64_t n[kMaxRows];
-  long long acc[kMaxRows];
+  int64_t n[kMaxNextN];
+  long long acc[kMaxNextN];
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
+  for (int r = 0; r < kMaxNextN; ++r) {
     n[r] = r < p.rows ? p.context_lens[b * p.rows + r] : 0;
     acc[r] = 0;
   }
@@ -58,11 +58,11 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
     if (j < 0) continue;
     const int64_t first = static_cast<int64_t>(j) * kBlockSize;
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r)
+    for (int r = 0; r < kMaxNextN; ++r)
       acc[r] += min(max(n[r] - first, static_cast<int64_t>(0)), static_cast<int64_t>(kBlockSize));
   }
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
+  for (int r = 0; r < kMaxNextN; ++r) {
     long long v = acc[r];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) partial[r][warp] = v;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kRemapThreads) remap_sorted_kernel(RemapParams
 
 cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
-  if (p.rows < 1 || p.rows > kMaxRows || (p.page_slots != 32 && p.page_slots != kBlockSize))
+  if (p.rows < 1 || p.rows > kMaxNextN || (p.page_slots != 32 && p.page_slots != kBlockSize))
     return cudaErrorInvalidValue;
   compact_kernel<<<p.batch, kCompactThreads, 0, stream>>>(p);
   return cudaGetLastError();

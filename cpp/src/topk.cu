@@ -55,8 +55,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2 * kThreads;             // each thread scans two bins
 constexpr int kCandCap = 4096;
 // Candidates ranked by counting, a warp per candidate against all: a handful of barriers
-// instead of the radix passes' dozens, which cost 4-11 us per row on an H200 (cluster barriers
-// included) with the few dozen candidates a row usually has.
+// instead of the radix passes' dozens (cluster barriers included), which cost more than the
+// counting with the few dozen candidates a row usually has.
 constexpr int kRankCand = 256;
 static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
@@ -463,9 +463,8 @@ cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (major < 9) return launch_cluster<1>(p, stream);  // no thread-block clusters
   // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
-  // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: at 8 rows
-  // of 32K slots, half selected, 4 CTAs a row took 14.8 us against 16.3 with 8 (H200,
-  // benchmarks/results_topk_cluster_sweep_s17.json).
+  // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: below, 4
+  // CTAs a row are faster (benchmarks/bench_topk.py).
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   cudaError_t err = cudaErrorNotSupported;  // a cluster size that cannot be scheduled: smaller

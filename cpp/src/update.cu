@@ -1,8 +1,11 @@
 // spin::update: deferred EMA update of V (per slot) and D (per relative offset) from the
 // compact logits of one layer, or of several (one per grid z); MTP rows 0..a replayed in order
-// (or row 0 only). With several rows V is walked per scored slot and D per offset, so every
-// entry has one owner thread and the row order holds without atomics; one row walks the scored
-// slots once for both. Non-finite scores are not observed.
+// (or row 0 only). Non-finite scores are not observed.
+// Grid (slices, requests, layers): a request's work is dealt out in chunks over its `slices`
+// CTAs of kThreads. One row: each scored slot owns its V and D entries, so one pass over the
+// compact positions updates both (a warp takes 32 K consecutive positions, one K-entry state
+// vector a lane, or 128 positions one at a time). Several rows: V is walked per scored slot and
+// D per offset, so every entry has one owner thread and the row order holds without atomics.
 #include "common.cuh"
 
 namespace spin {
@@ -20,9 +23,7 @@ constexpr int kThreads = 256;
 // entries of the vector above its own, one at a time: two blocks never store the same vector.
 // Where the next lane holds block j + 1 (adjacent blocks kept, next to each other in the warp),
 // its first S logits are the ones A needs: the last lane stores A whole and the next block's
-// first lane leaves it. H200, rho 0.5, fp16, in sequence, mean of skews 0/3/7, A/B/A/B in one
-// call (benchmarks/results_update_joined_s20.txt): 32 x 128K 16.7 -> 15.5 us, 96 x 32K 12.7 ->
-// 12.1; 96 x 128K 31.7 -> 25.4, where that timing method is noisy.
+// first lane leaves it (benchmarks/bench_update_skew.py times every skew).
 // Same arithmetic and rounding as the scalar path, so the results are bit for bit the same on
 // finite state (all the ops write); an entry whose logit is not finite is stored back unchanged
 // within a vector, so a non-finite entry put there from outside would be saturated (NaN to
@@ -58,7 +59,7 @@ struct RowVectors {
 #pragma unroll
     for (int e = 0; e < S; ++e) zn[e] = __shfl_down_sync(0xffffffffu, z[e], 1);
     // fp8 converts two entries at a time up front; fp16 converts each where used (fewer live
-    // registers: the fp16 path spilled 22 bytes instead of 14 unpacked)
+    // registers: unpacked, the fp16 path spills more)
     constexpr bool kUnpack = kType == kStateE4M3;
     float v_f[kUnpack ? K : 1], d_f[kUnpack ? K : 1];
     if constexpr (kUnpack) {
@@ -154,9 +155,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
     }
   };
   // The one-row path on vectors (RowVectors) when the state rows and the logits allow it; a
-  // warp's chunk with a block that is not interior goes one position at a time. H200, fp16
-  // state, rho 0.5, one layer: 96 x 128K slots 28.5 -> 24.7 us, 96 x 32K 12.9 -> 9.6, 32 x 128K
-  // 14.2 -> 10.3, 8 x 32K 4.7 both (benchmarks/results_select_update_vectors_s16.json).
+  // warp's chunk with a block that is not interior goes one position at a time.
   using RV = RowVectors<kType>;
   constexpr int K = RV::K;
   const bool row_vectors =
@@ -219,9 +218,8 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
         RV::apply_skew(skew, V_row, D_row, jb, q, z, a, one_minus_a);
       } else {
         // the chunk with a block at the context's or the state's edge (every row has one when
-        // n % 64 != 0): 4 positions' loads in flight, not one position's chain at a time. One
-        // at a time, this warp held up the whole update: 96 x 128K slots, fp16, n % 64 == 56,
-        // 34 us against 26 with n % 64 == 0 (H200, session 19)
+        // n % 64 != 0): 4 positions' loads in flight, not one position's chain at a time, which
+        // would hold up the whole update (benchmarks/bench_update_skew.py)
 #pragma unroll
         for (int e0 = 0; e0 < K; e0 += 4) {
           int at[4];
@@ -398,9 +396,8 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   if (err != cudaSuccess) return err;
   // Enough slices to cover the longest context with a few passes per thread. The one-row path
   // prefetches its next pass, so for it about 1,536 CTAs in all (at least 16 a request) do
-  // better: more only queue. H200, fp16 state, rho 0.5, 96 x 128K slots: 28.4 us with 16 slices a
-  // request against 33.8 us with 64; 5-32 slices all measured 27-30 us. (The MTP path, which
-  // does not prefetch, was not measured with fewer slices and keeps up to 64.)
+  // better: more only queue (benchmarks/bench_update_skew.py). The MTP path, which does not
+  // prefetch, keeps up to 64.
   const int cover = (p.max_context + 8 * kThreads - 1) / (8 * kThreads);
   const bool one_row = p.rows == 1 || p.row0_only;
   const int cap = one_row ? max(16, 1536 / p.batch) : 64;
@@ -417,7 +414,7 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
 
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.layers == 0) return cudaSuccess;
-  if (p.layers < 0 || p.layers > 65535 || p.batch > 65535) return cudaErrorInvalidValue;
+  if (p.layers < 0 || p.layers > kMaxGridYZ || p.batch > kMaxGridYZ) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
   switch (p.state.type) {
     case kStateF32: return launch_update_as<kStateF32>(p, smem, stream);

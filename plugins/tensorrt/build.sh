@@ -58,7 +58,8 @@ common=(-std=c++17 -O3 -Xcompiler -fPIC,-fvisibility=hidden,-Wall "${incflags[@]
 # compile every source in parallel; a failure prints its log and stops the build
 pids=() logs=() objs=()
 for src in "$root"/cpp/src/*.cu "$here"/src/*.cpp; do
-  name=$(basename "$src"); obj="$out/obj/${name%.*}.o"; log="$out/obj/${name%.*}.log"
+  # objects keep the source's extension: select.cu and a select.cpp would not collide
+  name=$(basename "$src"); obj="$out/obj/$name.o"; log="$out/obj/$name.log"
   if [ "${src##*.}" = "cu" ]; then
     "$nvcc" "${common[@]}" "${gencode[@]}" -c "$src" -o "$obj" >"$log" 2>&1 &
   else

@@ -7,17 +7,46 @@
 
 namespace spin {
 
-constexpr int kBlockSize = 64;   // slots per block = slots per indexer K-cache page
-constexpr int kHeads = 64;       // indexer heads (DeepSeek-V3.2/V4)
-constexpr int kHeadDim = 128;    // fp8 bytes per key row
-constexpr int kSlotBytes = kHeadDim + 4;  // 128 fp8 bytes + one fp32 scale
-constexpr int kMaxRows = 8;      // MTP rows (next_n) supported
-constexpr int kSummaryBytes = 144;  // a page's summary row: 128 fp8 bytes, fp32 scale, padding
+// ---- shared constants -------------------------------------------------------------------------
+// The one C++ home of the numbers that the kernels, the torch bindings and the TensorRT plugins
+// share with Python (its name in brackets; spin_trtllm/limits.py unless said). One
+// `constexpr int kName = <literal>;` a line, so that tests/test_limits.py can parse them.
+constexpr int kBlockSize = 64;          // slots per block = per K-cache page [BLOCK_SLOTS]
+constexpr int kHeads = 64;              // indexer heads, DeepSeek-V3.2/V4 [INDEX_HEADS]
+constexpr int kHeadDim = 128;           // fp8 bytes per key row [HEAD_DIM]
+constexpr int kSlotBytes = 132;         // key row + fp32 scale [SLOT_BYTES]
+constexpr int kSummaryBytes = 144;      // summary row, 16-byte aligned [SUMMARY_BYTES]
+constexpr int kMaxNextN = 8;            // MTP rows per request supported [MAX_NEXT_N]
+constexpr int kMaxSortedK = 4096;       // remap(ascending): k one CTA sorts [MAX_SORTED_K]
+constexpr int kMaxHybridBlocks = 8192;  // merge_history rank sort [MAX_HYBRID_BLOCKS]
+constexpr int kMaxMCap = 33554431;      // m_cap * 64 fits int32 [fields.MAX_M_CAP]
+constexpr int kMaxGridYZ = 65535;       // CUDA grid y/z: a launch's batch, update's layers
+constexpr float kE4M3Max = 448.0f;      // largest finite fp8 e4m3 [reference.FP8_MAX]
+// Enum values as the kernels read them (enumerators in value order, one a line).
+// select's pooling of a block's slot scores [POOLING]
+enum Pooling : int {
+  kPoolMax = 0,
+  kPoolMean = 1,
+  kPoolTop4 = 2,
+};
+// select's exploration policy [EXPLORATION_POLICY]
+enum ExplorePolicy : int {
+  kExploreRandom = 0,
+  kExploreStaleness = 1,
+  kExploreAge = 2,
+};
+// V/D storage, StateView::type [STATE_DTYPES]: fp32, fp16, or fp8 e4m3 (OCP "fn": no
+// infinities, saturating at +-448)
+enum StateType : int {
+  kStateF32 = 0,
+  kStateF16 = 1,
+  kStateE4M3 = 2,
+};
 
-enum Pooling : int { kPoolMax = 0, kPoolMean = 1, kPoolTop4 = 2 };
-enum ExplorePolicy : int { kExploreRandom = 0, kExploreStaleness = 1, kExploreAge = 2 };
-// V/D storage: fp32, fp16, or fp8 e4m3 (OCP "fn": no infinities, saturating at +-448)
-enum StateType : int { kStateF32 = 0, kStateF16 = 1, kStateE4M3 = 2 };
+static_assert(kSlotBytes == kHeadDim + 4, "a slot is the key row and its fp32 scale");
+static_assert(kSummaryBytes >= kHeadDim + 4 && kSummaryBytes % 16 == 0,
+              "a summary row holds a key row and its scale, 16-byte aligned");
+static_assert(kMaxMCap == 2147483647 / kBlockSize, "m_cap * kBlockSize fits int32");
 
 // State tensors are [num_state_slots, num_layers, cap]; request b uses slot state_slot[b].
 struct StateView {
@@ -25,7 +54,7 @@ struct StateView {
   void* D;                 // entries of `type`, indexed by relative offset q - i
   int64_t* last_seen;      // [.., block_cap] step each block was last scored
   int64_t* decode_steps;   // [num_state_slots, num_layers]
-  int type;                // StateType of V and D
+  int type;                // kStateF32, kStateF16 or kStateE4M3
   int64_t cap;             // V/D entries per (slot, layer)
   int64_t block_cap;       // last_seen entries per (slot, layer)
   int num_layers;
@@ -57,14 +86,14 @@ struct SelectParams {
   int scores_width = 0;
   int layer = -1;              // >= 0: that layer alone (block_scores need one); -1: every layer
   // with block_scores: rank by max(rank share of block_scores, rank share of the V/D
-  // prediction) (the hybrid predictor; needs max_blocks <= kMaxHybridBlocks)
+  // prediction) (the hybrid predictor; needs max_blocks <= kMaxHybridBlocks: shared memory for
+  // the rank sort)
   bool merge_history = false;
   // Its inputs were complete before the kernel launched just before this one began, and that
   // kernel reads and writes none of its outputs (the previous layer's launch_topk): select may
   // run beside it (programmatic dependent launch, sm_90+) and completes only after it.
   bool beside_previous = false;
 };
-constexpr int kMaxHybridBlocks = 8192;  // shared memory for the rank sort: 512K slots
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream);
 
 struct LogitsParams {
@@ -180,7 +209,6 @@ cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream);
 // ascending: each row's ids sorted ascending, -1 last (spin::topk's output contract from a
 // peer's unordered top-K; k <= kMaxSortedK, one CTA per row); otherwise the order is kept.
 // out may be positions (in place).
-constexpr int kMaxSortedK = 4096;
 struct RemapParams {
   const int32_t* positions;    // [B*R, positions_stride], k used
   const float* values;         // [B*R, values_stride] or null

@@ -1,5 +1,6 @@
 // Shared pieces of the SPIN TensorRT plugins: logging, plugin fields (parse, validate,
-// serialize), dimension checks and the IPluginV3 base that the four plugins derive from.
+// serialize) and dimension checks (common.cpp), and the IPluginV3 base that the four plugins
+// derive from (plugin_base.cpp).
 // The plugins are thin adapters: every launch goes to cpp/include/spin/spin_kernels.h.
 #pragma once
 
@@ -31,7 +32,6 @@ using nvinfer1::PluginTensorDesc;
 constexpr char const* kPluginVersion = "1";
 constexpr char const* kPluginNamespace = "";
 constexpr int64_t kInt32Max = 2147483647;
-constexpr int64_t kMaxCap = 33554431;  // m_cap * 64 must fit the kernels' int row width
 
 // ---- logging: through TensorRT's logger when the library was handed a finder ----------------------
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;

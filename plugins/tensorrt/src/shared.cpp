@@ -22,7 +22,7 @@ FieldSpec enumField(char const* name, double def, std::vector<char const*> names
 }
 
 FieldSpec blockSizeField() {
-  return intField("block_size", false, 64, 64, 64,
+  return intField("block_size", false, spin::kBlockSize, spin::kBlockSize, spin::kBlockSize,
                   "must be 64: the kernels use 64-slot blocks (one indexer K-cache page)");
 }
 
@@ -85,7 +85,7 @@ int32_t effectiveMaxContext(int64_t maxContext, int64_t cap) {
 }
 
 void checkRows(DimCheck& c, int32_t ctx) {
-  c.within(ctx, 1, 1, spin::kMaxRows, "context_lens must be [B, R] with 1 <= R (next_n) <= 8");
+  c.within(ctx, 1, 1, spin::kMaxNextN, "context_lens must be [B, R] with 1 <= R (next_n) <= 8");
 }
 
 void checkBatch(DimCheck& c, int32_t vec, int32_t ctx, char const* what) {
@@ -93,7 +93,7 @@ void checkBatch(DimCheck& c, int32_t vec, int32_t ctx, char const* what) {
 }
 
 void checkGridBatch(DimCheck& c, int32_t ctx, bool concrete) {
-  if (concrete) c.within(ctx, 0, 0, 65535, "the batch (context_lens dim 0) must be <= 65535 (CUDA grid y)");
+  if (concrete) c.within(ctx, 0, 0, spin::kMaxGridYZ, "the batch (context_lens dim 0) must be <= 65535 (CUDA grid y)");
 }
 
 void checkSelection(DimCheck& c, int32_t ids, int32_t counts, int64_t layer, int64_t stateLayers) {
@@ -106,7 +106,7 @@ void checkSelection(DimCheck& c, int32_t ids, int32_t counts, int64_t layer, int
   }
   c.same(counts, 0, ids, 0, "batch sizes differ");
   int32_t const last = c.rank(ids) - 1;
-  c.within(ids, last, 0, kMaxCap, "block_ids m_cap (last dim) must be <= 33554431");
+  c.within(ids, last, 0, spin::kMaxMCap, "block_ids m_cap (last dim) must be <= 33554431");
   if (!layered) return;
   c.same(counts, 1, ids, 1, "layers differ");
   if (layer < 0) {

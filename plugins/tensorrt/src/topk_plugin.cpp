@@ -46,7 +46,7 @@ class TopKPlugin final : public SpinPluginBase {
     }
     // rows per request (next_n) = logits rows / batch
     int64_t const B = c.at(kIds, 0), rows = c.at(kLogits, 0);
-    if (B > 0 && rows >= 0 && (rows % B != 0 || rows / B < 1 || rows / B > spin::kMaxRows))
+    if (B > 0 && rows >= 0 && (rows % B != 0 || rows / B < 1 || rows / B > spin::kMaxNextN))
       c.fail("logits has " + std::to_string(rows) + " rows: must be B*R with B = " + std::to_string(B) +
              " (block_ids dim 0) and 1 <= R <= 8");
     if (concrete) c.within(kLogits, 0, 0, kInt32Max, "logits must have < 2^31 rows (one CTA each)");

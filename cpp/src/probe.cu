@@ -1,0 +1,141 @@
+// spin::summarize and spin::probe: query-aware block scores from per-page summaries.
+// summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
+// reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row.
+// probe: one CTA (one warpgroup) per (request, 64 consecutive blocks): the blocks' summary rows,
+// gathered through the block table with cp.async, make one 64-row tile that goes through the
+// indexer's tile product (indexer_tile.cuh: same MMA and epilogue as a K-cache page).
+#include "indexer_tile.cuh"
+
+namespace spin {
+namespace {
+
+// One CTA per listed page, thread d = key dim d: the mean in the reference's arithmetic (fp32
+// products fp8 * scale, summed in fp64), amax over the 128 dims, re-quantized to e4m3.
+__global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
+  const int64_t page = p.pages[blockIdx.x];
+  if (page < 0 || page >= p.num_pages) return;
+  const int fill = min(max(p.fill[blockIdx.x], 0), kBlockSize);
+  const int d = threadIdx.x;
+  const uint8_t* src = p.kv_cache + page * kBlockSize * kSlotBytes;
+  const float* scales = reinterpret_cast<const float*>(src + kPageKeyBytes);
+  double total = 0.0;
+  for (int s = 0; s < fill; ++s) {
+    const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
+    total += static_cast<double>(__fmul_rn(static_cast<float>(key), scales[s]));
+  }
+  const float mean = static_cast<float>(total / static_cast<double>(max(fill, 1)));
+  __shared__ float warp_max[kHeadDim / 32];
+  float amax = fabsf(mean);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((d & 31) == 0) warp_max[d >> 5] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const float scale = fmaxf(__fdiv_rn(amax, kE4M3Max), 1e-12f);
+  uint8_t* dst = p.summaries + page * kSummaryBytes;
+  dst[d] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(mean, scale), __NV_SATFINITE, __NV_E4M3));
+  if (d == 0) *reinterpret_cast<float*>(dst + kHeadDim) = scale;
+}
+
+// One CTA per (request, 64 consecutive blocks): the blocks' summary rows, gathered through the
+// block table, make one 64-row tile scored like a K-cache page (same MMA and epilogue).
+template <int G>
+__global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  const int q_rows = (p.rows + G - 1) / G * G;
+  const uint32_t tile = q_rows * kQBytes, scales_at = tile + kPageKeyBytes;
+  const uint32_t weights_at = scales_at + kBlockSize * 4;
+  const int b = blockIdx.y, j0 = blockIdx.x * kBlockSize;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  __shared__ int valid_s[kBlockSize], ctx_s[kMaxNextN];
+  int max_ctx = 0;
+  for (int r = 0; r < p.rows; ++r) max_ctx = max(max_ctx, p.context_lens[b * p.rows + r]);
+  if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
+  // a row is read only for a block someone sees, inside the table and the summaries
+  auto page_of = [&](int i) -> int64_t {
+    const int j = j0 + i;
+    if (j >= p.num_blocks || j >= p.max_pages || static_cast<int64_t>(j) * kBlockSize >= max_ctx)
+      return -1;
+    const int64_t page = p.block_table[b * p.table_stride + j];
+    return page >= 0 && page < p.num_pages ? page : -1;
+  };
+  if (threadIdx.x < kBlockSize) {
+    const int64_t page = page_of(threadIdx.x);
+    valid_s[threadIdx.x] = page >= 0;
+    *reinterpret_cast<float*>(smem + scales_at + threadIdx.x * 4) =
+        page >= 0 ? *reinterpret_cast<const float*>(p.summaries + page * kSummaryBytes + kHeadDim)
+                  : 0.0f;
+  }
+  // rows t / 8 + 16 u, chunk t % 8; rows of unread blocks are zero
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int row = threadIdx.x / 8 + 16 * u, chunk = threadIdx.x % 8;
+    const int64_t page = page_of(row);
+    const uint32_t dst = tile + swizzled(row, chunk);
+    if (page >= 0)
+      cp_async16(base + dst, p.summaries + page * kSummaryBytes + chunk * 16);
+    else
+      *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
+  }
+  load_queries(p.q, p.weights, b, p.rows, q_rows, base, smem, weights_at);
+  cp_async_commit();
+  cp_async_wait<0>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+#endif
+  __syncthreads();
+
+  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
+  const int s_mine = t == 0 ? s_lo : s_hi;
+  const float* scales = reinterpret_cast<const float*>(smem + scales_at);
+  const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
+  const bool factored =
+      sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
+  const int j = j0 + s_mine;
+  Acc<G> acc;
+  auto weight = [&](int r, int, int nt) {
+    return reinterpret_cast<const float2*>(smem + weights_at + r * kHeads * 4)[t + nt * 4];
+  };
+  score_tile<G>(acc, base + tile, base, p.rows, sc_lo, sc_hi, factored, weight, [] {}, [] {},
+                [&](int r, float z) {
+                  if (j >= p.num_blocks) return;
+                  const bool visible =
+                      valid_s[s_mine] && static_cast<int64_t>(j) * kBlockSize < ctx_s[r];
+                  p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
+                      visible ? z : -CUDART_INF_F;
+                });
+}
+
+template <int G>
+cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
+  const int q_rows = (p.rows + G - 1) / G * G;
+  const int smem = q_rows * kQBytes + kPageKeyBytes + kBlockSize * 4 + p.rows * kHeads * 4 + 1024;
+  cudaError_t err = allow_dynamic_smem(probe_kernel<G>, smem);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.num_blocks + kBlockSize - 1) / kBlockSize, p.batch);
+  probe_kernel<G><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
+  if (p.count == 0) return cudaSuccess;
+  summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
+  if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
+  switch (group_for(p.rows)) {
+    case 1: return launch_probe_as<1>(p, stream);
+    case 2: return launch_probe_as<2>(p, stream);
+    default: return launch_probe_as<4>(p, stream);
+  }
+}
+
+}  // namespace spin

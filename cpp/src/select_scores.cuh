@@ -1,0 +1,286 @@
+// How spin::select scores blocks from the V/D history (select.cu holds the selection): a block's
+// score is its slots' max(V[i], D[q - i]) pooled (max, mean or top-4 mean). One CTA of kThreads
+// per (request, layer) stream walks the row's blocks. Max pooling on vector-readable state
+// (score_blocks): a group of 64 / kVec lanes per block, 16-byte loads, several blocks' loads in
+// flight per group; the interior blocks (all slots visible, whole D window inside the state) of
+// fp16/fp8 state on a lean path with a packed fp16 max. Other pooling or layouts: one warp per
+// block, two slots a lane (block_values, pool_block). Included by select.cu only.
+#pragma once
+#include "common.cuh"
+
+namespace spin {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxPerStep = 2;  // blocks in flight per lane group on the max-pooling path
+// A launch of few CTAs (one layer's, beside the previous layer's top-K) cannot hide the loads'
+// latency by occupancy: its interior blocks keep more loads in flight per lane group (one CTA
+// an SM, the registers to hold them).
+constexpr int kWidePerStep = 8;
+
+// max(V[i], D[q - i]) of this lane's two slots of block j (-inf past the visible slots).
+__device__ __forceinline__ void block_values(const StateView& s, int64_t base, int j, int n,
+                                             int q, float (&v)[2]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = static_cast<int64_t>(j) * kBlockSize + lane + 32 * h;
+    if (i < n) {
+      const int64_t o = static_cast<int64_t>(q) - i;
+      const float vv = i < s.cap ? load_state(s.V, s.type, base + i) : 0.0f;
+      const float dd = (o >= 0 && o < s.cap) ? load_state(s.D, s.type, base + o) : 0.0f;
+      v[h] = fmaxf(vv, dd);
+    } else {
+      v[h] = -CUDART_INF_F;
+    }
+  }
+}
+
+// Max pooling on vector-readable state: a group of kGroup = 64 / kVec lanes takes one block.
+// Lane h reads V of the block's slots kVec*h.., and kVec aligned D entries of the block's
+// offset window (lane 0 one more vector when the window is not aligned). The block's max of
+// max(V[i], D[q - i]) over visible slots is the max of both sets, so V and D need not be
+// paired slot by slot. Every lane loads 16 bytes (8 in fp16 with kVec 4), so fp16 state takes
+// half the steps of fp32 for the same bytes in flight.
+// Interior blocks (all 64 slots visible and inside the state, the whole D window
+// [q - first - 63, q - first] inside [0, cap)) take a path without per-entry bounds checks.
+template <int kType, int kVec>
+struct MaxBlockLoads {
+  StateVec<kType, kVec> v, d, d_tail;
+  bool interior;
+};
+
+// The group's view of block j: lane's first slot i0, visible D window [o_lo, o_hi], the
+// lane's D vector at a. Recomputed where needed rather than kept in registers.
+template <int kVec>
+struct MaxBlockWindow {
+  static constexpr int kGroup = kBlockSize / kVec;
+  int64_t i0, o_lo, o_hi, a;
+  bool interior;
+  __device__ __forceinline__ MaxBlockWindow(const StateView& s, int j, int n, int q) {
+    const int64_t first = static_cast<int64_t>(j) * kBlockSize;
+    const int h = threadIdx.x % kGroup;
+    i0 = first + kVec * h;
+    o_hi = min(static_cast<int64_t>(q) - first, s.cap - 1);
+    o_lo = max(max(static_cast<int64_t>(q) - first - (kBlockSize - 1),
+                   static_cast<int64_t>(q) - n + 1), int64_t{0});
+    interior = first + kBlockSize <= min(static_cast<int64_t>(n), s.cap) &&
+               o_lo == static_cast<int64_t>(q) - first - (kBlockSize - 1) &&
+               o_hi == static_cast<int64_t>(q) - first;
+    // the window spans <= 64 + kVec - 1 entries from a's aligned start
+    a = (o_lo & ~static_cast<int64_t>(kVec - 1)) + kVec * h;
+  }
+};
+
+// kInterior false: the caller passes no interior block (the lean path took them)
+template <int kType, int kVec, bool kInterior = true>
+__device__ __forceinline__ void load_block_max(const StateView& s, int64_t base, int j, int n,
+                                               int q, MaxBlockLoads<kType, kVec>& L) {
+  const MaxBlockWindow<kVec> w(s, j, n, q);
+  const bool lead = threadIdx.x % MaxBlockWindow<kVec>::kGroup == 0;
+  L.interior = kInterior && w.interior;
+  if (L.interior) {
+    L.v.load(s.V, base + w.i0);
+    L.d.load(s.D, base + w.a);
+    if (lead && (w.o_lo & (kVec - 1))) L.d_tail.load(s.D, base + w.a + kBlockSize);
+    return;
+  }
+  if (w.i0 < n && w.i0 < s.cap) L.v.load(s.V, base + w.i0);
+  if (w.o_lo <= w.o_hi && w.a <= w.o_hi) L.d.load(s.D, base + w.a);
+  if (lead && w.a + kBlockSize <= w.o_hi) L.d_tail.load(s.D, base + w.a + kBlockSize);
+}
+
+// Every lane of the warp must call this (shuffles); `active`: the group's block exists.
+template <int kType, int kVec, bool kInterior = true>
+__device__ __forceinline__ float reduce_block_max(const StateView& s, int j, int n, int q,
+                                                  const MaxBlockLoads<kType, kVec>& L,
+                                                  bool active) {
+  constexpr int kGroup = MaxBlockWindow<kVec>::kGroup;
+  const bool lead = threadIdx.x % kGroup == 0;
+  float m = -CUDART_INF_F;
+  if (kInterior && active && L.interior) {
+    // the lead lane's entries below the window start are replaced by the tail past a + 63
+    const int skew = (q - j * kBlockSize - (kBlockSize - 1)) & (kVec - 1);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      m = fmaxf(m, fmaxf(L.v[e], lead && e < skew ? L.d_tail[e] : L.d[e]));
+  } else if (active) {
+    const MaxBlockWindow<kVec> w(s, j, n, q);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const int64_t i = w.i0 + e;
+      if (i < n) {
+        m = fmaxf(m, i < s.cap ? L.v[e] : 0.0f);
+        const int64_t o = q - i;
+        if (o < 0 || o >= s.cap) m = fmaxf(m, 0.0f);  // D outside the state counts as 0
+      }
+      if (w.a + e >= w.o_lo && w.a + e <= w.o_hi) m = fmaxf(m, L.d[e]);
+      if (lead && w.a + kBlockSize + e <= w.o_hi) m = fmaxf(m, L.d_tail[e]);
+    }
+  }
+  for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// Max-pooled scores of blocks 0..B-1 into score[]: 32 / kGroup blocks per warp (one per group)
+// x kMaxPerStep per step, all loads issued first; the loop and its shuffles stay warp-uniform.
+// Blocks [skip_lo, skip_end) are left out (the lean path scores them): k counts the others.
+template <int kType, int kVec, int kSteps = kMaxPerStep, bool kInterior = true>
+__device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n, int q,
+                                 float* score, int skip_lo = 0, int skip_end = 0) {
+  constexpr int kGroup = MaxBlockWindow<kVec>::kGroup, kPerWarp = 32 / kGroup;
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  const int gap = skip_end - skip_lo, blocks = B - gap;
+  auto block_of = [&](int k) { return k < skip_lo ? k : k + gap; };
+  for (int kw = kPerWarp * warp; kw < blocks; kw += kPerWarp * kSteps * kWarps) {
+    MaxBlockLoads<kType, kVec> L[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = kw + kPerWarp * u * kWarps + group;
+      if (k < blocks) load_block_max<kType, kVec, kInterior>(s, base, block_of(k), n, q, L[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = kw + kPerWarp * u * kWarps + group, j = block_of(k);
+      const float m = reduce_block_max<kType, kVec, kInterior>(s, j, n, q, L[u], k < blocks);
+      if (lane % kGroup == 0 && k < blocks) score[j] = m;
+    }
+  }
+}
+
+// The interior blocks [j_lo, j_end) of a row of fp16 or fp8 state (see MaxBlockWindow): the
+// same loads and the same max as score_blocks_max, on 32-bit vector indices from the row's base
+// (a row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h,
+// D vector dvec0 - kGroup*j + h, the lead lane's tail kGroup further, where
+// dvec0 = (q - 63) / kVec. The max runs on packed fp16 pairs (exact: fp8 converts to them
+// exactly, two entries at a time); the lead lane's first `skew` D entries come from the tail by
+// a mask fixed for the row: a few instructions a vector instead of a conversion and a branch per
+// entry.
+template <int kType, int kVec, int kPer>
+__device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
+                                      int q, float* score) {
+  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
+  constexpr int kWarps = kThreads / 32;
+  using Vec = StateVec<kType, kVec>;
+  constexpr int kWords = Vec::kWords;
+  constexpr int kPerWord = kVec / kWords;   // entries per 32-bit word: 2 (fp16) or 4 (fp8)
+  constexpr int kBits = 32 / kPerWord;
+  constexpr uint32_t kEntryMask = (1u << kBits) - 1u;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  const int h = lane % kGroup;
+  const bool lead = h == 0;
+  const int dvec0 = (q - (kBlockSize - 1)) / kVec, skew = (q - (kBlockSize - 1)) & (kVec - 1);
+  const bool tail = lead && skew != 0;
+  uint32_t from_tail[kWords];  // per word, the entries taken from the tail
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) {
+    from_tail[k] = 0u;
+#pragma unroll
+    for (int e = 0; e < kPerWord; ++e)
+      if (tail && kPerWord * k + e < skew) from_tail[k] |= kEntryMask << (kBits * e);
+  }
+#pragma unroll 1
+  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
+    Vec v[kPer], d[kPer], t[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) t[u].w[k] = 0u;
+      if (j < j_end) {
+        v[u].load_vec(V_row, kGroup * j + h);
+        d[u].load_vec(D_row, dvec0 - kGroup * j + h);
+        if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      float m = -CUDART_INF_F;
+      if (j < j_end) {
+        __half2 acc = __float2half2_rn(-CUDART_INF_F);
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) {
+          const uint32_t dw = (t[u].w[k] & from_tail[k]) | (d[u].w[k] & ~from_tail[k]);
+          if constexpr (kType == kStateF16) {
+            acc = __hmax2(acc, __hmax2(*reinterpret_cast<const __half2*>(&v[u].w[k]),
+                                       *reinterpret_cast<const __half2*>(&dw)));
+          } else {  // fp8: the max of the exact fp16 images
+            acc = __hmax2(acc, __hmax2(__hmax2(e4m3x2_to_half2(v[u].w[k]),
+                                               e4m3x2_to_half2(v[u].w[k] >> 16)),
+                                       __hmax2(e4m3x2_to_half2(dw), e4m3x2_to_half2(dw >> 16))));
+          }
+        }
+        m = fmaxf(__low2float(acc), __high2float(acc));
+      }
+      for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lead && j < j_end) score[j] = m;
+    }
+  }
+}
+
+// Blocks 0..B-1 of a row: with fp16 or fp8 state the interior ones on the lean path, the rest
+// (the newest block, and blocks whose slots or D window reach past the state) on the general one.
+// 4 blocks a lane group in flight, or 3 CTAs an SM, were slower than kMaxPerStep 2 at 4 CTAs an
+// SM (benchmarks/bench_kernel_times.py).
+template <int kType, int kVec, int kPer>
+__device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int q,
+                             float* score) {
+  if constexpr (kType == kStateF32) {  // no lean path: it would spill more registers
+    score_blocks_max<kType, kVec>(s, base, B, n, q, score);
+  } else {
+    // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
+    const int64_t visible = min(static_cast<int64_t>(n), s.cap);
+    const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
+                                              (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
+                                          static_cast<int64_t>(B) - 1));
+    const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
+    const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
+                                                           static_cast<int64_t>(B)));
+    const int j_end = max(j_hi + 1, j_lo);
+    score_interior_blocks<kType, kVec, kPer>(
+        static_cast<const char*>(s.V) + base * state_bytes(kType),
+        static_cast<const char*>(s.D) + base * state_bytes(kType), j_lo, j_end, q, score);
+    // the few other blocks one at a time (fewer registers beside the lean path's)
+    score_blocks_max<kType, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
+  }
+}
+
+// Pool one block's values across the warp.
+__device__ float pool_block(float (&v)[2], int pooling) {
+  const int lane = threadIdx.x & 31;
+  if (pooling == kPoolMax) {
+    float m = fmaxf(v[0], v[1]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+  }
+  if (pooling == kPoolMean) {
+    float sum = (v[0] > -CUDART_INF_F ? v[0] : 0.0f) + (v[1] > -CUDART_INF_F ? v[1] : 0.0f);
+    int cnt = (v[0] > -CUDART_INF_F) + (v[1] > -CUDART_INF_F);
+    for (int o = 16; o > 0; o >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    }
+    return cnt > 0 ? sum / cnt : -CUDART_INF_F;
+  }
+  // top4: mean of up to the 4 largest visible values, summed largest first
+  float sum = 0.0f;
+  int cnt = 0;
+  for (int k = 0; k < 4; ++k) {
+    float m = fmaxf(v[0], v[1]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!(m > -CUDART_INF_F)) break;
+    sum = k == 0 ? m : sum + m;
+    ++cnt;
+    // remove one occurrence: the lowest lane (then lower half) holding m
+    const unsigned holders = __ballot_sync(0xffffffffu, v[0] == m || v[1] == m);
+    if (lane == __ffs(holders) - 1) {
+      if (v[0] == m) v[0] = -CUDART_INF_F; else v[1] = -CUDART_INF_F;
+    }
+  }
+  return cnt > 0 ? sum / cnt : -CUDART_INF_F;
+}
+
+}  // namespace
+}  // namespace spin

@@ -1,0 +1,49 @@
+// spin_native::summarize and spin_native::probe -> spin::launch_summarize, spin::launch_probe
+// (cpp/src/probe.cu): page summaries and the query-aware block scores read from them.
+#include "binding.h"
+
+namespace {
+
+void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
+  const c10::cuda::CUDAGuard guard(kv_cache.device());
+  spin::SummarizeParams p;
+  p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
+  p.pages = pages.data_ptr<int32_t>();
+  p.fill = fill.data_ptr<int32_t>();
+  p.count = static_cast<int>(pages.size(0));
+  p.num_pages = kv_cache.size(0);
+  p.summaries = summaries.data_ptr<uint8_t>();
+  spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), "summarize");
+}
+
+void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
+                at::Tensor block_table, at::Tensor out) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  spin::ProbeParams p;
+  p.q = static_cast<const uint8_t*>(q.data_ptr());
+  p.summaries = summaries.data_ptr<uint8_t>();
+  p.weights = weights.data_ptr<float>();
+  p.context_lens = context_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.batch = static_cast<int>(context_lens.size(0));
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.num_blocks = static_cast<int>(out.size(1));
+  p.max_pages = static_cast<int>(block_table.size(1));
+  p.num_pages = summaries.size(0);
+  p.table_stride = block_table.stride(0);
+  p.out = out.data_ptr<float>();
+  spin_native::check(spin::launch_probe(p, c10::cuda::getCurrentCUDAStream()), "probe");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spin_native, m) {
+  m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
+  m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
+        "Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
+  m.impl("summarize", &spin_summarize);
+  m.impl("probe", &spin_probe);
+}
