@@ -45,7 +45,7 @@ def profile_mode(cfg, weights, mode, args):
             calls[name] += 1
     hist = engine.history[-args.steps:]
     if args.graphs:
-        print(f"graphs captured: {len(engine._graphs)}, generation {engine._graph_generation}")
+        print(f"graphs captured: {len(engine.graphs.entries)}, generation {engine.graphs.generation}")
     sel = sum(s.selected_blocks for s in hist)
     vis = sum(s.visible_blocks for s in hist)
     del engine

@@ -1,6 +1,6 @@
 """Checks shared by every user input: files read, files written, YAML, error text, devices.
 
-The rule (README "Limits"): a hostile or careless input gives a SpinError with a one-line
+The rule (docs/limits.md): a hostile or careless input gives a SpinError with a one-line
 message, in bounded time and memory, never a traceback, a hang or a huge allocation.
 
 - Input files must be regular files (no directories, device files, fifos or sockets) under
@@ -29,7 +29,7 @@ from .errors import SpinError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# ---- limits (README "Limits" lists the same numbers) ----------------------------------------
+# ---- limits (docs/limits.md lists the same numbers) -------------------------------------------
 MAX_MESSAGE_CHARS = 1000             # an error line is never longer than this (+ a short tail)
 CONFIG_MAX_BYTES = 256 << 10         # SpinConfig / LLM-API options YAML (pure-Python parse: ~2 s)
 PROMPT_MAX_BYTES = 16 << 20          # trace --prompt-file (at most 1 Mi prompt bytes are used)

@@ -105,7 +105,7 @@ class SpinConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "SpinConfig":
-        """A YAML file (README "Limits": a regular UTF-8 file of at most 256 KiB, no
+        """A YAML file (docs/limits.md: a regular UTF-8 file of at most 256 KiB, no
         anchors or aliases, string keys, nesting <= 32)."""
         name = one_line(path, 300)
         data = load_yaml_file(path, f"spin config {name}", SpinConfigError)

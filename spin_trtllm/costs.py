@@ -36,12 +36,9 @@ from typing import Sequence
 
 import torch
 
-from .limits import BLOCK_SLOTS
-from .limits import SLOT_BYTES
+from .limits import BLOCK_SLOTS, SLOT_BYTES, SUMMARY_BYTES
 from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
-
-KEY_BYTES_PER_SLOT = SLOT_BYTES  # TEMP-ALIAS
 
 
 @dataclass(frozen=True)
@@ -127,17 +124,18 @@ class CostModel:
             cost += self.hybrid_us_per_request_slot * longest * next_n * state
         return cost
 
-    def spin_us(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
+    def spin_us(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
                 state_bytes: int = 2, predictor: str = "spin",
                 update_beside: bool = False, index_topk: int = 0) -> float:
         """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
-        logits + top-K + update, with a fraction `sparsity` of the blocks skipped, but never
+        logits + top-K + update, with a target_sparsity share of the blocks skipped, but never
         fewer than the budget floor that holds index_topk visible slots (0: no floor).
         update_beside: the update is launched beside the top-K (next_n 1 only); it overlaps
         only spin's top-K kernel, not flashinfer's path (whose last kernel, the remap, does not
         let it start early)."""
         slots = _block_slots(visible_slots)
-        scored = sum(max(_block_slots([n]) * (1.0 - sparsity), _floor_slots(n, index_topk))
+        scored = sum(max(_block_slots([n]) * (1.0 - target_sparsity),
+                         _floor_slots(n, index_topk))
                      for n in visible_slots)
         state = state_bytes / 2
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
@@ -148,19 +146,19 @@ class CostModel:
                 + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
                 + update)
 
-    def prefer_spin(self, visible_slots: Sequence[int], sparsity: float, next_n: int = 1,
+    def prefer_spin(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
                     predictor: str = "spin", update_beside: bool = False,
                     index_topk: int = 0) -> bool:
         """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
         batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
         every step)."""
-        if sparsity <= 0 or not visible_slots:
+        if target_sparsity <= 0 or not visible_slots:
             return False
         dense = self.dense_us(visible_slots, next_n)
         overhead = self.engine_overhead_beside_us \
             if self._beside(visible_slots, next_n, update_beside) else self.engine_overhead_us
-        spin = self.spin_us(visible_slots, sparsity, next_n, state_bytes, predictor,
+        spin = self.spin_us(visible_slots, target_sparsity, next_n, state_bytes, predictor,
                             update_beside, index_topk) + overhead
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
@@ -199,7 +197,6 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     A query-aware predictor ("probe", "hybrid") adds one summary row (SUMMARY_BYTES) per
     visible block to the K-cache figure; select reads V/D only for one that ranks by history
     ("spin", "hybrid"); update reads and writes them for every predictor."""
-    from .limits import SUMMARY_BYTES
 
     k_cache = selected_blocks * BLOCK_SLOTS * SLOT_BYTES
     if state_dtype is None:

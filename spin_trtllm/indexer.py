@@ -39,7 +39,6 @@ from .state import StatePool
 
 
 PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
-PREDICTORS = predictors.ENGINE_PREDICTORS  # TEMP-ALIAS
 
 
 def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends.LogitsBackend":

@@ -45,6 +45,8 @@ REGISTRY: dict[str, Predictor] = {p.name: p for p in (
               summary="expected ReLU score under a per-channel Gaussian of the keys"),
 )}
 ENGINE_PREDICTORS = tuple(name for name, p in REGISTRY.items() if p.engine)
+# replay: how the per-step block budget is spread over layers (replay.probe.AdaptiveBudget)
+BUDGETS = ("uniform", "adaptive")
 REPLAY_PREDICTORS = tuple(REGISTRY)
 
 

@@ -1,24 +1,70 @@
+"""Suite-wide: @pytest.mark.gpu skips without CUDA, and the fixtures several test modules share.
+Helpers that tests import live in spin_trtllm.testing (no test module imports another)."""
+
+import importlib
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
-from spin_trtllm.replay.trace import SpinTrace
+from spin_trtllm.testing.standin import SPIN_MODULES, imported_standin
+from spin_trtllm.testing.traces import make_trace
+
+STANDIN = Path(__file__).resolve().parent / "trtllm_standin"
 
 
-def make_trace(steps=6, layers=2, next_n=1, start=40, block_size=8, index_topk=8, seed=0,
-               dtype=torch.float32, accepted=None, turn_start=None):
-    """Small hand-shaped trace: row r of step t sees start + t + r slots, q = n - 1."""
-    gen = torch.Generator().manual_seed(seed)
-    n = torch.tensor([[start + t + r for r in range(next_n)] for t in range(steps)])
-    row_len = n[:, None, :].expand(steps, layers, next_n).to(torch.int32).contiguous()
-    query_pos = (n - 1).to(torch.int32)
-    total = int(row_len.sum())
-    scores = torch.randn(total, generator=gen).to(dtype)
-    if accepted is None and next_n > 1:
-        accepted = torch.randint(0, next_n, (steps,), generator=gen, dtype=torch.int32)
-    return SpinTrace(scores=scores, row_len=row_len, query_pos=query_pos, index_topk=index_topk,
-                     block_size=block_size, accepted=accepted, turn_start=turn_start).validate()
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are skipped where no CUDA device is present (the one place that says
+    so: no module keeps its own CUDA skipif)."""
+    if torch.cuda.is_available():
+        return
+    # a skipif placed first, so this reason shows before any other condition of the test
+    no_gpu = pytest.mark.skipif(True, reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(no_gpu, append=False)
 
 
 @pytest.fixture
 def small_trace():
     return make_trace()
+
+
+@pytest.fixture
+def require_native():
+    """SPIN_REQUIRE_NATIVE=1 (set by the scripts of tests/gpu/): where CUDA is present the
+    native library must have loaded, so GPU tests exercise the kernels rather than compare the
+    reference with itself. Op test modules use it for every test (pytestmark usefixtures)."""
+    from spin_trtllm import ops
+
+    if torch.cuda.is_available() and os.environ.get("SPIN_REQUIRE_NATIVE") == "1":
+        assert ops.NATIVE, "the native library did not load"
+
+
+@pytest.fixture
+def spins_own_topk():
+    """Tests that hold spin's kernels to the reference bit for bit, ties included. Where
+    flashinfer is installed ops.topk may hand rows to its top-K, which breaks ties at the K-th
+    value its own way (tests/test_topk_peer.py checks that path)."""
+    from spin_trtllm import ops
+
+    ops.set_topk_backend("spin")
+
+
+@pytest.fixture(autouse=True)
+def topk_backend_from_env():
+    """The top-K backend a test chose (ops.set_topk_backend) ends with it: the next test reads
+    SPIN_TOPK again."""
+    yield
+    from spin_trtllm.ops import _topk
+
+    _topk.set_topk_backend(None)
+
+
+@pytest.fixture
+def env():
+    """A fresh stand-in `tensorrt_llm` (tests/trtllm_standin) with SPIN activated in it;
+    (trt, patch module). sys.modules and sys.path are restored after."""
+    with imported_standin(STANDIN, purge=SPIN_MODULES) as trt:
+        yield trt, importlib.import_module("spin_trtllm.integrations.trtllm.patch")

@@ -7,7 +7,7 @@ import pytest
 from spin_trtllm.cli import main
 from spin_trtllm.replay.trace import SpinTrace
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 
 @pytest.fixture

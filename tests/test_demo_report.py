@@ -9,11 +9,13 @@ import tqdm as tqdm_module
 from spin_trtllm import SpinConfig
 from spin_trtllm.cli import main
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
-from spin_trtllm.harness.demo import format_report, indexer_bytes, summarize
+from spin_trtllm.costs import indexer_bytes
+from spin_trtllm.harness.demo import summarize
+from spin_trtllm.harness.report import format_report
 from spin_trtllm.harness.engine import RequestOutput, StepStats
 from spin_trtllm.replay import evaluate
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 
 # ---- the bytes formula --------------------------------------------------------------------

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from spin_trtllm.cli import main
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 SECONDS_PER_RUN = 20        # a run that takes longer counts as a hang
 MAX_RSS_GROWTH = 1 << 30    # bytes the peak RSS may grow over a whole property test

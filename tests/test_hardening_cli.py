@@ -19,7 +19,7 @@ from spin_trtllm.cli import main
 from spin_trtllm.config import MAX_INDEX_TOPK
 from spin_trtllm.errors import SpinConfigError, SpinError
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 HUGE = "9223372036854775808"          # 2^63: the first int64 overflow
 

@@ -9,18 +9,7 @@ from spin_trtllm import SpinConfig, SpinConfigError, SpinError
 from spin_trtllm.harness import (DsaLiteConfig, Engine, Request, RequestError, init_weights,
                                  load_checkpoint, save_checkpoint, tiny)
 from spin_trtllm.replay.evaluate import replay
-
-TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
-
-
-def spin_cfg(**kw):
-    base = dict(index_topk=64, target_sparsity=0.5, exploration=0.2)
-    base.update(kw)
-    return SpinConfig(**base)
-
-
-def prompt(n, offset=0):
-    return TEXT[offset:offset + n]
+from spin_trtllm.testing.harness import TEXT, copy_drafter, prompt, spin_cfg
 
 
 def run_schedule(engine, schedule):
@@ -35,17 +24,6 @@ def run_schedule(engine, schedule):
         t += 1
         assert t < 2000
     return outs
-
-
-def copy_drafter(rid, context, depth):
-    """Drafts the tokens that followed the last token's previous occurrence: often right on
-    repetitive output, so MTP rows beyond row 0 get accepted."""
-    last = context[-1]
-    for i in range(len(context) - 2, -1, -1):
-        if context[i] == last:
-            nxt = context[i + 1:i + 1 + depth]
-            return nxt + [0] * (depth - len(nxt))
-    return [0] * depth
 
 
 @pytest.mark.parametrize("mtp,temperature", [(0, 0.0), (2, 0.9), (2, 0.0)])

@@ -1,35 +1,12 @@
 """dsa-lite on the GPU (marked gpu, skipped without CUDA): CUDA-graph replay equals eager."""
 
 import pytest
-import torch
 
 from spin_trtllm import SpinConfig
-from spin_trtllm.harness import Engine, Request, init_weights, tiny, v4_flash_indexer
-
-CUDA = torch.cuda.is_available()
-gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-TEXT = bytes(range(32, 127)) * 40
+from spin_trtllm.harness import Engine, init_weights, tiny, v4_flash_indexer
+from spin_trtllm.testing.harness import Scheduled, arrivals, schedule_run
 
 
-def schedule_run(engine, arrivals):
-    outs, t = {}, 0
-    while t <= max(arrivals) or not engine.idle:
-        for r in arrivals.get(t, []):
-            engine.submit(r)
-        outs.update({o.request_id: o for o in engine.step()})
-        t += 1
-    return outs
-
-
-def arrivals():
-    return {0: [Request(TEXT[:1500], max_new_tokens=24, request_id=0),
-                Request(TEXT[7:900], max_new_tokens=10, temperature=0.8, seed=2, request_id=1)],
-            3: [Request(TEXT[3:1200], max_new_tokens=16, request_id=2,
-                        turns=[TEXT[50:150]])],
-            6: [Request(TEXT[9:400], max_new_tokens=12, request_id=3)]}
-
-
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mtp", [0, 2])
 @pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (True, "hybrid"),
@@ -48,12 +25,11 @@ def test_cuda_graph_replay_equals_eager(mtp, spin, predictor):
     assert {k: v.tokens for k, v in eager.items()} == {k: v.tokens for k, v in graph.items()}
     assert [s.selected_blocks for s in eager_engine.history] == \
         [s.selected_blocks for s in graph_engine.history]
-    assert sum(s.graph for s in graph_engine.history) > len(graph_engine._graphs) >= 1
+    assert sum(s.graph for s in graph_engine.history) > len(graph_engine.graphs.entries) >= 1
     if spin:
         assert graph_engine.pool.generation >= 1
 
 
-@gpu
 @pytest.mark.gpu
 def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
     cfg = v4_flash_indexer(max_context=8192, compress_ratios=(0, 4, 128, 4), mtp_depth=3)
@@ -68,13 +44,11 @@ def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
     assert all(0.4 < 1 - s.selected_blocks / s.visible_blocks < 0.6 for s in later)
 
 
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mtp", [0, 2])
 def test_switching_between_spin_and_all_keep_replays_the_right_graphs(mtp):
     """The cost-model switch under CUDA graphs: a graph per (batch, indexer), and the same
     tokens and selections as eager steps following the same decisions."""
-    from test_switch import Scheduled
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)
     sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1)
@@ -87,6 +61,6 @@ def test_switching_between_spin_and_all_keep_replays_the_right_graphs(mtp):
         runs.append(({k: v.tokens for k, v in outs.items()},
                      [(s.spin, s.selected_blocks) for s in e.history]))
         if graphs:
-            assert {spin for _, spin in e._graphs} == {True, False}
+            assert {spin for _, spin in e.graphs.entries} == {True, False}
     assert runs[0] == runs[1]
     assert {sp for sp, _ in runs[1][1]} == {True, False}

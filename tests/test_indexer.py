@@ -8,16 +8,14 @@ import torch
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.indexer import SpinIndexer
 from spin_trtllm.state import StatePool
+from spin_trtllm.testing.pages import make_cache
 
 L, PAGES = 2, 16          # 2 indexer layers, up to 16 pages (1024 slots) per request
 
 
 def cache_for(rid):
     """Per request: its own FP8 pages for each layer (the pool below places them)."""
-    g = torch.Generator().manual_seed(100 + rid)
-    rows = (torch.randn(L, PAGES, 64 * 128, generator=g) * 2).to(torch.float8_e4m3fn)
-    scales = torch.rand(L, PAGES, 64, generator=g) * 0.02 + 0.005
-    return torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], -1)
+    return make_cache(L * PAGES, torch.Generator().manual_seed(100 + rid)).view(L, PAGES, -1)
 
 
 def q_for(rid, step, layer, R):
@@ -162,8 +160,7 @@ def test_bad_metadata_is_rejected():
 
 
 @pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                         reason="needs a CUDA GPU"))])
+    "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_prepare_uploads_every_field_of_the_batch(device):
     """prepare() writes request ids, steps, state slots, lengths and query positions through one
     buffer (one upload on a GPU): each field lands in its own rows, batches of changing size
@@ -193,15 +190,12 @@ def test_prepare_uploads_every_field_of_the_batch(device):
         assert torch.equal(idx.slot[:B].cpu(), pool.slots(ids, device="cpu"))
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 def state_of(pool):
     return [t.clone() for t in (pool.state.V, pool.state.D, pool.state.last_seen,
                                 pool.state.decode_steps)]
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("beside", ["update", "select", "select, update"])
 def test_gpu_launches_beside_topk_complete_after_it(graph, beside):
@@ -264,7 +258,7 @@ def test_gpu_launches_beside_topk_complete_after_it(graph, beside):
         assert (sel_ids[:, 0] == -7).all() and (sel_cnt[:, 0] == -7).all()
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2])
 def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager(R):
     """Steps captured in CUDA graphs with the next layer's select and the update beside the

@@ -18,6 +18,7 @@ from spin_trtllm import SpinConfig, SpinError, logits
 from spin_trtllm.indexer import DenseIndexer, SpinIndexer
 from spin_trtllm.logits import DeepGemmLogits
 from spin_trtllm.state import StatePool
+from spin_trtllm.testing.pages import pack_pages, random_fp8_keys
 
 STANDIN_DG = Path(__file__).parent / "trtllm_standin" / "tensorrt_llm" / "deep_gemm"
 L, PAGES = 2, 12                   # indexer layers; 64-slot pages per request
@@ -52,14 +53,11 @@ def caches(B, device, seed):
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(L):
-        rows = (torch.randn(B * PAGES, 64, 128, generator=g) * 2).to(torch.float8_e4m3fn)
-        scales = torch.rand(B * PAGES, 64, generator=g) * 0.02 + 0.005
-        pages64 = torch.cat([rows.view(torch.uint8).flatten(1), scales.view(torch.uint8)], 1)
-        halves = [torch.cat([rows[:, h * 32:(h + 1) * 32].view(torch.uint8).flatten(1),
-                             scales[:, h * 32:(h + 1) * 32].contiguous().view(torch.uint8)], 1)
+        rows, scales = random_fp8_keys(B * PAGES, g)
+        halves = [pack_pages(rows[:, h * 32:(h + 1) * 32], scales[:, h * 32:(h + 1) * 32])
                   for h in range(2)]
-        pages32 = torch.stack(halves, 1).reshape(B * PAGES * 2, 32 * 132)
-        out.append((pages64.view(-1, 64, 1, 132).to(device), pages32.view(-1, 32, 1, 132).to(device)))
+        pages32 = torch.stack(halves, 1).reshape(B * PAGES * 2, 32, 1, 132)
+        out.append((pack_pages(rows, scales).to(device), pages32.to(device)))
     table64 = torch.randperm(B * PAGES, generator=g).view(B, PAGES).to(torch.int32)
     table32 = torch.stack([2 * table64, 2 * table64 + 1], -1).view(B, 2 * PAGES)
     return out, table64.to(device), table32.to(device)
@@ -142,11 +140,7 @@ def test_registry_resolves_and_refuses_with_reasons():
         SpinIndexer(cfg, pool, 1, 1, 128, page_slots=16)
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("R", [1, 2, 3])
 def test_gpu_deepgemm_equals_native(R):
     ok, why = logits.available("deepgemm", "cuda")
@@ -157,7 +151,6 @@ def test_gpu_deepgemm_equals_native(R):
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("mtp", [0, 2])
 def test_gpu_dsa_lite_through_deepgemm_equals_native(mtp):
     """dsa-lite end to end (in-flight batching, CUDA graphs, MTP): the same tokens and the same
@@ -165,7 +158,7 @@ def test_gpu_dsa_lite_through_deepgemm_equals_native(mtp):
     ok, why = logits.available("deepgemm", "cuda")
     if not ok:
         pytest.skip(f"deepgemm backend: {why}")
-    from test_harness_gpu import arrivals, schedule_run
+    from spin_trtllm.testing.harness import arrivals, schedule_run
 
     from spin_trtllm.harness import Engine, init_weights, tiny
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")

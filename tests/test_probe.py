@@ -12,13 +12,14 @@ from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.cli import main
 from spin_trtllm import reference as ref
 from spin_trtllm.reference import SpinState, block_budget, decode_step, predict_blocks
+from spin_trtllm.predictors import BUDGETS, REPLAY_PREDICTORS
 from spin_trtllm.replay import probe as P
 from spin_trtllm.replay.evaluate import at_effective, replay
 from spin_trtllm.replay.synth import SynthConfig, synthesize
 from spin_trtllm.replay.trace import SpinTrace
 
-from conftest import make_trace
-from v2_traces import planted_v2_trace, random_v2_trace
+from spin_trtllm.testing.traces import make_trace
+from spin_trtllm.testing.traces import planted_v2_trace, random_v2_trace
 
 
 # ---- formulas against brute force -------------------------------------------------------------
@@ -170,7 +171,7 @@ def test_block_scores_seam_reproduces_spin():
     trace = make_trace(steps=4, layers=2, next_n=2)
     cfg = SpinConfig(index_topk=8, block_size=8)
     st1, st2 = SpinState.zeros(2, 64, cfg), SpinState.zeros(2, 64, cfg)
-    args = dict(rho=torch.tensor([0.5, 0.5], dtype=torch.float64),
+    args = dict(target_sparsity=torch.tensor([0.5, 0.5], dtype=torch.float64),
                 request=torch.zeros(2, dtype=torch.int64), layer=torch.arange(2))
     for t in range(trace.num_steps):
         dense = trace.step_scores(t)
@@ -187,8 +188,8 @@ def test_block_scores_seam_reproduces_spin():
                     block_scores=blocks, **args)
 
 
-@pytest.mark.parametrize("predictor", P.PREDICTORS)
-@pytest.mark.parametrize("budget", P.BUDGETS)
+@pytest.mark.parametrize("predictor", REPLAY_PREDICTORS)
+@pytest.mark.parametrize("budget", BUDGETS)
 def test_forced_blocks_and_budget_for_every_predictor(predictor, budget):
     trace = planted_v2_trace(steps=14, start=300, block_size=16, index_topk=32)
     cfg = SpinConfig(exploration=0.1)

@@ -11,9 +11,10 @@ from spin_trtllm import ops
 from spin_trtllm import reference as ref
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.indexer import SpinIndexer
+from spin_trtllm.limits import KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES
 from spin_trtllm.state import StatePool
 
-from test_switch import Scheduled
+from spin_trtllm.testing.harness import Scheduled
 
 L, PAGES, NUM_PAGES = 2, 8, 40           # indexer layers, pages per request, pages in the cache
 TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
@@ -25,7 +26,7 @@ def spin_cfg(**kw):
 
 def random_keys(g, count):
     """`count` random slots: fp8 rows [count, 128] as uint8 and fp32 scales as uint8 [count, 4]."""
-    rows = (torch.randn(count, ref.KEY_BYTES, generator=g) * 2).to(torch.float8_e4m3fn)
+    rows = (torch.randn(count, KEY_BYTES, generator=g) * 2).to(torch.float8_e4m3fn)
     scales = torch.rand(count, generator=g) * 0.02 + 0.005
     return rows.view(torch.uint8), scales.view(torch.uint8).view(count, 4)
 
@@ -36,8 +37,8 @@ def write_slots(kv, table_row, slots, g):
     flat = kv.view(kv.shape[0], -1)
     for i, s in enumerate(slots):
         page, off = int(table_row[s // 64]), s % 64
-        flat[page, off * ref.KEY_BYTES:(off + 1) * ref.KEY_BYTES] = rows[i]
-        base = 64 * ref.KEY_BYTES + off * 4
+        flat[page, off * KEY_BYTES:(off + 1) * KEY_BYTES] = rows[i]
+        base = 64 * KEY_BYTES + off * 4
         flat[page, base:base + 4] = scales[i]
 
 
@@ -47,15 +48,15 @@ def expected_summary(kv, page, fill):
     keys = ref.dequantize_pages(kv[page:page + 1])[0, :fill]           # fp32 products
     mean = (keys.double().sum(0) / fill).float()
     scale = (mean.abs().amax() / 448.0).clamp(min=1e-12)
-    row = torch.zeros(ref.SUMMARY_BYTES, dtype=torch.uint8)
-    row[:ref.KEY_BYTES] = (mean / scale).to(torch.float8_e4m3fn).view(torch.uint8)
-    row[ref.KEY_BYTES:ref.KEY_BYTES + 4] = scale.view(1).view(torch.uint8)
+    row = torch.zeros(SUMMARY_BYTES, dtype=torch.uint8)
+    row[:KEY_BYTES] = (mean / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+    row[KEY_BYTES:KEY_BYTES + 4] = scale.view(1).view(torch.uint8)
     return row
 
 
 def expected_table(kv, tables, lens):
     """From scratch: every visible page of every request (block_table rows, lengths)."""
-    out = torch.zeros(kv.shape[0], ref.SUMMARY_BYTES, dtype=torch.uint8)
+    out = torch.zeros(kv.shape[0], SUMMARY_BYTES, dtype=torch.uint8)
     for row, n in zip(tables, lens):
         for j in range(math.ceil(int(n) / 64)):
             out[int(row[j])] = expected_summary(kv, int(row[j]), min(int(n) - 64 * j, 64))
@@ -85,7 +86,7 @@ class Sim:
         self.pool = StatePool(L, max_requests=4, cfg=self.cfg, initial_capacity=64)
         self.idx = SpinIndexer(self.cfg, self.pool, max_batch=4, next_n=R,
                                max_context=PAGES * 64, predictor=predictor)
-        self.kv = [torch.zeros(NUM_PAGES, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
+        self.kv = [torch.zeros(NUM_PAGES, 64, 1, SLOT_BYTES, dtype=torch.uint8)
                    for _ in range(L)]
         perm = torch.randperm(NUM_PAGES, generator=self.g)
         self.rids = list(lengths)
@@ -233,7 +234,7 @@ def test_bad_predictor_and_page_size():
     with pytest.raises(SpinError, match="ranks at most 524288 slots"):
         SpinIndexer(cfg, pool, 1, 1, 524289, predictor="hybrid")
     idx = SpinIndexer(cfg, pool, 1, 1, 256, predictor="probe")
-    kv = torch.zeros(4, 64, 1, ref.SLOT_BYTES, dtype=torch.uint8)
+    kv = torch.zeros(4, 64, 1, SLOT_BYTES, dtype=torch.uint8)
     idx.summarize_context(0, kv, torch.arange(4, dtype=torch.int32), [100])
     with pytest.raises(SpinError, match="K cache changed"):
         idx.summarize_context(0, torch.zeros_like(kv), torch.arange(4, dtype=torch.int32), [1])
@@ -279,7 +280,7 @@ def test_engine_probe_decodes_and_selects_differently():
     w = init_weights(cfg)
     spin, spin_picks, spin_tokens = selections(cfg, w, "spin")
     probe, probe_picks, probe_tokens = selections(cfg, w, "probe")
-    assert probe.spin_indexer.predictor == "probe" and spin.spin_indexer.predictor == "spin"
+    assert probe.spin_indexer.predictor.name == "probe" and spin.spin_indexer.predictor.name == "spin"
     assert sorted(probe_tokens) == [1, 2]
     assert len(probe_tokens[1]) == 10 and len(probe_tokens[2]) == 7
     assert any(s.selected_blocks < s.visible_blocks for s in probe.history)
@@ -336,7 +337,7 @@ def test_engine_hybrid_decodes_and_selects_unlike_either_part():
     _, spin_picks, _ = selections(cfg, w, "spin")
     _, probe_picks, _ = selections(cfg, w, "probe")
     hybrid, hybrid_picks, hybrid_tokens = selections(cfg, w, "hybrid")
-    assert hybrid.spin_indexer.predictor == "hybrid"
+    assert hybrid.spin_indexer.predictor.name == "hybrid"
     assert len(hybrid_tokens[1]) == 10 and len(hybrid_tokens[2]) == 7
     assert len(hybrid_picks) == len(spin_picks) == len(probe_picks) > 1
     assert any(not torch.equal(a, b) for a, b in zip(hybrid_picks, spin_picks))

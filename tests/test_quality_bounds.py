@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from v2_traces import planted_v2_trace
+from spin_trtllm.testing.traces import planted_v2_trace
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_bounds.py"
 _spec = importlib.util.spec_from_file_location("quality_bounds", _PATH)

@@ -1,7 +1,7 @@
 """Hand-computed small cases of SPIN Algorithm 1 (spin_trtllm.reference).
 
 Every expected value below is derived by hand from the module docstring of
-spin_trtllm/reference.py and the paper (arXiv 2610.09025, Algorithm 1, sections 3.2.1,
+spin_trtllm/reference/ and the paper (arXiv 2610.09025, Algorithm 1, sections 3.2.1,
 3.2.2, 4.6); the derivation is written next to each literal. The code under test is never
 used to produce an expectation.
 """
@@ -24,7 +24,7 @@ from spin_trtllm.reference import (
     select_blocks,
     update_state,
 )
-from hash_oracle import fmix32, py_hash as _py_hash
+from spin_trtllm.testing.hash_oracle import fmix32, py_hash as _py_hash
 
 INF = float("inf")
 M32 = 0xFFFFFFFF

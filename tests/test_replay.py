@@ -8,7 +8,7 @@ from spin_trtllm.replay.evaluate import replay, run_study, study_variants
 from spin_trtllm.replay.predictors import compare_predictors
 from spin_trtllm.replay.trace import SpinTrace
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 
 def fixed_context_trace(patterns, n=64, block_size=8, k=8, layers=1, turn_start=None):

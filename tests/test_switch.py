@@ -7,6 +7,7 @@ import torch
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.costs import H200, CostModel
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
+from spin_trtllm.testing.harness import Scheduled
 
 TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
 
@@ -24,7 +25,7 @@ def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
     assert H200.spin_us(ctx, 0.5) == pytest.approx(spin, rel=0.25)
 
 
-# The update alone on an H200 (benchmarks/results_update_slices_final.json, eleventh session,
+# The update alone on an H200 (benchmarks/results/select_update/update_launch_slices_2026-12-02.json, eleventh session,
 # fp16 state, rho 0.5, next_n 1): (batch, slots, us).
 MEASURED_UPDATE = [(8, 32768, 4.1), (32, 32768, 5.0), (96, 32768, 9.0), (8, 131072, 5.8),
                    (32, 131072, 11.6), (96, 131072, 28.3)]
@@ -38,7 +39,7 @@ def test_cost_model_update_term_tracks_the_measured_update(batch, slots, update)
 
 
 # What the update adds to a step beside the top-K on an H200 (bench_update_overlap.py,
-# benchmarks/results_update_overlap_s21.json, twenty-first session, fp16 state, rho 0.5, CUDA
+# benchmarks/results/select_update/update_beside_topk_2026-12-02.json, twenty-first session, fp16 state, rho 0.5, CUDA
 # graphs, mean over the 8 D skews): (batch, slots, us a layer). At 96 x 131072 it added nothing
 # measurable, where the model charges half its update term. A coarse fit: one share for every
 # shape, 54% low at 8 x 131072 and 33% high at 8 x 32768.
@@ -67,7 +68,7 @@ def test_cost_model_charges_the_whole_update_after_flashinfers_topk():
     assert peer.spin_us(small, 0.5, update_beside=True) < peer.spin_us(small, 0.5)
 
 
-# ops.topk through flashinfer on an H200 (benchmarks/results_topk_paths.json, fourteenth
+# ops.topk through flashinfer on an H200 (benchmarks/results/topk/flashinfer_path_2026-12-02.json, fourteenth
 # session, K 512): (rows, slots per row, rho, us of the whole path).
 MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072, 0.0, 39.4),
                       (96, 131072, 0.0, 73.4), (96, 131072, 0.5, 43.2), (192, 131072, 0.0, 118.6),
@@ -85,7 +86,7 @@ def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us
     assert H200._topk(scored, 1, [slots] * rows) != peer._topk(scored, 1, [slots] * rows)
 
 
-# spin's top-K kernel on an H200 (benchmarks/results_topk_s17.json, seventeenth session, K 512):
+# spin's top-K kernel on an H200 (benchmarks/results/topk/topk_vs_flashinfer_2026-12-02.json, seventeenth session, K 512):
 # (requests, slots per request, next_n, rho, us).
 MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 1, 0.5, 14.6), (8, 32768, 2, 0.5, 16.3),
                       (8, 131072, 1, 0.0, 21.7), (8, 131072, 2, 0.0, 27.2),
@@ -115,15 +116,16 @@ def test_with_flashinfer_the_model_prices_spin_topk_where_ops_topk_keeps_it(monk
 
 def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     from spin_trtllm import ops
+    from spin_trtllm.ops import _topk
 
-    monkeypatch.setattr(ops, "_flashinfer_topk", lambda: (object(), object()))
-    monkeypatch.delenv("SPIN_TOPK", raising=False)
+    monkeypatch.setattr(_topk, "_flashinfer_topk", lambda: (object(), object()))
+    monkeypatch.setattr(_topk, "_backend", "auto")
     assert H200.for_device("cuda:0").peer_topk and H200.for_device(torch.device("cuda")).peer_topk
     assert not H200.for_device("cpu").peer_topk
-    monkeypatch.setenv("SPIN_TOPK", "spin")
+    ops.set_topk_backend("spin")
     assert not H200.for_device("cuda").peer_topk
-    monkeypatch.setattr(ops, "_flashinfer_topk", lambda: None)
-    monkeypatch.delenv("SPIN_TOPK")
+    monkeypatch.setattr(_topk, "_flashinfer_topk", lambda: None)
+    ops.set_topk_backend("auto")
     assert not H200.for_device("cuda").peer_topk
     # SPIN saves less top-K time with the peer's flatter cost (96 x 128K at rho 0.5)
     ctx = [131072] * 96
@@ -185,14 +187,14 @@ def test_cost_model_decisions():
 
 # dsa-lite suites on an H200, captured steps, next_n 1: the first with flashinfer's top-K
 # installed on both sides (fifteenth session), the second without (thirteenth session).
-SUITES = [("results_dsa_s15_flashinfer_suite.jsonl", True), ("results_dsa_overlap.jsonl", False)]
+SUITES = [("suite_flashinfer_topk_2026-12-02.jsonl", True), ("suite_native_2026-12-02.jsonl", False)]
 
 
 def _suite_cases():
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "dsa_lite"
     for name, peer in SUITES:
         rows = [r for r in map(json.loads, (root / name).read_text().splitlines())
                 if r["backend"] == "native" and r["next_n"] == 1 and r["state_dtype"] == "float16"]
@@ -223,7 +225,7 @@ def _beside_cases():
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_dsa_s22.jsonl"
+    path = Path(__file__).resolve().parents[1] / "benchmarks/results/dsa_lite/update_beside_topk_2026-12-03.jsonl"
     rows = [r for r in map(json.loads, path.read_text().splitlines())
             if r["overlap_update"] and not r["overlap_select"]]
     dense = {(r["indexer_slots"], r["batch"]): r["forward_ms"]
@@ -264,17 +266,6 @@ def test_hysteresis_keeps_a_boundary_batch_where_it_is():
         pytest.fail("no boundary case found")
     assert model.prefer_spin(ctx, 0.3, running_spin=True)
     assert not model.prefer_spin(ctx, 0.3, running_spin=False)
-
-
-class Scheduled(CostModel):
-    """A cost model whose decisions follow a list (one per decode step)."""
-
-    def __init__(self, plan):
-        super().__init__()
-        object.__setattr__(self, "plan", list(plan))
-
-    def prefer_spin(self, *args, **kwargs):
-        return self.plan.pop(0) if self.plan else True
 
 
 def spin_cfg(**kw):
@@ -322,7 +313,7 @@ def test_switch_values_and_defaults():
 
 
 def test_demo_step_timing_size_and_report():
-    from spin_trtllm.harness.demo import speed_lines
+    from spin_trtllm.harness.report import speed_lines
     from spin_trtllm.harness.speed import CACHE_BYTES_PER_TOKEN, SIZES, fitting_size
     assert fitting_size(10 ** 12) == SIZES[0]
     assert fitting_size(1) is None

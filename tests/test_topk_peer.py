@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from spin_trtllm import SpinError, ops
+from spin_trtllm.limits import BLOCK_SLOTS
+from spin_trtllm.ops import _topk
 from spin_trtllm import reference as ref
 
-BLOCK = ops.BLOCK
+BLOCK = BLOCK_SLOTS
 
 
 def fake_top_k_varlen(x, seq_lens, k, return_values=False, **_):
@@ -47,9 +49,9 @@ def fake_flashinfer(monkeypatch):
     mod.top_k_varlen = fake_top_k_varlen
     mod.top_k_ragged_transform = fake_top_k_ragged_transform
     monkeypatch.setitem(sys.modules, "flashinfer", mod)
-    ops._flashinfer_topk.cache_clear()
+    _topk._flashinfer_topk.cache_clear()
     yield
-    ops._flashinfer_topk.cache_clear()
+    _topk._flashinfer_topk.cache_clear()
 
 
 def case(seed, B, R, m_cap, k, with_row_lens):
@@ -79,14 +81,14 @@ def case(seed, B, R, m_cap, k, with_row_lens):
 @pytest.mark.parametrize("layout", ["wide", "strided"])
 def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, with_row_lens, k,
                                         entry, layout):
-    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
-    monkeypatch.setattr(ops, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
+    ops.set_topk_backend("flashinfer")
+    monkeypatch.setattr(_topk, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
     called = []
     fake = getattr(sys.modules["flashinfer"], f"top_k_{entry}" + ("_transform" if entry ==
                                                                     "ragged" else ""))
     monkeypatch.setattr(sys.modules["flashinfer"], fake.__name__.replace("fake_", ""),
                         lambda *a, **kw: called.append(1) or fake(*a, **kw))
-    ops._flashinfer_topk.cache_clear()
+    _topk._flashinfer_topk.cache_clear()
     logits, ids, counts, row_lens = case(seed, 4, R, 3, k, with_row_lens)
     if layout == "strided":                   # a view into wider rows: ranked from a copy
         logits = torch.cat([logits, torch.full_like(logits, float("nan"))], 1)[:, :logits.shape[1]]
@@ -102,8 +104,8 @@ def test_peer_path_equals_the_reference(fake_flashinfer, monkeypatch, seed, R, w
 def test_peer_path_never_returns_a_nan_slot(fake_flashinfer, monkeypatch, entry):
     # a peer may rank NaN first (torch.topk does): the slot is dropped, so the row can hold
     # fewer ids than the reference's, never a NaN one, every other one the reference's
-    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
-    monkeypatch.setattr(ops, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
+    ops.set_topk_backend("flashinfer")
+    monkeypatch.setattr(_topk, "TOPK_RAGGED_MAX_ROWS", 64 if entry == "ragged" else 0)
     logits, ids, counts, _ = case(5, 4, 1, 3, 16, False)
     counts[0] = 2
     logits[0, 5] = logits[0, 70] = float("nan")
@@ -117,47 +119,46 @@ def test_peer_path_never_returns_a_nan_slot(fake_flashinfer, monkeypatch, entry)
 
 def test_peer_choice(fake_flashinfer, monkeypatch):
     logits, ids, counts, _ = case(0, 2, 1, 3, 16, False)
-    monkeypatch.setenv("SPIN_TOPK", "auto")
+    ops.set_topk_backend("auto")
     assert ops.topk_peer(logits, ids, 16) is None          # auto: CUDA and large shapes only
-    monkeypatch.setenv("SPIN_TOPK", "spin")
+    ops.set_topk_backend("spin")
     assert ops.topk_peer(logits, ids, 16) is None
-    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    ops.set_topk_backend("flashinfer")
     assert ops.topk_peer(logits, ids, 16) == "flashinfer"
     assert ops.topk_peer(logits, ids, 4 * BLOCK) is None   # K wider than the rows
-    monkeypatch.setenv("SPIN_TOPK", "fastest")
+    with pytest.raises(SpinError, match="SPIN_TOPK must be auto, spin or flashinfer"):
+        ops.set_topk_backend("fastest")
+    monkeypatch.setenv("SPIN_TOPK", "fastest")           # read once, at the next top-K
+    ops.set_topk_backend(None)
     with pytest.raises(SpinError, match="SPIN_TOPK must be auto, spin or flashinfer"):
         ops.topk(logits, ids, counts, 1, 16)
 
 
 def test_without_flashinfer_spin_ranks(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)    # import fails
-    ops._flashinfer_topk.cache_clear()
+    _topk._flashinfer_topk.cache_clear()
     try:
-        monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+        ops.set_topk_backend("flashinfer")
         logits, ids, counts, _ = case(1, 2, 1, 3, 16, False)
         assert ops.topk_peer(logits, ids, 16) is None
     finally:
-        ops._flashinfer_topk.cache_clear()
+        _topk._flashinfer_topk.cache_clear()
 
 
 def test_peer_path_checks_its_arguments(fake_flashinfer, monkeypatch):
-    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    ops.set_topk_backend("flashinfer")
     logits, ids, counts, _ = case(2, 2, 1, 3, 16, False)
     with pytest.raises(SpinError, match="out"):
         ops.topk(logits, ids, counts, 1, 16, torch.empty(2, 16, dtype=torch.int64))
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2])
 @pytest.mark.parametrize("with_row_lens", [False, True])
 @pytest.mark.parametrize("B", [8, 96])     # 8 or 16 rows: the ragged entry; 96 or 192: varlen
 def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens, B):
-    ops._flashinfer_topk.cache_clear()
-    if ops._flashinfer_topk() is None:
+    _topk._flashinfer_topk.cache_clear()
+    if _topk._flashinfer_topk() is None:
         pytest.skip("flashinfer is not installed")
     m_cap, k = 512, 512
     for seed in range(3):
@@ -171,12 +172,12 @@ def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens, B
         row_lens = row_lens.cuda() if row_lens is not None else None
         outs = []
         for choice in ("spin", "flashinfer"):
-            monkeypatch.setenv("SPIN_TOPK", choice)
+            ops.set_topk_backend(choice)
             out = torch.empty(B * R, k, dtype=torch.int32, device="cuda")
             outs.append(ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens))
         assert torch.equal(outs[0], outs[1])
         # and under a captured graph
-        monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+        ops.set_topk_backend("flashinfer")
         out = torch.empty(B * R, k, dtype=torch.int32, device="cuda")
         ops.topk(logits, ids, counts, R, k, out, row_lens=row_lens)
         graph = torch.cuda.CUDAGraph()
@@ -188,13 +189,12 @@ def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens, B
         assert torch.equal(out, outs[0])
 
 
-@gpu
 @pytest.mark.gpu
 def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
-    ops._flashinfer_topk.cache_clear()
-    if ops._flashinfer_topk() is None:
+    _topk._flashinfer_topk.cache_clear()
+    if _topk._flashinfer_topk() is None:
         pytest.skip("flashinfer is not installed")
-    monkeypatch.setenv("SPIN_TOPK", "auto")
+    ops.set_topk_backend("auto")
     narrow = ops.TOPK_SPIN_MAX_WIDTH // BLOCK
     few = ops.TOPK_SPIN_MAX_ROWS
     many = few + 1
@@ -213,7 +213,7 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
 
 
 def test_no_rows_never_reach_the_peer(fake_flashinfer, monkeypatch):
-    monkeypatch.setenv("SPIN_TOPK", "flashinfer")
+    ops.set_topk_backend("flashinfer")
     logits, ids, counts, _ = case(3, 2, 1, 3, 16, False)
     assert ops.topk_peer(logits[:0], ids[:0], 16) is None
     assert ops.topk(logits[:0], ids[:0], counts[:0], 1, 16).shape == (0, 16)

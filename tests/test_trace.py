@@ -5,7 +5,7 @@ from safetensors.torch import save_file
 from spin_trtllm import TraceError
 from spin_trtllm.replay.trace import SpinTrace
 
-from conftest import make_trace
+from spin_trtllm.testing.traces import make_trace
 
 
 def test_round_trip(tmp_path):

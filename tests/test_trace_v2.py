@@ -11,8 +11,8 @@ from spin_trtllm.harness import Engine, Request, tiny
 from spin_trtllm.replay import trace as trace_mod
 from spin_trtllm.replay.trace import SpinTrace
 
-from conftest import make_trace
-from test_harness import copy_drafter, prompt, spin_cfg
+from spin_trtllm.testing.traces import make_trace
+from spin_trtllm.testing.harness import copy_drafter, prompt, spin_cfg
 
 
 def with_qwk(trace: SpinTrace, heads=3, dim=16, extra_slots=2, seed=1) -> SpinTrace:

@@ -19,9 +19,9 @@ import random
 import pytest
 import torch
 
-import test_trtllm_patch as tp
-from test_trtllm_patch import env  # noqa: F401  (the fixture: a fresh stand-in + SPIN)
-import test_trtllm_standin as sa
+from spin_trtllm.testing.pages import pack_pages
+from spin_trtllm.testing import standin
+from spin_trtllm.testing.standin import build, check_row, sparse_config
 
 GPU = os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu").startswith("cuda")
 if GPU:
@@ -29,8 +29,8 @@ if GPU:
 
 K = 128                     # index_topk: several blocks' worth, so SPIN prunes
 PAGE = 64
-CKPT = dict(sa.V32_CKPT, index_topk=K, num_hidden_layers=2)
-V4_CKPT = dict(sa.V4_CKPT, index_topk=K)          # indexer layers 1 and 3 (ratio 4)
+CKPT = dict(standin.V32_CKPT, index_topk=K, num_hidden_layers=2)
+V4_CKPT = dict(standin.V4_CKPT, index_topk=K)          # indexer layers 1 and 3 (ratio 4)
 
 
 # ---- a host-read guard standing in for stream capture on the CPU ---------------------------
@@ -87,9 +87,7 @@ def fill_pages(pool: torch.Tensor, gen: torch.Generator) -> None:
     keys = torch.randn(pages, slots, 128, generator=gen)
     scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
     fp8 = (keys / scale[..., None]).to(torch.float8_e4m3fn)
-    data = torch.cat([fp8.view(torch.uint8).reshape(pages, -1),
-                      scale.float().view(torch.uint8).reshape(pages, -1)], 1)
-    pool.view(pages, -1).copy_(data.to(pool.device))
+    pool.view(pages, -1).copy_(pack_pages(fp8, scale).view(pages, -1).to(pool.device))
 
 
 def dequantized_keys(pool: torch.Tensor) -> torch.Tensor:
@@ -121,10 +119,10 @@ class Loop:
         mtp = importlib.import_module("tensorrt_llm._torch.speculative.mtp")
         self.patch, self.R = patch, next_n
         self.device = torch.device(os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu"))
-        cfg = tp.sparse_config(v4, spin={"target_sparsity": 0.5, "exploration": 0.1})
+        cfg = sparse_config(v4, spin={"target_sparsity": 0.5, "exploration": 0.1})
         self.batch, self.ratio = 4, 4 if v4 else 1
         ckpt = V4_CKPT if v4 else CKPT
-        self.mc, self.model, self.manager, self.md = sa.build(
+        self.mc, self.model, self.manager, self.md = build(
             trt, ckpt, cfg, tokens_per_block, next_n, max_seq_len=2048 * self.ratio,
             batch=self.batch, max_num_tokens=self.MAX_TOKENS)
         self.layers = [l.self_attn.indexer for l in
@@ -287,7 +285,7 @@ class Loop:
                                               q[b * self.R + j], w[b * self.R + j])
                     slots = (chosen.view(-1, 1) * PAGE + torch.arange(PAGE)).view(-1)
                     allowed = [int(s) for s in slots if s < n]
-                    sa.check_row(rows[li, b * self.R + j], logits, allowed, K,
+                    check_row(rows[li, b * self.R + j], logits, allowed, K,
                                  f"layer {layer.layer_idx} request {rid} row {j}")
                     self.checked += 1
                     pruned += len(allowed) < n

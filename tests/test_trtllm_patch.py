@@ -2,13 +2,12 @@
 upstream's call graph: LLM args -> ModelConfig.from_pretrained -> model build -> Indexer /
 DeepseekV4Indexer -> metadata prepare -> decode sparse_attn_indexer -> the top-K consumer.
 
-SPIN's rows are checked against an independent dense reference (test_trtllm_standin's own
-quantizers and logits), restricted to the blocks SPIN selected: every decode row must be the
+SPIN's rows are checked against an independent dense reference (spin_trtllm.testing.standin's
+own quantizers and logits), restricted to the blocks SPIN selected: every decode row must be the
 top-K of exactly those slots, computed by upstream's own (stand-in) DeepGEMM call on the
 compacted block table.
 """
 
-import importlib
 import logging
 import subprocess
 import sys
@@ -18,44 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import test_trtllm_standin as sa
+from spin_trtllm.testing.standin import (V4_CKPT, V32_CKPT, Recorder, build, imp,
+                                         reference_check, run_step, sparse_config)
 
 HERE = Path(__file__).resolve().parent
-SPIN_MODULES = ("spin_trtllm.trtllm", "spin_trtllm.integrations.trtllm.patch")
-
-
-def _purge():
-    for k in [k for k in sys.modules if k == "tensorrt_llm" or k.startswith("tensorrt_llm.")
-              or k in SPIN_MODULES]:
-        del sys.modules[k]
-
-
-@pytest.fixture
-def env():
-    """A fresh stand-in `tensorrt_llm` with SPIN activated in it; (trt, patch module)."""
-    saved = {k: v for k, v in sys.modules.items() if k == "tensorrt_llm"
-             or k.startswith("tensorrt_llm.") or k in SPIN_MODULES}
-    _purge()
-    sys.path.insert(0, str(sa.STANDIN))
-    try:
-        trt = importlib.import_module("tensorrt_llm")
-        patch = importlib.import_module("spin_trtllm.integrations.trtllm.patch")
-        yield trt, patch
-    finally:
-        sys.path.remove(str(sa.STANDIN))
-        _purge()
-        sys.modules.update(saved)
-
-
-def sparse_config(v4, fp4=False, spin=None, **kw):
-    llm_args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
-    block = {} if spin is None else {"spin": {"target_sparsity": 0.5, "exploration": 0.0, **spin}}
-    dtype = "fp4" if fp4 else "fp8"
-    if v4:
-        return llm_args.DeepSeekV4SparseAttentionConfig(
-            indexer_k_dtype=dtype, compress_ratios=sa.V4_CKPT["compress_ratios"], **block, **kw)
-    return llm_args.DeepSeekSparseAttentionConfig(indexer_k_dtype=dtype,
-                                                  skip_indexer_for_short_seqs=False, **block, **kw)
 
 
 def selection_of(patch, manager, md):
@@ -75,19 +40,19 @@ def selection_of(patch, manager, md):
 def decode(patch, model, manager, md, fp4, ratio, prompts, steps, next_n, dummy=0, accepted=0):
     """Prefill, then decode steps checked against the reference on SPIN's blocks. Returns how
     many rows SPIN scored on fewer blocks than the dense indexer (pruned)."""
-    dummy_id = sa._imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
-    rec = sa.Recorder(model)
+    dummy_id = imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
+    rec = Recorder(model)
     ids = [7, 11]
-    sa.run_step(model, manager, md, ids, [0, 0], list(prompts), num_contexts=2)
-    sa.reference_check(model, rec, fp4, ratio, dummy_id)
+    run_step(model, manager, md, ids, [0, 0], list(prompts), num_contexts=2)
+    reference_check(model, rec, fp4, ratio, dummy_id)
     cached = list(prompts)
     pruned = 0
     for _ in range(steps):
-        sa.run_step(model, manager, md, ids, cached, [next_n] * 2, num_contexts=0, dummy=dummy,
+        run_step(model, manager, md, ids, cached, [next_n] * 2, num_contexts=0, dummy=dummy,
                     next_n=next_n)
         allowed, rt = selection_of(patch, manager, md)
         assert rt.active
-        assert sa.reference_check(model, rec, fp4, ratio, dummy_id, allowed) > 0
+        assert reference_check(model, rec, fp4, ratio, dummy_id, allowed) > 0
         ix = rt.adapter.indexer
         visible = [((c + next_n) // ratio + 63) // 64 for c in cached]
         pruned += sum(int(ix.counts[b, li]) < visible[b]
@@ -122,8 +87,8 @@ def test_unsupported_layout_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_spin_block_reaches_every_indexer_layer(env, v4, tpb, fp4, k):
     trt, patch = env
-    ckpt = dict(sa.V4_CKPT if v4 else sa.V32_CKPT, index_topk=k)
-    mc, model, _, _ = sa.build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n=2)
+    ckpt = dict(V4_CKPT if v4 else V32_CKPT, index_topk=k)
+    mc, model, _, _ = build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n=2)
     assert mc.sparse_attention_config.spin is not None     # survived from_pretrained's rebuild
     assert sorted(patch._LAYERS) == ([1, 3] if v4 else [0, 1])
     assert {c.index_topk for c in patch._LAYERS.values()} == {k}    # K from the checkpoint
@@ -145,8 +110,8 @@ SCENARIOS = [  # (v4, tokens_per_block, fp4, next_n, cuda-graph padding)
 @pytest.mark.parametrize("v4,tpb,fp4,next_n,graph", SCENARIOS)
 def test_spin_decode_rows_are_the_topk_of_the_selected_blocks(env, v4, tpb, fp4, next_n, graph):
     trt, patch = env
-    ckpt = dict(sa.V4_CKPT, index_topk=24) if v4 else sa.V32_CKPT
-    _, model, manager, md = sa.build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n,
+    ckpt = dict(V4_CKPT, index_topk=24) if v4 else V32_CKPT
+    _, model, manager, md = build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n,
                                      cuda_graph=graph, max_seq_len=2048, max_num_tokens=4096)
     prompts = (1300, 900) if v4 else (700, 450)
     pruned = decode(patch, model, manager, md, fp4, 4 if v4 else 1, prompts, steps=3,
@@ -158,7 +123,7 @@ def test_zero_sparsity_keeps_every_block_and_gives_the_dense_top_k(env):
     # (the stand-in's small model has many exactly tied scores, so rows are compared with the
     # reference's tie-aware check, not element by element with the dense run)
     trt, patch = env
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT,
+    _, model, manager, md = build(trt, V32_CKPT,
                                      sparse_config(False, spin={"target_sparsity": 0.0}), 64, 2,
                                      max_seq_len=2048, max_num_tokens=4096)
     assert decode(patch, model, manager, md, False, 1, (700, 450), steps=3, next_n=2,
@@ -179,14 +144,14 @@ def test_next_n_changes_replay_the_accepted_rows(env, monkeypatch):
         return original(self, accepted)
 
     monkeypatch.setattr(SpinIndexer, "finish", finish)
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 4,
+    _, model, manager, md = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, 4,
                                      max_seq_len=1024, max_num_tokens=2048)
-    sa.run_step(model, manager, md, [3, 4], [0, 0], [600, 400], num_contexts=2)
+    run_step(model, manager, md, [3, 4], [0, 0], [600, 400], num_contexts=2)
     cached = [600, 400]
     plan = [(1, [0, 0]), (3, [2, 0]), (2, [1, 1]), (2, [0, 1])]     # (next_n, accepted drafts)
     for R, acc in plan:
         md.runtime_tokens_per_gen_step = R
-        sa.run_step(model, manager, md, [3, 4], cached, [R, R], num_contexts=0, next_n=R)
+        run_step(model, manager, md, [3, 4], cached, [R, R], num_contexts=0, next_n=R)
         allowed, rt = selection_of(patch, manager, md)
         assert rt.adapter.indexer.next_n == R
         for layer in model.model.layers[:2]:
@@ -198,7 +163,7 @@ def test_next_n_changes_replay_the_accepted_rows(env, monkeypatch):
                 assert {int(x) for x in top[row] if x >= 0} <= set(allowed(layer.layer_idx, rid, j, n))
         cached = [c + a + 1 for c, a in zip(cached, acc)]
     md.runtime_tokens_per_gen_step = 1
-    sa.run_step(model, manager, md, [3, 4], cached, [1, 1], num_contexts=0, next_n=1)
+    run_step(model, manager, md, [3, 4], cached, [1, 1], num_contexts=0, next_n=1)
     assert seen == [(3, [2, 0]), (2, [1, 1]), (2, [0, 1])]
 
 
@@ -206,14 +171,14 @@ def test_gvr_prior_holds_spin_rows(env, monkeypatch):
     trt, patch = env
     for mod in ("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer",
                 "tensorrt_llm._torch.attention.backends.sparse.dsa.metadata"):
-        monkeypatch.setattr(sa._imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
-        monkeypatch.setattr(sa._imp(mod), "get_sm_version", lambda: 100)
+        monkeypatch.setattr(imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
+        monkeypatch.setattr(imp(mod), "get_sm_version", lambda: 100)
     cfg = sparse_config(False, spin={}, enable_heuristic_topk=True, use_self_sampling_topk=False)
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1, max_seq_len=1024, max_num_tokens=2048)
+    _, model, manager, md = build(trt, V32_CKPT, cfg, 64, next_n=1, max_seq_len=1024, max_num_tokens=2048)
     assert md.needs_gvr_prior
-    sa.run_step(model, manager, md, [5, 6], [0, 0], [700, 500], num_contexts=2)
+    run_step(model, manager, md, [5, 6], [0, 0], [700, 500], num_contexts=2)
     for t in range(3):
-        sa.run_step(model, manager, md, [5, 6], [700 + t, 500 + t], [1, 1], num_contexts=0)
+        run_step(model, manager, md, [5, 6], [700 + t, 500 + t], [1, 1], num_contexts=0)
         allowed, _ = selection_of(patch, manager, md)
         for layer in model.model.layers[:2]:
             local = manager.layer_offsets[layer.layer_idx]
@@ -228,9 +193,9 @@ def test_short_contexts_leave_the_step_to_upstream(env):
     trt, patch = env
     cfg = sparse_config(False, spin={}, )
     cfg = cfg.model_copy(update={"skip_indexer_for_short_seqs": True})
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1)
-    sa.run_step(model, manager, md, [1], [0], [20], num_contexts=1)
-    sa.run_step(model, manager, md, [1], [20], [1], num_contexts=0)     # kv 21 <= K 24
+    _, model, manager, md = build(trt, V32_CKPT, cfg, 64, next_n=1)
+    run_step(model, manager, md, [1], [0], [20], num_contexts=1)
+    run_step(model, manager, md, [1], [20], [1], num_contexts=0)     # kv 21 <= K 24
     rt = getattr(manager, patch._RUNTIME_ATTR)
     assert md.skip_indexer_for_gen_reqs
     top = model.model.layers[0].self_attn.last_topk[0]
@@ -246,7 +211,7 @@ def test_mtp_layers_stay_dense_without_the_checkpoint_config(env):
     """upstream's attention may lower the config per layer without pretrained_config; the
     model's layer count recorded at from_pretrained still keeps MTP layers dense."""
     trt, patch = env
-    mc, _, _, _ = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, next_n=2)
+    mc, _, _, _ = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, next_n=2)
     cfg = mc.sparse_attention_config
     assert getattr(cfg.to_sparse_params(layer_idx=1), "spin", None) is not None
     assert getattr(cfg.to_sparse_params(layer_idx=2), "spin", None) is None
@@ -255,7 +220,7 @@ def test_mtp_layers_stay_dense_without_the_checkpoint_config(env):
 def test_no_runtime_for_a_manager_without_an_indexer_cache(env):
     from types import SimpleNamespace
     trt, patch = env
-    sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, next_n=1)
+    build(trt, V32_CKPT, sparse_config(False, spin={}), 64, next_n=1)
     assert patch._LAYERS
     draft = SimpleNamespace(kv_cache_manager=SimpleNamespace(), indexer_k_cache_block_offsets=None)
     assert patch._runtime(draft, create_ratio=1) is None
@@ -263,8 +228,8 @@ def test_no_runtime_for_a_manager_without_an_indexer_cache(env):
 
 def test_deepseek_v41_is_left_alone(env, caplog):
     trt, patch = env
-    ModelConfig = sa._imp("tensorrt_llm._torch.model_config").ModelConfig
-    ckpt = dict(sa.V4_CKPT, architectures=["DeepseekV41ForCausalLM"])
+    ModelConfig = imp("tensorrt_llm._torch.model_config").ModelConfig
+    ckpt = dict(V4_CKPT, architectures=["DeepseekV41ForCausalLM"])
     with caplog.at_level(logging.WARNING, logger="spin_trtllm"):
         mc = ModelConfig.from_pretrained(ckpt, sparse_attention_config=sparse_config(True, spin={}))
     assert getattr(mc.sparse_attention_config, "spin", None) is None
@@ -343,20 +308,20 @@ def test_state_is_made_at_the_first_prepare_and_kept_across_kv_cache_rebuilds(en
     must exist by then (made at the first prepare, context-only too) and be reused by the
     rebuilt engine, not allocated a second time after the sizing."""
     trt, patch = env
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1)
-    sa.run_step(model, manager, md, [1], [0], [90], num_contexts=1)      # prefill only
+    _, model, manager, md = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, 1)
+    run_step(model, manager, md, [1], [0], [90], num_contexts=1)      # prefill only
     rt = getattr(manager, patch._RUNTIME_ATTR, None)
     assert rt is not None and rt.adapter is not None
     adapter = rt.adapter
     assert adapter.pool.nbytes() > 0 and adapter.nbytes() > adapter.pool.nbytes()
-    sa.run_step(model, manager, md, [1], [90], [1], num_contexts=0)
+    run_step(model, manager, md, [1], [90], [1], num_contexts=0)
     assert adapter.pool.slot_of(1) is not None
-    _, model2, manager2, md2 = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1)
-    sa.run_step(model2, manager2, md2, [5], [0], [120], num_contexts=1)
+    _, model2, manager2, md2 = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, 1)
+    run_step(model2, manager2, md2, [5], [0], [120], num_contexts=1)
     rt2 = getattr(manager2, patch._RUNTIME_ATTR)
     assert rt2 is rt and rt2.adapter is adapter             # the same allocation
     assert adapter.pool.slot_of(1) is None                  # nothing carried over
-    sa.run_step(model2, manager2, md2, [5], [120], [1], num_contexts=0)
+    run_step(model2, manager2, md2, [5], [120], [1], num_contexts=0)
     allowed, _ = selection_of(patch, manager2, md2)
     assert adapter.pool.slot_of(5) is not None
 
@@ -365,21 +330,21 @@ def test_buffers_are_sized_from_the_engine_max_batch(env):
     """A CUDA-graph metadata of batch 1 may run the first decode step: SPIN's buffers still hold
     the engine's max batch, and a larger batch than that is refused by name."""
     trt, patch = env
-    mc, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 1,
+    mc, model, manager, md = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, 1,
                                       batch=4)
-    backend = sa._imp("tensorrt_llm._torch.attention.backends.utils").get_attention_backend(
+    backend = imp("tensorrt_llm._torch.attention.backends.utils").get_attention_backend(
         "TRTLLM", mc.sparse_attention_config)
     small = backend.Metadata(max_num_requests=1, max_num_tokens=1024, kv_cache_manager=manager,
                              sparse_attention_config=mc.sparse_attention_config)
-    rec = sa.Recorder(model)
-    sa.run_step(model, manager, md, [1, 2, 3], [0, 0, 0], [80, 90, 100], num_contexts=3)
-    sa.run_step(model, manager, small, [1], [80], [1], num_contexts=0)
-    sa.run_step(model, manager, md, [1, 2, 3], [81, 90, 100], [1, 1, 1], num_contexts=0)
+    rec = Recorder(model)
+    run_step(model, manager, md, [1, 2, 3], [0, 0, 0], [80, 90, 100], num_contexts=3)
+    run_step(model, manager, small, [1], [80], [1], num_contexts=0)
+    run_step(model, manager, md, [1, 2, 3], [81, 90, 100], [1, 1, 1], num_contexts=0)
     rt = getattr(manager, patch._RUNTIME_ATTR)
     assert rt.adapter.max_batch == 4 and rt.adapter.indexer.batch == 3
     allowed, _ = selection_of(patch, manager, md)
-    dummy = sa._imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
-    assert sa.reference_check(model, rec, False, 1, dummy, allowed) > 0
+    dummy = imp("tensorrt_llm._torch.pyexecutor.cuda_graph_runner").CUDA_GRAPH_DUMMY_REQUEST_ID
+    assert reference_check(model, rec, False, 1, dummy, allowed) > 0
     table = torch.zeros(5, 4, dtype=torch.int32)
     with pytest.raises(patch.SpinError, match="5 generation requests in one step, SPIN's "
                                               "buffers hold 4"):
@@ -391,9 +356,9 @@ def test_every_step_refills_spin_buffers_even_ragged_ones(env):
     indexer, but SPIN's buffers must hold that step's batch: a graph captured with SPIN that
     replays on it must never see an earlier step's rows."""
     trt, patch = env
-    _, model, manager, md = sa.build(trt, sa.V32_CKPT, sparse_config(False, spin={}), 64, 2)
-    sa.run_step(model, manager, md, [1, 2], [0, 0], [200, 150], num_contexts=2)
-    sa.run_step(model, manager, md, [1, 2], [200, 150], [2, 2], num_contexts=0, next_n=2)
+    _, model, manager, md = build(trt, V32_CKPT, sparse_config(False, spin={}), 64, 2)
+    run_step(model, manager, md, [1, 2], [0, 0], [200, 150], num_contexts=2)
+    run_step(model, manager, md, [1, 2], [200, 150], [2, 2], num_contexts=0, next_n=2)
     rt = getattr(manager, patch._RUNTIME_ATTR)
     manager.add_sequence(3, 60)
     table = manager.copy_batch_block_offsets([2, 3])
@@ -410,12 +375,12 @@ def test_cute_dsl_paged_logits_layers_stay_dense(env, monkeypatch, caplog):
     trt, patch = env
     for mod in ("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer",
                 "tensorrt_llm._torch.attention.backends.sparse.dsa.metadata"):
-        monkeypatch.setattr(sa._imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
-    monkeypatch.setattr(sa._imp("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer"),
+        monkeypatch.setattr(imp(mod), "IS_CUTLASS_DSL_AVAILABLE", True)
+    monkeypatch.setattr(imp("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer"),
                         "is_sm_100f", lambda: True)
     cfg = sparse_config(False, spin={}, use_cute_dsl_paged_mqa_logits=True)
     with caplog.at_level(logging.WARNING, logger="spin_trtllm"):
-        _, model, _, _ = sa.build(trt, sa.V32_CKPT, cfg, 64, next_n=1)
+        _, model, _, _ = build(trt, V32_CKPT, cfg, 64, next_n=1)
     layers = [l.self_attn.indexer for l in model.model.layers[:2]]
     assert all(ix.use_cute_dsl_paged_mqa_logits and ix._spin is None for ix in layers)
     assert not patch._LAYERS and "CuTe DSL paged logits" in caplog.text

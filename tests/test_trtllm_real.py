@@ -9,8 +9,7 @@ import pytest
 
 trtllm = pytest.importorskip("tensorrt_llm", reason="needs tensorrt_llm")
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.trtllm,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.trtllm, pytest.mark.gpu]
 
 TINY_V32 = {
     "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",

@@ -1,7 +1,7 @@
 // The spin_native library: torch bindings of the cpp/ launchers, one op per file (select.cpp,
 // indexer_logits.cpp, topk.cpp, update.cpp, compact.cpp, probe.cpp), each defining its schema
 // with TORCH_LIBRARY_FRAGMENT and its CUDA kernel with TORCH_LIBRARY_IMPL. The public ops
-// (torch.ops.spin.*) are defined in spin_trtllm/ops.py, which validates every argument and then
+// (torch.ops.spin.*) are defined in spin_trtllm/ops/ (one module per op), which validates every argument and then
 // calls these on CUDA tensors; its _SCHEMAS are these schemas.
 #include <torch/library.h>
 

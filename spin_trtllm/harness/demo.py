@@ -1,29 +1,27 @@
-"""The main job: dsa-lite with SPIN and with the all-keep indexer, side by side."""
+"""The main job: dsa-lite with SPIN and with the all-keep indexer, side by side (the report's
+text: report.py)."""
 
 from __future__ import annotations
 
 import inspect
 import json
-from pathlib import Path
 import statistics
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from ..config import SpinConfig
-from ..costs import BLOCK_SLOTS, KEY_BYTES_PER_SLOT as K_SLOT_BYTES
 from .. import logits as logits_backends
+from ..config import SpinConfig
+from ..costs import indexer_bytes
 from ..errors import SpinError
-from ..reference import SUMMARY_BYTES
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, Request, RequestOutput, resolve_device
 from .model import init_weights, load_checkpoint
 from .pretrained import default_checkpoint
+from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure, step_config
 
-STATE_BYTES = {"float32": 4, "float16": 2, "float8_e4m3fn": 1}
 MB = 1e6
 
 
@@ -95,9 +93,11 @@ def _resolve(opts: DemoOptions) -> tuple[torch.device, DsaLiteConfig, Optional[d
 
 
 def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, opts: DemoOptions,
-               label: str, expected_steps: Optional[int] = None
+               label: str, expected_steps: Optional[int] = None,
+               backend: Optional[logits_backends.LogitsBackend] = None
                ) -> tuple[Engine, dict[int, RequestOutput]]:
-    """Run the demo workload. The progress bar counts decode steps (total: expected_steps,
+    """Run the demo workload; `backend`: opts.logits_backend resolved (None: the Engine
+    resolves it). The progress bar counts decode steps (total: expected_steps,
     else unknown) with the requests done in its postfix. The all-keep engine's StepStats get
     selected_blocks = visible_blocks = the blocks its dense indexer scored that step where the
     engine left them 0, so both sides' indexer bytes come from their own runs."""
@@ -108,7 +108,7 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
                     measure_miss=opts.measure_miss and spin is not None,
                     trace_request=0 if (opts.dump_trace and spin is not None) else None,
                     time_indexer=bool(eager), cuda_graphs=False if eager else None,
-                    logits_backend=opts.logits_backend)
+                    logits_backend=backend or opts.logits_backend)
     arrivals = workload(opts, cfg)
     layers = len(cfg.csa_layers)
     bar = None
@@ -139,34 +139,6 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
     if bar is not None:
         bar.close()
     return engine, outs
-
-
-def indexer_bytes(selected_blocks: int, visible_blocks: int,
-                  state_dtype: Optional[str] = None, predictor: str = "spin") -> tuple[int, int]:
-    """(K-cache bytes, SPIN state bytes) the decode indexer reads and writes, counted from the
-    kernels' access pattern (not measured), for blocks summed over requests and indexer layers.
-
-    K cache: every slot of every scored block, BLOCK_SLOTS x K_SLOT_BYTES (128 fp8 key bytes +
-    a 4-byte fp32 scale) per block; all-keep scores every visible block (selected = visible).
-    SPIN state (state_dtype "float32", "float16" or "float8_e4m3fn", s = 4, 2 or 1 bytes;
-    None: all-keep, no state; A1's slot-level V/D): select reads V (per slot) and D (per
-    offset) of every visible slot, 2 s bytes; update reads and writes V and D of every scored slot and reads
-    its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest block as 64
-    slots); one update pass per step (MTP rows up to the accepted draft share it); the logits
-    and top-K traffic that SPIN and all-keep both have is not counted.
-    predictor "probe": the K-cache figure adds one summary row (SUMMARY_BYTES) per visible
-    block, which the probe reads, and select reads no V/D (update still does); "hybrid": the
-    summary rows and SPIN's V/D read both."""
-    k_cache = selected_blocks * BLOCK_SLOTS * K_SLOT_BYTES
-    if state_dtype is None:
-        return k_cache, 0
-    s = STATE_BYTES[state_dtype]
-    state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
-    if predictor != "spin":
-        k_cache += visible_blocks * SUMMARY_BYTES
-    if predictor != "probe":
-        state += visible_blocks * BLOCK_SLOTS * 2 * s
-    return k_cache, state
 
 
 def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> dict[str, Any]:
@@ -223,11 +195,12 @@ def agreement(a: dict[int, RequestOutput], b: dict[int, RequestOutput]) -> dict[
             "requests": len(a)}
 
 
-def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Optional[dict]:
+def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device,
+              backend: Optional[logits_backends.LogitsBackend] = None) -> Optional[dict]:
     """GPU: decode-step times where the indexer matters (the V4-Flash-shaped model with
     synthetic long contexts, CUDA graphs): no indexer, all-keep, and SPIN (the engine's switch).
-    Runs before the other engines: engines built later in one process were slower."""
-    from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure, step_config
+    Runs before the other engines: engines built later in one process run slower (speed.py).
+    `backend`: opts.logits_backend resolved (None: each engine resolves it)."""
     size = opts.speed
     if size is None and opts.speed_auto:
         free, _ = torch.cuda.mem_get_info(device)
@@ -248,8 +221,8 @@ def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Opti
     with torch.cuda.device(device):
         for name in ("null", "dense", opts.switch or "auto"):
             runs[name if name in ("null", "dense") else "spin"] = measure(
-                cfg, weights, name, context, batch, warmup, steps, backend=opts.logits_backend,
-                spin=sc)
+                cfg, weights, name, context, batch, warmup, steps,
+                backend=backend or opts.logits_backend, spin=sc)
     for r in runs.values():
         r["indexer_ms"] = r["forward_ms"] - runs["null"]["forward_ms"]
     return {"batch": batch, "context_tokens": context, "switch": opts.switch or "auto", **runs}
@@ -257,8 +230,9 @@ def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device) -> Opti
 
 def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
-    logits_backends.resolve(opts.logits_backend, device)   # unusable: SpinError before any work
-    speed = run_speed(spin, opts, device) if device.type == "cuda" else None
+    # resolved once, for every engine of the run (unusable: SpinError before any work)
+    backend = logits_backends.resolve(opts.logits_backend, device)
+    speed = run_speed(spin, opts, device, backend) if device.type == "cuda" else None
     if spin.index_topk != cfg.index_topk:
         if "index_topk" in spin.model_fields_set:
             raise SpinError(f"index_topk {spin.index_topk}: the dsa-lite model uses "
@@ -266,9 +240,10 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
         spin = spin.with_overrides(index_topk=cfg.index_topk)
     if weights is None:
         weights = init_weights(cfg)
-    spin_engine, spin_out = run_engine(cfg, spin, weights, device, opts, "SPIN")
+    spin_engine, spin_out = run_engine(cfg, spin, weights, device, opts, "SPIN",
+                                       backend=backend)
     dense_engine, dense_out = run_engine(cfg, None, weights, device, opts, "all-keep",
-                                         expected_steps=len(spin_engine.history))
+                                         expected_steps=len(spin_engine.history), backend=backend)
     if opts.dump_trace:
         spin_engine.trace().save(opts.dump_trace)
     return {"model": json.loads(cfg.to_json()), "device": str(device),
@@ -283,126 +258,3 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
             **agreement(spin_out, dense_out),
             "speed": speed,
             "trace": opts.dump_trace}
-
-
-def speed_lines(sp: dict[str, Any]) -> list[str]:
-    """The GPU report's first lines: step times where the indexer matters."""
-    d, s = sp["dense"], sp["spin"]
-    head = (f"decode step, {sp['batch']} requests x {sp['context_tokens']:,} tokens of context "
-            f"({sp['context_tokens'] // 4:,} indexer slots), V4-Flash-shaped indexer "
-            f"(21 layers, K 512), synthetic caches, CUDA graphs, medians of {d['steps']} steps:")
-    rows = [("GPU time per step, ms", f"{s['forward_ms']:.2f}", f"{d['forward_ms']:.2f}"),
-            ("  of it the indexer, ms", f"{s['indexer_ms']:.2f}", f"{d['indexer_ms']:.2f}"),
-            ("wall time per step, ms", f"{s['step_ms']:.2f}", f"{d['step_ms']:.2f}"),
-            ("realized block sparsity", f"{s['realized_sparsity']:.1%}", "0.0%"),
-            ("steps SPIN ran", f"{s['spin_steps']}/{s['steps']}", "-")]
-    out = [head] + ["  " + ln for ln in table(("", f"SPIN ({sp['switch']})", "all-keep"), rows)]
-    if d["indexer_ms"] > 0:
-        out.append(f"  all-keep step / SPIN step: {d['forward_ms'] / s['forward_ms']:.2f}x; SPIN's "
-                   f"indexer takes {s['indexer_ms'] / d['indexer_ms']:.2f}x the all-keep indexer's "
-                   f"time")
-    out += _wrap("(auto runs the all-keep indexer on steps where spin_trtllm.costs predicts "
-                 "SPIN would not pay. The quality run below decodes real text with the shipped "
-                 "model and SPIN on every step; its short contexts are not where SPIN saves time)")
-    return out
-
-
-def _name(predictor: str) -> str:
-    return "SPIN" if predictor == "spin" else predictor
-
-
-def bytes_line(res: dict[str, Any]) -> str:
-    """The report's first figure: the indexer's memory traffic per decode step, SPIN against
-    all-keep (hardware-independent: counted, see indexer_bytes)."""
-    s, d = res["spin"], res["all_keep"]
-    if s["indexer_mb_per_step"] is None or d["indexer_mb_per_step"] is None:
-        return "indexer bytes read+written per decode step: - (no decode steps)"
-    ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
-    predictor = res.get("predictor", "spin")
-    summaries = predictor != "spin"
-    return (f"indexer bytes read+written per decode step (mean): {_name(predictor)} "
-            f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if summaries else ''} "
-            f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB) vs "
-            f"all-keep {d['indexer_mb_per_step']:.3f} MB = {ratio:.2f}x")
-
-
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    """Label column left-aligned, value columns right-aligned, each as wide as its widest
-    cell, two spaces apart: every row's columns start and end at the same offsets."""
-    cols = list(zip(header, *rows))
-    widths = [max(len(c) for c in col) for col in cols]
-    return [(r[0].ljust(widths[0]) + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], widths[1:])))
-            for r in [header, *rows]]
-
-
-def _wrap(note: str, indent: str = "  ") -> list[str]:
-    """A note under the report, wrapped to 96 columns, continuation lines indented."""
-    return textwrap.wrap(note, 96, initial_indent=indent, subsequent_indent=indent + "  ")
-
-
-def format_report(res: dict[str, Any]) -> str:
-    m, s, d = res["model"], res["spin"], res["all_keep"]
-    ratios = m["compress_ratios"]
-    indexed = ratios.count(4) + ratios.count(1)
-    kind = "CSA" if 4 in ratios else "DSA"
-    layout = f"{len(ratios)} layers ({indexed} {kind} with a 64x128 indexer, " \
-             f"{sum(1 for r in ratios if r > 4)} HCA, {ratios.count(0)} window-only)"
-
-    def f(v, fmt="{:.2f}"):
-        return "-" if v is None else fmt.format(v)
-
-    pct = "{:.1%}"
-    miss = "-" if s["mean_miss"] is None else f(s["mean_miss"], pct) + f" ({f(s['p99_miss'], pct)})"
-    rows = [
-        ("decode steps", f(s["decode_steps"], "{}"), f(d["decode_steps"], "{}")),
-        ("step time, median ms", f(s["step_ms_median"]), f(d["step_ms_median"])),
-        ("  indexer, median ms", f(s["indexer_ms_median"]), f(d["indexer_ms_median"])),
-        ("  indexer share of steps", f(s["indexer_share"], pct), f(d["indexer_share"], pct)),
-        ("prefill, s", f(s["prefill_s"]), f(d["prefill_s"])),
-        ("realized block sparsity", f(s["realized_sparsity"], pct), "0.0%"),
-        ("mean miss (p99)", miss, "0.0%"),
-        ("MTP draft acceptance", f(s["mtp_acceptance"], pct), f(d["mtp_acceptance"], pct)),
-        ("tokens per decode step (all requests)*", f(s["tokens_per_step"]),
-         f(d["tokens_per_step"])),
-    ]
-    sp = res["spin_config"]["target_sparsity"]
-    cpu = not res["device"].startswith("cuda")
-    lines = [f"dsa-lite on {res['device_name']}: {layout}, K={m['index_topk']}, "
-             f"next_n={m['mtp_depth'] + 1}, {m['dtype']}; weights: {Path(res['weights']).name}; "
-             f"logits: {res['logits_backend']}",
-             *(speed_lines(res["speed"]) if res.get("speed") else []),
-             bytes_line(res)]
-    if res.get("predictor", "spin") != "spin":
-        select_reads = (" and by select over the visible slots"
-                        if res["predictor"] == "hybrid" else "")
-        lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
-                       f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block and one "
-                       f"{SUMMARY_BYTES}-byte summary row per visible block, which the probe "
-                       f"reads; the {res['spin_config']['state_dtype']} V/D state read and "
-                       f"written by update over the scored slots{select_reads})")
-    else:
-        lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
-                       f"{BLOCK_SLOTS} x {K_SLOT_BYTES} B per scored block; SPIN's "
-                       f"{res['spin_config']['state_dtype']} V/D state read by select over the "
-                       f"visible slots, read and written by update over the scored slots)")
-    if cpu:
-        lines += _wrap("(CPU: the step times below come from reference ops in plain PyTorch "
-                       "and are not the point; the bytes figure is what carries over to a GPU)")
-    name = _name(res.get("predictor", "spin"))
-    lines += table(("", f"{name} @ {sp:.2f}", "all-keep"), rows)
-    lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
-                 f"{res['identical_requests']}/{res['requests']} requests identical")
-    lines += _wrap("* tokens the decode steps emitted, all requests together (each turn's first "
-                   "token comes from its prefill); with next_n 1 this is the mean batch size, "
-                   "with MTP it includes the accepted drafts", indent="")
-    if not s["cuda_graphs"] and not cpu:
-        lines.append("(eager steps with CUDA-event timing; --cuda-graphs times graph replays "
-                     "without the indexer split)")
-    if s["mean_miss"] is not None:
-        lines.append("(miss: eligible rows only, as in replay; step times exclude the shadow "
-                     "dense indexer)")
-    else:
-        lines.append("(mean miss: run with --measure-miss)")
-    if res["trace"]:
-        lines.append(f"trace of request 0 written to {res['trace']}")
-    return "\n".join(lines)

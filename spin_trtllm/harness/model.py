@@ -19,11 +19,12 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import SpinError
 from .. import reference as ref
+from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
 from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
 
 FP8_MAX = 448.0
-PAGE = ref.PAGE_SLOTS
-PAGE_BYTES = PAGE * ref.SLOT_BYTES
+PAGE = BLOCK_SLOTS
+PAGE_BYTES = PAGE * SLOT_BYTES
 
 
 class Indexer(Protocol):
@@ -139,7 +140,7 @@ class Caches:
                      for i, r in enumerate(cfg.compress_ratios) if r}
         self.ring_ik = {i: torch.zeros(S, cfg.ring, INDEX_DIM, dtype=dt, device=device)
                         for i in cfg.csa_layers}
-        self.index = [torch.zeros(num_pages + 1, PAGE, 1, ref.SLOT_BYTES, dtype=torch.uint8,
+        self.index = [torch.zeros(num_pages + 1, PAGE, 1, SLOT_BYTES, dtype=torch.uint8,
                                   device=device) for _ in cfg.csa_layers]
         self.max_pages = math.ceil(cfg.index_slots / PAGE)
         self.block_table = torch.full((S, self.max_pages), -1, dtype=torch.int32, device=device)
@@ -177,6 +178,47 @@ class Caches:
         pages = self._pages.pop(slot, [])
         self._free.extend(reversed(pages))
         self.block_table[slot] = -1
+
+    def fill_random(self, slot: int, context_tokens: int, seed: int) -> None:
+        """Seeded random contents for cache slot `slot`'s KV rings, compressed entries and the
+        indexer pages of `context_tokens` tokens (benchmarks: step times do not depend on the
+        values). The slot's pages must be there (ensure_pages)."""
+        device = self.block_table.device
+        g = torch.Generator(device).manual_seed(seed)
+        for t in self.ring_k + self.ring_v + list(self.ring_ik.values()) + list(self.comp.values()):
+            t[slot] = torch.randn(t.shape[1:], generator=g, device=device).to(t.dtype)
+        pages = self.block_table[slot, :math.ceil((context_tokens // self.cfg.index_ratio + 1)
+                                                  / PAGE)]
+        for kv in self.index:
+            keys = torch.randn(len(pages), PAGE * KEY_BYTES, generator=g,
+                               device=device).to(torch.float8_e4m3fn).view(torch.uint8)
+            scales = (torch.rand(len(pages), PAGE, generator=g, device=device)
+                      * 0.01 + 0.001).view(torch.uint8)
+            kv.view(kv.shape[0], -1)[pages.long()] = torch.cat([keys, scales], 1)
+
+
+# ---- the prefill indexer ------------------------------------------------------------------------
+class PrefillIndexer:
+    """Dense top-K for the rows of one prefill chunk (plain PyTorch over the request's pages)."""
+
+    def __init__(self, k: int, dtype: torch.dtype):
+        self.k, self.dtype = k, dtype
+
+    def prepare(self, context_lens: torch.Tensor, block_table: torch.Tensor) -> None:
+        self.context_lens, self.block_table = context_lens, block_table
+        self.blocks = math.ceil(int(context_lens.max()) / PAGE)
+
+    def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
+        rows, nb = q.shape[0], self.blocks
+        if nb == 0:
+            return torch.full((rows, self.k), -1, dtype=torch.int32, device=q.device)
+        pages = kv_cache[self.block_table[0, :nb].long()]
+        ids = torch.arange(nb, dtype=torch.int32, device=q.device).view(1, -1)
+        counts = torch.tensor([nb], dtype=torch.int32, device=q.device)
+        dt = torch.float64 if self.dtype == torch.float64 else torch.float32
+        logits = ref.masked_indexer_logits(q, pages, weights, self.context_lens, ids, ids,
+                                           counts, dtype=dt)
+        return ref.topk_slots(logits, ids, counts, rows, self.k)
 
 
 # ---- the forward pass ---------------------------------------------------------------------------
@@ -326,10 +368,10 @@ class DsaLiteModel:
         off = torch.where(store, g % PAGE, 0)
         flat = caches.index[ci].view(-1)
         base = page * PAGE_BYTES
-        kb = torch.arange(ref.KEY_BYTES, device=pos.device)
+        kb = torch.arange(KEY_BYTES, device=pos.device)
         sb = torch.arange(4, device=pos.device)
-        flat[(base + off * ref.KEY_BYTES).unsqueeze(-1) + kb] = k8.view(torch.uint8)
-        flat[(base + PAGE * ref.KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
+        flat[(base + off * KEY_BYTES).unsqueeze(-1) + kb] = k8.view(torch.uint8)
+        flat[(base + PAGE * KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
             kscale.contiguous().view(torch.uint8).view(B, R, 4)
         # queries: RoPE on half of each head at the row's position in slot units
         iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, INDEX_DIM)

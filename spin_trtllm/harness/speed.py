@@ -18,9 +18,9 @@ indexer:
   "auto"   SPIN where the cost model says it beats all-keep, all-keep elsewhere
 predictor (spin and auto): "spin" (SPIN's history), "probe" (block summaries scored with the
 current query, SpinIndexer(predictor="probe")) or "hybrid" (both, merged by rank).
-Engines built one after another in one process got slower (H200, 2026-12-01: from the fourth
-engine on every step took 2.3 ms longer, the no-indexer engine too), so the benchmark measures
-each engine in a fresh process.
+Engines built one after another in one process run slower (from the fourth on, every step,
+the no-indexer engine's too), so benchmarks/bench_dsa_lite.py measures each engine in a fresh
+process.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Any, Optional
 import torch
 
 from ..config import SpinConfig
+from .. import logits as logits_backends
+from ..costs import indexer_bytes
 from .config import DsaLiteConfig, v4_flash_indexer
-from .demo import indexer_bytes
 from .engine import Engine
 
 INDEXERS = ("null", "dense", "spin", "auto")
@@ -66,7 +67,8 @@ def step_config(context: int, mtp_depth: int, decode_steps: int) -> DsaLiteConfi
 
 
 def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], context: int,
-                     batch: int, decode_steps: int, backend: str = "native",
+                     batch: int, decode_steps: int,
+                     backend: "str | logits_backends.LogitsBackend" = "native",
                      cuda_graphs: bool = True, switch: Optional[str] = None,
                      predictor: str = "spin", overlap_update: bool = True,
                      overlap_select: bool = False) -> Engine:
@@ -82,7 +84,8 @@ def synthetic_engine(cfg: DsaLiteConfig, weights, spin: Optional[SpinConfig], co
 
 
 def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int, warmup: int,
-            steps: int, rho: Optional[float] = None, backend: str = "native",
+            steps: int, rho: Optional[float] = None,
+            backend: "str | logits_backends.LogitsBackend" = "native",
             state_dtype: str = "float16", spin: Optional[SpinConfig] = None,
             predictor: str = "spin", overlap_update: bool = True,
             overlap_select: bool = False) -> dict[str, Any]:
@@ -113,7 +116,8 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    return {"indexer": indexer, "predictor": predictor, "rho": rho, "backend": backend,
+    return {"indexer": indexer, "predictor": predictor, "rho": rho,
+            "backend": getattr(backend, "name", backend),
             "state_dtype": state_dtype, "overlap_update": overlap_update,
             "overlap_select": overlap_select,
             "context_tokens": context, "indexer_slots": context // cfg.index_ratio,
@@ -135,7 +139,7 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
 
 
 # (batch, context tokens) tried largest first; dsa-lite's V4-Flash-shaped caches take about
-# 1.4 KB per token (70.7 GB at 96 x 512K, H200, 2026-12-01)
+# 1.4 KB per token, CACHE_BYTES_PER_TOKEN leaves headroom
 SIZES = ((96, 524288), (32, 524288), (32, 131072), (8, 131072), (8, 32768))
 CACHE_BYTES_PER_TOKEN = 1.6e3
 

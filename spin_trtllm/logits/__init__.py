@@ -1,7 +1,7 @@
 """Where SPIN's compact masked logits come from: a registry of logits backends.
 
 Every backend computes the same function, the compact masked indexer logits of
-`torch.ops.spin.indexer_logits` (contract in spin_trtllm/ops.py): row b*R + j, column k*64 + s
+`torch.ops.spin.indexer_logits` (contract in spin_trtllm/ops/_indexer_logits.py): row b*R + j, column k*64 + s
 is the score of slot block_ids[b, k]*64 + s for row j. Columns past the selection, or past
 the row's causal length, are -inf, or the backend returns the rows' compact lengths (which
 top-K then respects). A backend may return a tensor wider than m_cap*64 (a row stride); top-K

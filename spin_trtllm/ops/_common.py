@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import reference as ref
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, STATE_DTYPES
+from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, SLOT_BYTES, STATE_DTYPES
 from . import _native
 
 I32, I64 = (torch.int32,), (torch.int64,)
@@ -172,8 +171,8 @@ def check_cache(op: str, kv_cache, dev) -> None:
     ndim = kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2
     check_tensor(op, "kv_cache", kv_cache, (torch.uint8,), ndim, dev, contiguous=True)
     if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
-            kv_cache[0].numel() != BLOCK_SLOTS * ref.SLOT_BYTES:
-        fail(op, f"kv_cache must be uint8 pages of {BLOCK_SLOTS} x {ref.SLOT_BYTES} bytes "
+            kv_cache[0].numel() != BLOCK_SLOTS * SLOT_BYTES:
+        fail(op, f"kv_cache must be uint8 pages of {BLOCK_SLOTS} x {SLOT_BYTES} bytes "
                  f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import SUMMARY_BYTES
+from ..limits import KEY_BYTES, SUMMARY_BYTES
 from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
                       device_of, fail, register)
 
@@ -56,8 +56,8 @@ def _summarize_reference(kv_cache, pages, fill, summaries) -> None:
         return
     rows, scale = ref.summarize_pages(kv_cache, pages[live], fill[live])
     at = pages[live].long()
-    summaries[at, :ref.KEY_BYTES] = rows
-    summaries[at, ref.KEY_BYTES:ref.KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
+    summaries[at, :KEY_BYTES] = rows
+    summaries[at, KEY_BYTES:KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
 
 
 def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> None:

@@ -61,7 +61,6 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES  # noqa: F401  TEMP-ALIAS
 
 _TOL = 1e-6
 _M32 = 0xFFFFFFFF
@@ -125,11 +124,12 @@ def budget_floor(n_blocks: torch.Tensor, cfg: SpinConfig,
     return floor_blocks(n_blocks, n.to(torch.int64), cfg.index_topk, cfg.block_size)
 
 
-def block_budget(n_blocks: torch.Tensor, rho: torch.Tensor, cfg: SpinConfig,
+def block_budget(n_blocks: torch.Tensor, target_sparsity: torch.Tensor, cfg: SpinConfig,
                  n: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """m = min(B, max(floor, ceil((1 - rho) B))), int64, broadcast over rho; floor from
-    budget_floor (n: the rows' visible slots)."""
-    keep = ceil_tol((1.0 - torch.as_tensor(rho).to(torch.float64)) * n_blocks.to(torch.float64))
+    """m = min(B, max(floor, ceil((1 - rho) B))), int64, broadcast over rho = target_sparsity;
+    floor from budget_floor (n: the rows' visible slots)."""
+    keep = ceil_tol((1.0 - torch.as_tensor(target_sparsity).to(torch.float64))
+                    * n_blocks.to(torch.float64))
     floor = budget_floor(n_blocks, cfg, n)
     return torch.minimum(n_blocks.to(torch.int64), torch.maximum(keep, floor))
 
@@ -299,12 +299,13 @@ def hybrid_scores(probe: torch.Tensor, spin: torch.Tensor, n_blocks: torch.Tenso
 
 
 def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor], n: torch.Tensor,
-                  state: SpinState, cfg: SpinConfig, rho: torch.Tensor, request: torch.Tensor,
+                  state: SpinState, cfg: SpinConfig, target_sparsity: torch.Tensor,
+                  request: torch.Tensor,
                   layer: torch.Tensor, step: torch.Tensor) -> Selection:
     """Choose the blocks every row of every stream scores this step.
 
     block_scores [G, R, NB]; slot_pred [G, R, W] (needed for A0); n, q-independent;
-    rho float [G] target sparsity per stream; request/layer/step int [G] (RNG counters).
+    target_sparsity float [G] per stream; request/layer/step int [G] (RNG counters).
     """
     G, R, NB = block_scores.shape
     dev = block_scores.device
@@ -318,7 +319,7 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
     if cfg.keep_newest:
         forced |= j == (nblk - 1).unsqueeze(-1)
     n_forced = forced.sum(-1)
-    rho_r = torch.as_tensor(rho).to(torch.float64).view(G, 1).expand(G, R)
+    rho_r = torch.as_tensor(target_sparsity).to(torch.float64).view(G, 1).expand(G, R)
 
     if cfg.reduction == "A0":
         width = slot_pred.shape[-1]
@@ -436,7 +437,7 @@ def _store(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ---- one decode step (select -> score -> update) ----------------------------------------------
 def decode_step(state: SpinState, cfg: SpinConfig, dense_scores: torch.Tensor, n: torch.Tensor,
-                q: torch.Tensor, accepted: torch.Tensor, rho: torch.Tensor,
+                q: torch.Tensor, accepted: torch.Tensor, target_sparsity: torch.Tensor,
                 request: torch.Tensor, layer: torch.Tensor, step: torch.Tensor,
                 block_scores: Optional[torch.Tensor] = None,
                 ) -> tuple[Selection, Optional[torch.Tensor]]:
@@ -455,7 +456,7 @@ def decode_step(state: SpinState, cfg: SpinConfig, dense_scores: torch.Tensor, n
         raise SpinError("block_scores: reduction A0 ranks slots, not blocks; use A1 or A2")
     else:
         blocks, slot_pred = block_scores.float(), None
-    sel = select_blocks(blocks, slot_pred, n, state, cfg, rho, request, layer, step)
+    sel = select_blocks(blocks, slot_pred, n, state, cfg, target_sparsity, request, layer, step)
     update_state(state, dense_scores, sel.mask, n, q, accepted, cfg, step)
     return sel, slot_pred
 
@@ -482,5 +483,3 @@ def block_list(mask: torch.Tensor, m_cap: int,
 from .paged import (FP8_MAX, MAX_SLOT_ID, compact_block_table, dequantize_pages,  # noqa: E402,F401
                     dequantize_summaries, masked_indexer_logits, probe_scores, remap_positions,
                     summarize_pages, table_pages, topk_slots)
-
-PAGE_SLOTS = BLOCK_SLOTS  # TEMP-ALIAS

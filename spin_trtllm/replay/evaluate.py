@@ -1,6 +1,6 @@
 """Replay SPIN over a trace of dense indexer scores and measure what its block masks miss.
 
-Metric definitions (the README repeats them):
+Metric definitions (docs/algorithm.md repeats them):
 - warm-up steps score everything and are not counted;
 - eligible row = a non-warm-up row where m_t < B_t, and (with MTP) a committed row r <= a;
 - miss = |true top-K' slots outside the selected blocks| / K', K' = min(K, N_t); the true
@@ -34,7 +34,8 @@ from ..config import SpinConfig
 from .. import predictors
 from ..errors import SpinError
 from ..reference import SpinState, block_count, decode_step, hybrid_scores, predict_blocks
-from .probe import BUDGETS, AdaptiveBudget, QueryProbe, require_query_data, rows_read_per_block
+from ..predictors import BUDGETS
+from .probe import AdaptiveBudget, QueryProbe, require_query_data, rows_read_per_block
 from .trace import SpinTrace
 
 
@@ -154,7 +155,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     b, K = cfg.block_size, cfg.index_topk
     capacity = max(trace.max_slots, int(trace.query_pos.max()) + 1)
     state = SpinState.zeros(G, capacity, cfg)
-    rho = torch.tensor(sparsities, dtype=torch.float64).repeat_interleave(L)
+    target_sparsity = torch.tensor(sparsities, dtype=torch.float64).repeat_interleave(L)
     layer_ids = torch.arange(L).repeat(S)
     request_ids = torch.zeros(G, dtype=torch.int64)
     turn_starts = trace.turn_starts()
@@ -188,8 +189,8 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         acc = accepted[t].expand(G)
         dense_g = dense.repeat(S, 1, 1)
         if not custom:
-            sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, rho, request_ids,
-                                         layer_ids, step)
+            sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, target_sparsity,
+                                         request_ids, layer_ids, step)
         else:
             nb_w = -(-width // b)
             blocks = slot_pred = None
@@ -200,10 +201,11 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
                 blocks = hybrid_scores(pb, blocks, block_count(n, b)) \
                     if chosen.merges else pb
                 slot_pred = None
-            rho_t = rho
+            sparsity_t = target_sparsity
             if adaptive is not None:
-                rho_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b), rho, n[:, 0])
-            sel, _ = decode_step(state, cfg, dense_g, n, q, acc, rho_t, request_ids,
+                sparsity_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b),
+                                                  target_sparsity, n[:, 0])
+            sel, _ = decode_step(state, cfg, dense_g, n, q, acc, sparsity_t, request_ids,
                                  layer_ids, step, block_scores=blocks)
 
         # miss against the true top-K' (computed once per layer, shared by all sparsities)

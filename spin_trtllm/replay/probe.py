@@ -71,7 +71,6 @@ from .. import predictors
 from ..errors import SpinError
 from ..reference import NEG_INF, block_budget, budget_floor
 
-BUDGETS = ("uniform", "adaptive")
 _ADAPT_DECAY = 0.8
 
 
@@ -239,16 +238,16 @@ class AdaptiveBudget:
         return valid & ~forced, forced.sum(-1)
 
     def allocate(self, block_scores: torch.Tensor, n_blocks: torch.Tensor,
-                 rho: torch.Tensor, n: Optional[torch.Tensor] = None
+                 target_sparsity: torch.Tensor, n: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rho float64 [G] per stream, m int64 [G] row-0 blocks) from row 0's predicted block
-        scores [G, R, NB], its block count n_blocks [G], its visible slots n [G] (the budget
-        floor holds K of them) and the uniform target rho [G]."""
+        """(target sparsity float64 [G] per stream, m int64 [G] row-0 blocks) from row 0's
+        predicted block scores [G, R, NB], its block count n_blocks [G], its visible slots n [G]
+        (the budget floor holds K of them) and the uniform target_sparsity [G]."""
         cfg = self.cfg
         NB = block_scores.shape[-1]
         B = n_blocks.to(torch.int64)
         cand, n_forced = self._candidates(B, NB)
-        uniform = torch.maximum(block_budget(B, rho, cfg, n), n_forced)
+        uniform = torch.maximum(block_budget(B, target_sparsity, cfg, n), n_forced)
         floor = torch.maximum(torch.minimum(B, budget_floor(B, cfg, n)), n_forced)
         key = block_scores[:, 0].float().nan_to_num(nan=NEG_INF).masked_fill(~cand, NEG_INF)
         # candidates first (selection's order: score desc, lower id), then the rest

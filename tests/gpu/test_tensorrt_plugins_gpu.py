@@ -21,12 +21,11 @@ from spin_trtllm import SpinConfig
 from spin_trtllm import ops
 from spin_trtllm.integrations.tensorrt import fields as F
 from spin_trtllm.integrations.tensorrt.harness import HarnessCase, find_build
+from spin_trtllm.testing.pages import make_cache
 
-CUDA = torch.cuda.is_available()
 BUILD = find_build()
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU"),
     pytest.mark.skipif(BUILD is None, reason="no built plugin library and harness (run "
                        "plugins/tensorrt/build.sh, or set SPIN_TRT_PLUGIN_DIR)"),
 ]
@@ -39,13 +38,6 @@ def _native_ops():
     elif not ops.NATIVE:
         pytest.skip("the torch ops run the reference here (libspin_native not built): the exact "
                     "comparison needs the native library")
-
-
-def make_cache(num_pages, gen):
-    """FP8 pages: 64 rows of 128 fp8, then 64 fp32 scales (TensorRT-LLM's indexer K cache)."""
-    rows = (torch.randn(num_pages, 64 * 128, generator=gen) * 2).to(torch.float8_e4m3fn)
-    scales = torch.rand(num_pages, 64, generator=gen) * 0.02 + 0.005
-    return torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], 1).view(num_pages, 64, 1, 132)
 
 
 @dataclass

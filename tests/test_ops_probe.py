@@ -10,8 +10,8 @@ import torch
 from spin_trtllm import SpinConfig, ops
 from spin_trtllm import reference as ref
 from spin_trtllm.errors import SpinError
-
-from test_ops import Problem, gpu, integer_state, make_cache
+from spin_trtllm.testing.pages import make_cache
+from spin_trtllm.testing.problems import Problem, integer_state
 
 
 def _summaries(cache, gen, fills=None):
@@ -201,7 +201,7 @@ def test_select_rejects_scores_of_the_wrong_shape_or_without_their_layer():
 
 
 # ---- GPU: the kernels against the reference ----------------------------------------------------
-@gpu
+@pytest.mark.gpu
 def test_gpu_summarize_equals_reference_bytes():
     gen = torch.Generator().manual_seed(6)
     cache = make_cache(40, gen)
@@ -211,7 +211,7 @@ def test_gpu_summarize_equals_reference_bytes():
     assert torch.equal(S_gpu.cpu(), S_cpu)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2, 3, 5])
 def test_gpu_probe_matches_reference(R):
     gen = torch.Generator().manual_seed(7 + R)
@@ -233,7 +233,7 @@ def test_gpu_probe_matches_reference(R):
     assert err < 5e-4, err
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("policy,R", [("random", 1), ("staleness", 2), ("age", 4)])
 def test_gpu_select_with_block_scores_matches_reference(policy, R):
     cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2,
@@ -255,7 +255,7 @@ def test_gpu_select_with_block_scores_matches_reference(policy, R):
     assert torch.equal(out[0][1][:, 2], out[1][1][:, 2])
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("policy,R,dtype,cap,extra", [
     ("random", 1, "float32", 1600, {}),
     ("staleness", 2, "float16", 1600, {}),
@@ -293,7 +293,8 @@ def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap, extra):
     assert torch.equal(out[0][1][:, layer], out[1][1][:, layer])
     assert torch.equal(out[0][0][:, layer], out[1][0][:, layer])
 
-@gpu
+@pytest.mark.gpu
+@pytest.mark.no_racecheck
 def test_gpu_probe_and_select_capture_in_a_cuda_graph():
     gen = torch.Generator().manual_seed(10)
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5)

@@ -9,14 +9,11 @@ import torch
 from spin_trtllm import SpinError
 from spin_trtllm import ops
 from spin_trtllm import reference as ref
-from test_ops import Problem, _native_when_required, make_cache  # noqa: F401 (autouse fixture)
+from spin_trtllm.testing.pages import make_cache
+from spin_trtllm.testing.problems import Problem
 
-CUDA = torch.cuda.is_available()
-
-
-def gpu(fn):
-    """GPU tests: marked gpu, skipped without CUDA (names hold 'gpu' for device_check's -k)."""
-    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")(fn))
+# GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1)
+pytestmark = pytest.mark.usefixtures("require_native")
 
 
 # ---- random selections ----------------------------------------------------------------------------
@@ -418,7 +415,7 @@ def test_remap_rejects_bad_arguments():
         ops.remap(wide, ids, cnt, 2, ascending=True)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_compact_and_remap_reject_mismatched_devices():
     args = _compact_args()
     args[3] = args[3].cuda()
@@ -445,7 +442,7 @@ def test_fake_impls_trace_compact_and_remap():
 
 
 # ---- GPU: kernels against the reference -----------------------------------------------------------
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_slots", [64, 32])
 @pytest.mark.parametrize("seed", range(10))
 def test_gpu_compact_and_remap_match_reference(seed, page_slots):
@@ -470,7 +467,7 @@ def test_gpu_compact_and_remap_match_reference(seed, page_slots):
         assert torch.equal(inplace.cpu(), want_r)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 37, 256, 257, 512, 1000, 2048, 4096])
 def test_gpu_remap_values_ascending_match_reference(k):
     for seed in range(3):
@@ -495,7 +492,7 @@ def test_gpu_remap_values_ascending_match_reference(k):
                 ops.remap(pos, ids[:, l], counts[:, l], R, ascending=True, scores=scores))
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_compact_remap_cuda_graph_replay():
     B, R, m_cap, K = 4, 2, 40, 256
     first = random_case(1, 32, B=B, R=R, m_cap=m_cap, layers=1)
@@ -531,7 +528,7 @@ def test_gpu_compact_remap_cuda_graph_replay():
         assert torch.equal(slots.cpu(), ops.remap(p2, i2[:, 0], c2[:, 0], R))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2])
 def test_gpu_topk_and_update_read_strided_logits(R):
     # R 1 takes update's one-pass path, R 2 the per-row one (and the one-pass path for requests
@@ -545,7 +542,7 @@ def test_gpu_topk_and_update_read_strided_logits(R):
         assert torch.equal(a, b.cpu())
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("blocks,rows", [(40, 6), (300, 2), (1100, 2), (1100, 70)])
 def test_gpu_topk_on_strided_long_rows_matches_reference(blocks, rows):
     # one CTA per row, clusters of 4 and 8 (rows cached in shared memory) and the uncached path
@@ -590,7 +587,7 @@ def test_topk_row_lens_equal_minus_inf_past_the_lengths(seed):
         ops.topk(z, ids, cnt, 2, 70, row_lens=lens[:, :1].contiguous())
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("blocks,B,R", [(5, 3, 2), (300, 2, 1), (1100, 1, 2), (40, 40, 2)])
 def test_gpu_topk_row_lens_match_reference(blocks, B, R):
     # one CTA per row, clusters (few rows of long rows) and the uncached path

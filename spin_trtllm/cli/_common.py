@@ -1,0 +1,197 @@
+"""What every spin-trtllm command shares: limits, the parser class, output helpers and the
+rules each checked argument carries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from .. import _inputs
+from .._inputs import one_line
+from ..config import SpinConfig
+from ..errors import SpinError
+from ..limits import EXPLORATION_POLICY
+
+
+DEFAULT_SPARSITIES = (0.3, 0.4, 0.5)
+INT32_MAX = (1 << 31) - 1
+MAX_SPARSITIES = 16            # one replay stream (and its V/D state) per target sparsity
+# demo: the engine's KV and indexer caches are sized by batch x context (about 1 KiB per
+# token for the shipped model, so 4 GiB at this bound)
+DEMO_MAX_BATCH_TOKENS = 1 << 22
+# train-tiny: attention scores are [batch, heads, seq, seq]; 4x the default 8 x 4096^2
+TRAIN_MAX_BATCH_SEQ2 = 1 << 29
+# What an error exits 2 on (one escaped line, no traceback): bad input of every kind.
+INPUT_ERRORS = (SpinError, OSError, ValueError, OverflowError, yaml.YAMLError)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one escaped line, no usage dump
+        self.exit(2, f"{one_line(self.prog, 100)}: error: {one_line(message)}\n")
+
+
+def _fmt(value: Any, pct: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:6.2f}%" if pct else f"{value:.3f}"
+
+
+def _print_table(results: Sequence[dict[str, Any]]) -> None:
+    head = ["trace", "variant", "target", "realized", "effective", "mean miss", "p99 miss",
+            "recall", "pearson", "random miss", "oracle miss", "eligible"]
+    rows = [[r["trace"], r.get("variant", ""), _fmt(r["target_sparsity"]),
+             _fmt(r["realized_sparsity"]), _fmt(r.get("effective_sparsity")),
+             _fmt(r["mean_miss"]), _fmt(r["p99_miss"]),
+             _fmt(r["recall"]), _fmt(r["pearson"], pct=False),
+             _fmt(r.get("random_mean_miss")), _fmt(r.get("oracle_mean_miss")),
+             str(r["eligible_rows"])]
+            for r in results]
+    if not any(r[1] for r in rows):
+        head.pop(1)
+        rows = [r[:1] + r[2:] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def _write_json(path: Optional[str], payload: Any) -> None:
+    if path is None:
+        return
+    try:
+        Path(path).write_text(json.dumps(payload, indent=2))
+    except OSError as err:
+        raise SpinError(f"--json {path}: cannot write ({err.strerror})") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _load_config(args: argparse.Namespace) -> SpinConfig:
+    cfg = SpinConfig.from_yaml(args.config) if getattr(args, "config", None) is not None \
+        else SpinConfig()
+    overrides = {k: getattr(args, k, None) for k in
+                 ("exploration", "exploration_policy", "index_topk", "block_size", "seed")}
+    return cfg.with_overrides(**overrides) if any(v is not None for v in overrides.values()) else cfg
+
+
+def _sparsities(args: argparse.Namespace, cfg: SpinConfig) -> list[float]:
+    """--sparsity, else the config file's target_sparsity, else 0.3 0.4 0.5."""
+    from ..replay.evaluate import check_sparsities
+
+    if args.sparsity is not None:
+        if len(args.sparsity) > MAX_SPARSITIES:
+            raise SpinError(f"--sparsity: at most {MAX_SPARSITIES} values, got "
+                            f"{len(args.sparsity)}")
+        return check_sparsities(args.sparsity)
+    if "target_sparsity" in cfg.model_fields_set:
+        return [cfg.target_sparsity]
+    return list(DEFAULT_SPARSITIES)
+
+
+def _json_results(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "masks"} for r in results]
+
+
+# ---- parser -----------------------------------------------------------------------------------
+# Each checked argument carries a rule, applied by _check_args before any command runs
+# (docs/limits.md lists them): ("int", lo, hi), ("seconds", hi), ("in", max_bytes[, verb]): a
+# regular input file, ("out",): an output file, ("outdir",), ("plot",): an image path, ("device",).
+def _rule(action: argparse.Action, *rule: Any) -> argparse.Action:
+    action.spin_rule = rule  # type: ignore[attr-defined]
+    if rule[0] == "int":
+        action.help = f"{action.help + ' ' if action.help else ''}[{rule[1]}..{rule[2]}]"
+    return action
+
+
+def _int(p: argparse.ArgumentParser, flag: str, lo: int, hi: int, **kw: Any) -> None:
+    _rule(p.add_argument(flag, type=int, **kw), "int", lo, hi)
+
+
+def _flag(action: argparse.Action) -> str:
+    return next((s for s in action.option_strings if s.startswith("--")), "output")
+
+
+def _plot_path(value: str, flag: str) -> Path:
+    """An image path: without an extension it gets matplotlib's default .png (so what is
+    printed is the file written); the extension must be a format matplotlib writes."""
+    path = Path(value) if value else None
+    if path is not None and path.name and not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path is not None and path.suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if path.suffix[1:].lower() not in formats:
+            raise SpinError(f"{flag} {value}: unknown image format {path.suffix!r} "
+                            f"(use one of {', '.join(sorted(formats))})")
+    return _inputs.check_output_path(path if path is not None else value, flag)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every rule of the command's arguments: numbers, input files, output paths, devices,
+    all before any work starts."""
+    for action in args.spec_._actions:
+        rule = getattr(action, "spin_rule", None)
+        value = getattr(args, action.dest, None)
+        if rule is None or value is None:
+            continue
+        flag, kind = _flag(action), rule[0]
+        if kind == "int" and not rule[1] <= value <= rule[2]:
+            raise SpinError(f"{flag} must be >= {rule[1]} and <= {rule[2]}, got {value}")
+        if kind == "seconds" and not (math.isfinite(value) and 0 < value <= rule[1]):
+            raise SpinError(f"{flag} must be > 0 and <= {rule[1]:g}, got {value}")
+        if kind == "in":
+            verb = rule[2] if len(rule) > 2 else "cannot read"
+            _inputs.check_input_file(value, f"{flag} {value}".rstrip(), rule[1], verb=verb)
+        elif kind == "out":
+            _inputs.check_output_path(value, flag)
+        elif kind == "outdir":
+            _inputs.check_output_dir(value, flag)
+        elif kind == "plot":
+            setattr(args, action.dest, str(_plot_path(value, flag)))
+        elif kind == "device":
+            _inputs.check_device(value, flag)
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    _rule(p.add_argument("--config",
+                         help="SpinConfig YAML (flat, spin:, or sparse_attention_config:)"),
+          "in", _inputs.CONFIG_MAX_BYTES)
+    p.add_argument("--exploration", type=float, help="exploration share gamma (0 disables)")
+    p.add_argument("--exploration-policy", choices=list(EXPLORATION_POLICY))
+    p.add_argument("--index-topk", type=int, help="K (default: the trace's metadata)")
+    p.add_argument("--block-size", type=int, help="block size (default: the trace's metadata)")
+    p.add_argument("--seed", type=int, help="exploration RNG seed")
+
+
+def _add_common(p: argparse.ArgumentParser, sparsity: bool = True) -> None:
+    if sparsity:
+        p.add_argument("--sparsity", type=float, nargs="+",
+                       help="target block sparsities (default: --config's target_sparsity "
+                            "if it sets one, else 0.3 0.4 0.5)")
+    _rule(p.add_argument("--json", help="write results as JSON here"), "out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    _rule(p.add_argument("--device", default="auto",
+                         help="auto (cuda if present), cpu, cuda or cuda:N"), "device")
+
+
+def _add_checkpoint(p: argparse.ArgumentParser, help: str) -> None:
+    _rule(p.add_argument("--checkpoint", help=help), "in", _inputs.CHECKPOINT_MAX_BYTES,
+          "not a readable safetensors file")
+
+
+def _add_traces(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help=f"SPIN trace v1/v2 files (regular files, at most "
+                        f"{_inputs.size_text(_inputs.TRACE_MAX_BYTES)} each for v1, "
+                        f"{_inputs.size_text(_inputs.TRACE_V2_MAX_BYTES)} for v2)")
+
+

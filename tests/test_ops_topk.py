@@ -1,0 +1,143 @@
+"""torch.ops.spin.topk: the top-K slots of the selected blocks against a naive ranking (CPU);
+the kernel against the reference on ties, long rows, threshold bins of every size and rows
+split over clusters (GPU: marked gpu)."""
+
+import math
+
+import pytest
+import torch
+
+from spin_trtllm import ops
+
+# GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), and spin's own top-K (bit for bit)
+pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
+
+
+def test_topk_slots_match_naive():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 3 * 64, generator=gen)
+    logits[0, 5] = logits[0, 6] = 99.0                       # tie at the top
+    logits[1, 64:] = float("-inf")
+    ids = torch.tensor([[2, 7, 9], [0, 4, 1]], dtype=torch.int32)   # ascending, as select writes
+    cnt = torch.tensor([3, 2], dtype=torch.int32)
+    out = ops.topk(logits, ids, cnt, 2, 40)
+    for row in range(4):
+        b = row // 2
+        vals = [(float(logits[row, pos]), pos) for pos in range(int(cnt[b]) * 64)
+                if math.isfinite(float(logits[row, pos]))]
+        vals.sort(key=lambda x: (-x[0], x[1]))
+        want = sorted(int(ids[b, pos // 64]) * 64 + pos % 64 for _, pos in vals[:40])
+        got = out[row].tolist()
+        assert got[: len(want)] == want and all(x == -1 for x in got[len(want):])
+    assert out[1].tolist().count(-1) == 0 and (out[1] < 3 * 64).all()
+
+
+def test_topk_k_larger_than_context():
+    logits = torch.full((1, 64), float("-inf"))
+    logits[0, :10] = torch.arange(10.0)
+    out = ops.topk(logits, torch.tensor([[3]], dtype=torch.int32),
+                   torch.tensor([1], dtype=torch.int32), 1, 512)
+    assert out[0, :10].tolist() == list(range(192, 202)) and (out[0, 10:] == -1).all()
+
+
+def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    z = torch.randn(rows, width, generator=gen)
+    if kind == "zeros":            # ReLU-like: most scores exactly 0, the K-th value among them
+        z = torch.where(torch.rand(rows, width, generator=gen) < 0.995, torch.zeros(()), z.abs())
+    elif kind == "narrow":         # distinct values inside one fp16 bin
+        z = 1.0 + torch.rand(rows, width, generator=gen) * 1e-4
+    elif kind == "few_ties":       # a handful of values, heavily repeated
+        z = torch.randint(0, 40, (rows, width), generator=gen).float()
+    elif kind == "wide":           # beyond fp16 range, +-0.0, non-finite entries
+        z = z * 1e6
+        z[:, ::7] = 0.0
+        z[:, 3::11] = -0.0
+        z[:, 5::13] = float("nan")
+        z[:, 6::17] = float("inf")
+        z[:, 9::19] = float("-inf")
+    return z
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
+@pytest.mark.parametrize("blocks,k", [(1, 512), (40, 512), (40, 2048),
+                                     pytest.param(700, 512, marks=pytest.mark.no_racecheck),
+                                     pytest.param(1100, 2048, marks=pytest.mark.no_racecheck)])
+def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
+    # 700 / 1100 blocks (44.8K / 70.4K slots): rows cached in shared memory and read from global
+    gen = torch.Generator().manual_seed(blocks * 7 + k)
+    B, R = 2, 2
+    m_cap = blocks + 3
+    z = _topk_rows(kind, B * R, m_cap * 64, gen)
+    ids = torch.stack([torch.randperm(2 * m_cap, generator=gen)[:m_cap].sort().values
+                       for _ in range(B)]).int()
+    cnt = torch.tensor([blocks, max(1, blocks // 2)], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, R, k)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), R, k)
+    assert torch.equal(got.cpu(), want)
+
+
+def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
+                        gen: torch.Generator) -> torch.Tensor:
+    """Rows whose K-th value lies in a coarse (fp16) bin of exactly `in_bin` entries, `tied` of
+    them equal, at random positions (so across the CTAs of a cluster): K - t larger values above
+    it (t = in_bin // 3 taken from the bin, at least 1, at most K / 2), the rest far below, and a
+    few non-finite entries."""
+    z = torch.rand(rows, width, generator=gen) * 4
+    z[:, 7::101] = float("nan")
+    z[:, 11::103] = float("-inf")
+    take = max(1, min(in_bin // 3, k // 2))
+    for r in range(rows):
+        perm = torch.randperm(width, generator=gen)
+        z[r, perm[:k - take]] = 100.0 + torch.arange(k - take, dtype=torch.float32)
+        # [50.25, 50.75]: one bin (fp16 spacing 1/32 there, bins of 32 fp16 values = 1.0)
+        vals = 50.25 + torch.rand(in_bin, generator=gen) * 0.5
+        vals[:tied] = 50.5
+        z[r, perm[k - take:k - take + in_bin]] = vals[torch.randperm(in_bin, generator=gen)]
+    return z
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks", [(3, 1024), (20, 1024), (40, 1024), (140, 300)])
+@pytest.mark.parametrize("in_bin,tied", [(1, 0), (40, 0), (40, 25), (256, 256), (257, 100),
+                                         (1000, 0), (5000, 60)])
+def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied):
+    # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row; bins up to 256 entries are ranked by
+    # counting (gathered over the cluster), larger ones by radix passes (over the candidates, or
+    # over the whole row past 4096)
+    gen = torch.Generator().manual_seed(rows * 13 + in_bin + tied)
+    k = 512
+    z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
+    ids = torch.stack([torch.randperm(blocks + 50, generator=gen)[:blocks].sort().values
+                       for _ in range(rows)]).int()
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    assert (want >= 0).all()
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks", [(3, 4096), (20, 1536), (40, 1536), (40, 300)])
+@pytest.mark.parametrize("kind", ["randn", "zeros",
+                                  pytest.param("few_ties", marks=pytest.mark.no_racecheck)])
+def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
+    # on 132 SMs: clusters of 8, 4, 2 (48K-slot shares: the largest cached) and 2 CTAs per row;
+    # ties and the whole-row fallback cross the CTAs' shares
+    gen = torch.Generator().manual_seed(rows + blocks)
+    z = _topk_rows(kind, rows, blocks * 64, gen)
+    z[0] = float("-inf")                                   # no finite score
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    cnt[1] = 3                                             # K above the finite count
+    for k in (512, 2048):
+        want = ops.topk(z, ids, cnt, 1, k)
+        zg, ig, cg = z.cuda(), ids.cuda(), cnt.cuda()
+        got = ops.topk(zg, ig, cg, 1, k)
+        assert torch.equal(got.cpu(), want)
+        out = torch.empty_like(got)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.topk(zg, ig, cg, 1, k, out)
+        graph.replay()
+        assert torch.equal(out.cpu(), want)
