@@ -1,6 +1,6 @@
 // Launch API of the SPIN decode kernels: raw pointers, sizes and a stream; no torch/TensorRT.
-// The specification of every kernel is spin_trtllm/reference.py; the op contracts are in
-// spin_trtllm/ops.py. All kernels are graph-capturable (no host sync, no allocation).
+// The specification of every kernel is spin_trtllm/reference/; the op contracts are in
+// spin_trtllm/ops/ (one module per op). All kernels are graph-capturable (no host sync, no allocation).
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
