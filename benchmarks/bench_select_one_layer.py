@@ -3,7 +3,7 @@
     python benchmarks/bench_select_one_layer.py [--shapes 8x32768 8x131072 96x32768]
         [--state-dtype float16]
 
-One layer's select (ops.select(..., layer=1), what SpinIndexer(overlap_select=True) launches
+One layer's select (ops.select(..., layer=1), what IndexerOptions(overlap_select=True) launches
 beside the previous layer's top-K) on random warm V/D, rho 0.5, K 512, timed in a CUDA graph of
 20 launches, four ways: as configured (exploration 0.05), without exploration, without a budget
 either (rho 0: every block kept, the radix passes still run), and for requests without state (the

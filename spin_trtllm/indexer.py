@@ -31,14 +31,14 @@ from typing import Optional, Sequence
 import torch
 
 from . import logits as logits_backends
-from . import ops, predictors
+from . import ops
 from .config import SpinConfig
 from .errors import SpinError
 from .limits import BLOCK_SLOTS, MAX_NEXT_N
+from .options import IndexerOptions
 from .state import StatePool
 
 
-PAGE_SIZES = (32, 64)    # K-cache page sizes: a SPIN block is one or two pages
 
 
 def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends.LogitsBackend":
@@ -51,7 +51,7 @@ def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends
 
 
 def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None:
-    """The batch's block table into the static buffer; pages past max_context are never used."""
+    """The batch's block table into the static buffer; pages past max_context_len are never used."""
     cols = min(block_table.shape[1], buffer.shape[1])
     buffer[:B, :cols].copy_(block_table[:, :cols])
     buffer[:B, cols:] = -1
@@ -106,17 +106,18 @@ class _BatchMetadata:
 
 class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
-                 max_context: int, logits_backend: "str | logits_backends.LogitsBackend" = "native",
-                 page_slots: int = BLOCK_SLOTS, logits_storage: Optional[torch.Tensor] = None,
-                 predictor: str = "spin", overlap_update: bool = True,
-                 overlap_select: bool = False):
-        """logits_backend: a name in spin_trtllm.logits.BACKENDS or a backend object.
-        page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
+                 max_context_len: int, options: IndexerOptions = IndexerOptions(), *,
+                 logits_backend: "Optional[logits_backends.LogitsBackend]" = None,
+                 logits_storage: Optional[torch.Tensor] = None):
+        """options (spin_trtllm.options.IndexerOptions, validated when made): the logits
+        backend, predictor, overlaps and page size. logits_backend: that backend already
+        resolved by the caller (an engine resolves it once for all its indexers), else
+        options.logits_backend is resolved here.
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
         several draft lengths share one allocation).
         predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
         with the current query (64-slot pages only; summary tables kept in self.summaries);
-        "hybrid" by both (the max of their rank shares; max_context <= 512K slots).
+        "hybrid" by both (the max of their rank shares; max_context_len <= 512K slots).
         overlap_update: without MTP, let a layer's EMA update run beside its top-K (both only
         read the logits; CUDA sm_90+, ops.update's beside_previous): the update fills the SMs
         that a top-K of few rows leaves idle, and what follows still waits for both.
@@ -132,45 +133,40 @@ class SpinIndexer:
         that holds those replays the keep_all of its capture, so call select() inside the
         same graph (as the harness engine does), not before it."""
         ops.require_supported(cfg)
-        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context < 1:
+        if not isinstance(options, IndexerOptions):
+            raise SpinError(f"SpinIndexer: options must be an IndexerOptions, got "
+                            f"{type(options).__name__}")
+        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context_len < 1:
             raise SpinError(f"SpinIndexer: need max_batch >= 1, 1 <= next_n <= {MAX_NEXT_N}, "
-                            f"max_context >= 1; got {max_batch}, {next_n}, {max_context}")
-        if page_slots not in PAGE_SIZES:
-            raise SpinError(f"SpinIndexer: page_slots must be one of {PAGE_SIZES}, got "
-                            f"{page_slots}")
-        try:
-            chosen = predictors.get(predictor, engine=True)
-        except SpinError as err:
-            raise SpinError(f"SpinIndexer: {err}") from None
-        if chosen.query and page_slots != BLOCK_SLOTS:
-            # a summary row belongs to one page; a 64-slot block of two pages has no single row
-            raise SpinError(f"SpinIndexer: predictor={predictor!r} needs {BLOCK_SLOTS}-slot pages, "
-                            f"got page_slots={page_slots}")
-        if chosen.max_context_len is not None and max_context > chosen.max_context_len:
-            raise SpinError(f"SpinIndexer: predictor={predictor!r} ranks at most "
-                            f"{chosen.max_context_len} slots, got max_context="
-                            f"{max_context} (use 'probe')")
+                            f"max_context_len >= 1; got {max_batch}, {next_n}, {max_context_len}")
+        chosen, page_slots = options.block_predictor, options.page_slots
+        if chosen.max_context_len is not None and max_context_len > chosen.max_context_len:
+            raise SpinError(f"SpinIndexer: predictor={chosen.name!r} ranks at most "
+                            f"{chosen.max_context_len} slots, got max_context_len="
+                            f"{max_context_len} (use 'probe')")
+        self.options = options
         self.predictor = chosen
         self.cfg, self.pool = cfg, pool
         # where the update really runs beside the top-K (the cost model prices it so)
         sm90 = pool.device.type == "cuda" and torch.cuda.get_device_capability(pool.device)[0] >= 9
-        self.update_beside = overlap_update and next_n == 1 and sm90
+        self.update_beside = options.overlap_update and next_n == 1 and sm90
         # each layer selected beside the previous layer's top-K; since select(): _selected, the
         # layers selected (in the config select() chose) whose logits have not run yet, and
         # _used, those whose logits have
-        self.select_beside = overlap_select and not chosen.query and sm90
+        self.select_beside = options.overlap_select and not chosen.query and sm90
         self._selected = [False] * pool.num_layers
         self._used = [False] * pool.num_layers
         self._select_cfg = cfg
-        self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
-        if pool.max_capacity < max_context + next_n:
+        self.max_batch, self.next_n, self.max_context_len = max_batch, next_n, max_context_len
+        if pool.max_capacity < max_context_len + next_n:
             raise SpinError(f"SpinIndexer: the state pool's max_capacity {pool.max_capacity} is "
-                            f"below max_context + next_n = {max_context + next_n}")
+                            f"below max_context_len + next_n = {max_context_len + next_n}")
         dev = pool.device
         L = pool.num_layers
-        self.backend = _backend(logits_backend, dev, page_slots)
+        self.backend = _backend(options.logits_backend if logits_backend is None
+                                else logits_backend, dev, page_slots)
         # m_cap covers every block: warm-up steps select them all
-        self.m_cap = math.ceil(max_context / BLOCK_SLOTS)
+        self.m_cap = math.ceil(max_context_len / BLOCK_SLOTS)
         rows = max_batch * next_n
         self.block_ids = torch.full((max_batch, L, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
@@ -256,7 +252,7 @@ class SpinIndexer:
         R = self.next_n
         # computed where the caller's metadata lives (the CPU, normally): no device work here
         table = block_table.to(torch.int64)
-        n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context)
+        n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context_len)
         first = (n - R).clamp(min=0) // BLOCK_SLOTS
         last = (n - 1).clamp(min=0) // BLOCK_SLOTS
         cols = torch.stack([first, last], 1)                                  # [B, 2]
@@ -426,7 +422,7 @@ class SpinIndexer:
 
     def _max_len(self) -> int:
         # the ops clamp context lengths to this; it may not exceed the state's capacity
-        return min(self.max_context, self.pool.capacity)
+        return min(self.max_context_len, self.pool.capacity)
 
 
 class DenseIndexer:
@@ -434,15 +430,16 @@ class DenseIndexer:
     baseline, and the shadow that measures what SPIN misses). Same interface as SpinIndexer."""
 
     def __init__(self, index_topk: int, num_layers: int, max_batch: int, next_n: int,
-                 max_context: int, device: torch.device | str = "cpu",
+                 max_context_len: int, device: torch.device | str = "cpu",
                  logits_backend: "str | logits_backends.LogitsBackend" = "native"):
-        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context < 1 or num_layers < 1:
-            raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= {MAX_NEXT_N}, "
-                            f"max_context >= 1; got {num_layers}, {max_batch}, {next_n}, "
-                            f"{max_context}")
-        self.max_batch, self.next_n, self.max_context = max_batch, next_n, max_context
+        if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context_len < 1 \
+                or num_layers < 1:
+            raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= "
+                            f"{MAX_NEXT_N}, max_context_len >= 1; got {num_layers}, {max_batch}, {next_n}, "
+                            f"{max_context_len}")
+        self.max_batch, self.next_n, self.max_context_len = max_batch, next_n, max_context_len
         self.num_layers, self.index_topk = num_layers, index_topk
-        self.m_cap = math.ceil(max_context / BLOCK_SLOTS)
+        self.m_cap = math.ceil(max_context_len / BLOCK_SLOTS)
         dev = torch.device(device)
         rows = max_batch * next_n
         self.block_ids = torch.arange(self.m_cap, dtype=torch.int32, device=dev).repeat(max_batch, 1)

@@ -7,6 +7,7 @@ import torch
 
 from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm.indexer import SpinIndexer
+from spin_trtllm.options import IndexerOptions
 from spin_trtllm.state import StatePool
 from spin_trtllm.testing.pages import make_cache
 
@@ -28,7 +29,7 @@ def run(schedule, cfg, R=1, accepted_of=lambda rid, t: 0):
     """schedule[t] = request ids in the batch at step t. Returns {(rid, t, layer): topk}."""
     reqs = sorted({r for batch in schedule for r in batch})
     pool = StatePool(L, max_requests=4, cfg=cfg, initial_capacity=64)
-    idx = SpinIndexer(cfg, pool, max_batch=4, next_n=R, max_context=PAGES * 64)
+    idx = SpinIndexer(cfg, pool, max_batch=4, next_n=R, max_context_len=PAGES * 64)
     # a global page pool: request r owns pages [r * PAGES, (r + 1) * PAGES), shuffled order
     caches = {r: cache_for(r) for r in reqs}
     kv = [torch.cat([caches[r][l] for r in reqs]).view(-1, 64, 1, 132) for l in range(L)]
@@ -90,7 +91,7 @@ def test_layers_selected_beside_the_previous_topk_pick_the_same_blocks(R, order)
     results = {}
     for beside in (False, True):
         pool = StatePool(layers, max_requests=3, cfg=cfg, initial_capacity=64)
-        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context=PAGES * 64)
+        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context_len=PAGES * 64)
         idx.select_beside = beside
         for r in reqs:
             pool.admit(r, step=0)
@@ -124,7 +125,7 @@ def test_layers_selected_beside_the_previous_topk_pick_the_same_blocks(R, order)
 def test_first_step_after_admission_scores_everything_then_sparsifies():
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
     pool = StatePool(L, max_requests=2, cfg=cfg, initial_capacity=64)
-    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=1, max_context=1024)
+    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=1, max_context_len=1024)
     pool.admit(7)
     n = torch.tensor([[700]], dtype=torch.int32)
     kv = cache_for(7)[0].view(-1, 64, 1, 132)
@@ -143,7 +144,7 @@ def test_first_step_after_admission_scores_everything_then_sparsifies():
 def test_bad_metadata_is_rejected():
     cfg = SpinConfig(index_topk=64)
     pool = StatePool(L, max_requests=2, cfg=cfg)
-    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=2, max_context=1024)
+    idx = SpinIndexer(cfg, pool, max_batch=2, next_n=2, max_context_len=1024)
     pool.admit(1)
     n = torch.tensor([[10, 11]], dtype=torch.int32)
     with pytest.raises(SpinError, match="batch of 3"):
@@ -168,7 +169,7 @@ def test_prepare_uploads_every_field_of_the_batch(device):
     cfg = SpinConfig(index_topk=64)
     R, max_batch = 2, 5
     pool = StatePool(L, max_requests=max_batch, cfg=cfg, device=device)
-    idx = SpinIndexer(cfg, pool, max_batch=max_batch, next_n=R, max_context=1024)
+    idx = SpinIndexer(cfg, pool, max_batch=max_batch, next_n=R, max_context_len=1024)
     for rid in (7, 3, 11, 2**40, 5):
         pool.admit(rid)
     gen = torch.Generator().manual_seed(0)
@@ -272,8 +273,9 @@ def test_gpu_overlapped_update_in_cuda_graphs_matches_serial_eager(R):
     outs = {}
     for overlap, graphs in ((False, False), (True, True)):
         pool = StatePool(L, max_requests=3, cfg=cfg, device="cuda", initial_capacity=1024)
-        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context=PAGES * 64,
-                          overlap_update=overlap, overlap_select=overlap)
+        idx = SpinIndexer(cfg, pool, max_batch=3, next_n=R, max_context_len=PAGES * 64,
+                          options=IndexerOptions(overlap_update=overlap,
+                                                 overlap_select=overlap))
         sm90 = torch.cuda.get_device_capability()[0] >= 9
         assert idx.select_beside == (overlap and sm90)
         assert idx.update_beside == (overlap and sm90 and R == 1)

@@ -17,6 +17,7 @@ import torch
 from spin_trtllm import SpinConfig, SpinError, logits
 from spin_trtllm.indexer import DenseIndexer, SpinIndexer
 from spin_trtllm.logits import DeepGemmLogits
+from spin_trtllm.options import LOGITS_BACKENDS, IndexerOptions
 from spin_trtllm.state import StatePool
 from spin_trtllm.testing.pages import pack_pages, random_fp8_keys
 
@@ -67,7 +68,9 @@ def drive(backend, page_slots, R, steps=4, B=3, device="cpu", seed=0, sparsity=0
     """Decode steps of B requests; returns per step and layer (block ids, counts, top-K)."""
     cfg = SpinConfig(index_topk=40, target_sparsity=sparsity, exploration=0.1, warmup_steps=1)
     pool = StatePool(L, B, cfg, device, initial_capacity=PAGES * 64 + 8)
-    ix = SpinIndexer(cfg, pool, B, R, PAGES * 64, logits_backend=backend, page_slots=page_slots)
+    named = isinstance(backend, str)
+    opts = IndexerOptions(page_slots=page_slots, **({"logits_backend": backend} if named else {}))
+    ix = SpinIndexer(cfg, pool, B, R, PAGES * 64, opts, logits_backend=None if named else backend)
     kv, table64, table32 = caches(B, device, seed)
     table = table32 if page_slots == 32 else table64
     for r in range(B):
@@ -123,7 +126,7 @@ def test_dense_indexer_through_deepgemm_equals_native():
 
 
 def test_registry_resolves_and_refuses_with_reasons():
-    assert set(logits.BACKENDS) == {"native", "deepgemm", "reference"}
+    assert tuple(logits.BACKENDS) == LOGITS_BACKENDS       # the CLI's torch-free choices
     assert logits.resolve("native", "cpu").name == "native"
     with pytest.raises(SpinError, match="deepgemm.*not usable on cpu.*CUDA"):
         logits.resolve("deepgemm", "cpu")
@@ -134,10 +137,10 @@ def test_registry_resolves_and_refuses_with_reasons():
     cfg = SpinConfig(index_topk=8)
     pool = StatePool(1, 1, cfg, "cpu", initial_capacity=200)
     with pytest.raises(SpinError, match="reads 64-slot pages, the K cache has 32"):
-        SpinIndexer(cfg, pool, 1, 1, 128, logits_backend=DeepGemmLogits(standin_deep_gemm(), 64),
-                    page_slots=32)
+        SpinIndexer(cfg, pool, 1, 1, 128, IndexerOptions(page_slots=32),
+                    logits_backend=DeepGemmLogits(standin_deep_gemm(), 64))
     with pytest.raises(SpinError, match="page_slots must be one of"):
-        SpinIndexer(cfg, pool, 1, 1, 128, page_slots=16)
+        SpinIndexer(cfg, pool, 1, 1, 128, IndexerOptions(page_slots=16))
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
-"""SpinIndexer(predictor="probe") and dsa-lite's Engine(predictor=...): the block summaries the
-indexer keeps beside the K cache, the probe-ranked selection of each layer, the engine wiring."""
+"""SpinIndexer with IndexerOptions(predictor="probe") and dsa-lite's Engine(predictor=...): the
+block summaries the indexer keeps beside the K cache, the probe-ranked selection of each layer,
+the engine wiring."""
 
 import math
 
@@ -12,6 +13,7 @@ from spin_trtllm import reference as ref
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.indexer import SpinIndexer
 from spin_trtllm.limits import KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES
+from spin_trtllm.options import IndexerOptions
 from spin_trtllm.state import StatePool
 
 from spin_trtllm.testing.harness import Scheduled
@@ -85,7 +87,8 @@ class Sim:
         self.g = torch.Generator().manual_seed(seed)
         self.pool = StatePool(L, max_requests=4, cfg=self.cfg, initial_capacity=64)
         self.idx = SpinIndexer(self.cfg, self.pool, max_batch=4, next_n=R,
-                               max_context=PAGES * 64, predictor=predictor)
+                               max_context_len=PAGES * 64,
+                               options=IndexerOptions(predictor=predictor))
         self.kv = [torch.zeros(NUM_PAGES, 64, 1, SLOT_BYTES, dtype=torch.uint8)
                    for _ in range(L)]
         perm = torch.randperm(NUM_PAGES, generator=self.g)
@@ -170,7 +173,7 @@ def test_probe_layer_selects_by_the_probe_scores(R, predictor):
         slots = sim.pool.slots(batch)
         req = torch.tensor(batch, dtype=torch.int64)
         steps = torch.tensor([sim.step_no[r] for r in batch], dtype=torch.int64)
-        max_len = min(idx.max_context, sim.pool.capacity)
+        max_len = min(idx.max_context_len, sim.pool.capacity)
         if predictor == "hybrid":   # merged with the layer's V/D prediction by rank
             lst = slots.long()
             layer_state = ref.SpinState(state.V[lst, l], state.D[lst, l], state.last_seen[lst, l],
@@ -226,14 +229,14 @@ def test_bad_predictor_and_page_size():
     cfg = spin_cfg()
     pool = StatePool(L, max_requests=2, cfg=cfg)
     with pytest.raises(SpinError, match="predictor must be one of spin, probe"):
-        SpinIndexer(cfg, pool, 1, 1, 256, predictor="quest")
+        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="quest"))
     with pytest.raises(SpinError, match="needs 64-slot pages"):
-        SpinIndexer(cfg, pool, 1, 1, 256, page_slots=32, predictor="probe")
+        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(page_slots=32, predictor="probe"))
     with pytest.raises(SpinError, match="predictor='hybrid' needs 64-slot pages"):
-        SpinIndexer(cfg, pool, 1, 1, 256, page_slots=32, predictor="hybrid")
+        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(page_slots=32, predictor="hybrid"))
     with pytest.raises(SpinError, match="ranks at most 524288 slots"):
-        SpinIndexer(cfg, pool, 1, 1, 524289, predictor="hybrid")
-    idx = SpinIndexer(cfg, pool, 1, 1, 256, predictor="probe")
+        SpinIndexer(cfg, pool, 1, 1, 524289, IndexerOptions(predictor="hybrid"))
+    idx = SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="probe"))
     kv = torch.zeros(4, 64, 1, SLOT_BYTES, dtype=torch.uint8)
     idx.summarize_context(0, kv, torch.arange(4, dtype=torch.int32), [100])
     with pytest.raises(SpinError, match="K cache changed"):

@@ -17,7 +17,7 @@ indexer:
   "spin"   SPIN at target sparsity `rho` every step
   "auto"   SPIN where the cost model says it beats all-keep, all-keep elsewhere
 predictor (spin and auto): "spin" (SPIN's history), "probe" (block summaries scored with the
-current query, SpinIndexer(predictor="probe")) or "hybrid" (both, merged by rank).
+current query, IndexerOptions(predictor="probe")) or "hybrid" (both, merged by rank).
 Engines built one after another in one process run slower (from the fourth on, every step,
 the no-indexer engine's too), so benchmarks/bench_dsa_lite.py measures each engine in a fresh
 process.

@@ -12,9 +12,7 @@ from ... import logits as logits_backends
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...limits import BLOCK_SLOTS
-from ...predictors import ENGINE_PREDICTORS
-
-SWITCHES = ("auto", "spin", "dense")
+from ...options import SWITCHES, IndexerOptions
 
 # (request id, context + pending token, depth) -> depth draft tokens
 Drafter = Callable[[int, list[int], int], list[int]]
@@ -85,11 +83,16 @@ class EngineOptions:
         requests = self.max_requests or self.max_batch
         if requests < self.max_batch:
             raise SpinError(f"max_requests ({requests}) must be >= max_batch ({self.max_batch})")
-        if self.switch is not None and self.switch not in SWITCHES:
-            raise SpinError(f"switch must be one of {', '.join(SWITCHES)}, got {self.switch!r}")
-        if self.predictor not in ENGINE_PREDICTORS:
-            raise SpinError(f"predictor must be one of {', '.join(ENGINE_PREDICTORS)}, got "
-                            f"{self.predictor!r}")
+        self.indexer  # noqa: B018 - the indexer's choices are checked where they are made
+
+    @property
+    def indexer(self) -> IndexerOptions:
+        """The indexer's choices, passed down whole to SpinIndexer."""
+        backend = self.logits_backend
+        return IndexerOptions(logits_backend=backend if isinstance(backend, str) else backend.name,
+                              predictor=self.predictor, switch=self.switch,
+                              overlap_update=self.overlap_update,
+                              overlap_select=self.overlap_select)
 
     @property
     def trace_requests(self) -> set[int]:

@@ -105,10 +105,7 @@ class Engine:
                                                        cfg.index_slots + R),
                                   max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, self.max_batch, R, cfg.index_slots,
-                                            logits_backend=self.logits_backend,
-                                            predictor=opts.predictor,
-                                            overlap_update=opts.overlap_update,
-                                            overlap_select=opts.overlap_select)
+                                            opts.indexer, logits_backend=self.logits_backend)
         self.dense_indexer = DenseIndexer(cfg.index_topk, L, self.max_batch, R, cfg.index_slots,
                                           self.device, logits_backend=self.logits_backend) \
             if spin is None or opts.switch != "spin" else None
@@ -281,7 +278,7 @@ class Engine:
         """predictor="probe"/"hybrid": the block summaries of every visible page of these
         requests, in every indexer layer (eager; decode steps keep only the newest pages up to
         date)."""
-        if self.spin_indexer is None or self.predictor == "spin" or not lives:
+        if self.spin_indexer is None or not self.spin_indexer.query_aware or not lives:
             return
         slots = torch.tensor([live.slot for live in lives], dtype=torch.int64, device=self.device)
         table = self.caches.block_table[slots]

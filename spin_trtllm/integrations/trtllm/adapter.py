@@ -31,6 +31,7 @@ from ...config import SpinConfig
 from ...errors import SpinError
 from ...indexer import SpinIndexer
 from ...limits import BLOCK_SLOTS, MAX_NEXT_N
+from ...options import IndexerOptions
 from ...state import StatePool
 
 
@@ -97,7 +98,12 @@ class SpinDecodeAdapter:
             raise SpinError(f"SpinDecodeAdapter: compress_ratio ({compress_ratio}) and max_tokens "
                             f"({max_tokens}) must be >= 1")
         self.cfg, self.next_n, self.ratio = cfg, next_n, compress_ratio
-        self.max_batch, self.logits_backend, self.page_slots = max_batch, logits_backend, page_slots
+        self.max_batch, self.page_slots = max_batch, page_slots
+        # a backend name is checked here and resolved by each indexer; an object is used as is
+        named = isinstance(logits_backend, str)
+        self.options = IndexerOptions(page_slots=page_slots, **(
+            {"logits_backend": logits_backend} if named else {}))
+        self.logits_backend = None if named else logits_backend
         self.max_slots = max_tokens // compress_ratio + 1
         capacity = self.max_slots + MAX_NEXT_N               # room for any draft length
         self.pool = StatePool(num_layers, max_requests or max_batch, cfg, device,
@@ -149,8 +155,9 @@ class SpinDecodeAdapter:
                     * next_n * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS:
                 storage = None          # longer than planned: its own buffer
             self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
-                                                 self.max_slots, self.logits_backend,
-                                                 self.page_slots, logits_storage=storage)
+                                                 self.max_slots, self.options,
+                                                 logits_backend=self.logits_backend,
+                                                 logits_storage=storage)
         return self._indexers[next_n]
 
     @property
