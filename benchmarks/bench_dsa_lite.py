@@ -19,7 +19,7 @@ those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
                HBM ceiling cannot be met at that sparsity by any indexer around this model.
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
 (null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians:
-the host's share of a step moves by milliseconds between processes (fifteenth session), more
+the host's share of a step moves by milliseconds between processes, more
 than SPIN's gain at small batches. The rows keep every run's step and forward times.
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]

@@ -10,7 +10,7 @@ in CUDA graphs, one per D skew (contexts n = slots - 8 + s, s = 0..7, so the new
 partial), five ways:
   after    select for every layer in one launch at the start; the update after the top-K
   beside   the same, the update launched with beside_previous=True: it runs on the SMs the
-           top-K leaves idle and still completes after it (twenty-first session)
+           top-K leaves idle and still completes after it
   chain    layer 0's select at the start, then after each top-K the next layer's select and
            the update, both beside it (SpinIndexer's overlap_select, off by default, with
            overlap_update)

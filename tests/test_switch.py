@@ -11,7 +11,7 @@ from spin_trtllm.testing.harness import Scheduled
 
 TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
 
-# Per-layer times measured on an H200 (benchmarks/RESULTS.md, sixth session, native kernels,
+# Per-layer times measured on an H200 (2026-12-01, commit 7f6bc34, native kernels,
 # fp16 state, K 512): (batch, slots, dense logits + top-K us, SPIN at 0.5 us).
 MEASURED = [(8, 32768, 17.0 + 26.3, 40.8), (32, 32768, 44.6 + 28.0, 58.8),
             (96, 32768, 112.5 + 34.5, 99.8), (32, 131072, 140.8 + 72.7, 146.9),
@@ -25,8 +25,9 @@ def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
     assert H200.spin_us(ctx, 0.5) == pytest.approx(spin, rel=0.25)
 
 
-# The update alone on an H200 (benchmarks/results/select_update/update_launch_slices_2026-12-02.json, eleventh session,
-# fp16 state, rho 0.5, next_n 1): (batch, slots, us).
+# The update alone on an H200
+# (benchmarks/results/select_update/update_launch_slices_2026-12-02.json, fp16 state, rho 0.5,
+# next_n 1): (batch, slots, us).
 MEASURED_UPDATE = [(8, 32768, 4.1), (32, 32768, 5.0), (96, 32768, 9.0), (8, 131072, 5.8),
                    (32, 131072, 11.6), (96, 131072, 28.3)]
 
@@ -39,7 +40,7 @@ def test_cost_model_update_term_tracks_the_measured_update(batch, slots, update)
 
 
 # What the update adds to a step beside the top-K on an H200 (bench_update_overlap.py,
-# benchmarks/results/select_update/update_beside_topk_2026-12-02.json, twenty-first session, fp16 state, rho 0.5, CUDA
+# benchmarks/results/select_update/update_beside_topk_2026-12-02.json, fp16 state, rho 0.5, CUDA
 # graphs, mean over the 8 D skews): (batch, slots, us a layer). At 96 x 131072 it added nothing
 # measurable, where the model charges half its update term. A coarse fit: one share for every
 # shape, 54% low at 8 x 131072 and 33% high at 8 x 32768.
@@ -68,8 +69,8 @@ def test_cost_model_charges_the_whole_update_after_flashinfers_topk():
     assert peer.spin_us(small, 0.5, update_beside=True) < peer.spin_us(small, 0.5)
 
 
-# ops.topk through flashinfer on an H200 (benchmarks/results/topk/flashinfer_path_2026-12-02.json, fourteenth
-# session, K 512): (rows, slots per row, rho, us of the whole path).
+# ops.topk through flashinfer on an H200 (benchmarks/results/topk/flashinfer_path_2026-12-02.json,
+# K 512): (rows, slots per row, rho, us of the whole path).
 MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072, 0.0, 39.4),
                       (96, 131072, 0.0, 73.4), (96, 131072, 0.5, 43.2), (192, 131072, 0.0, 118.6),
                       (192, 32768, 0.0, 54.5), (64, 131072, 0.5, 43.1)]
@@ -86,7 +87,8 @@ def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us
     assert H200._topk(scored, 1, [slots] * rows) != peer._topk(scored, 1, [slots] * rows)
 
 
-# spin's top-K kernel on an H200 (benchmarks/results/topk/topk_vs_flashinfer_2026-12-02.json, seventeenth session, K 512):
+# spin's top-K kernel on an H200 (benchmarks/results/topk/topk_vs_flashinfer_2026-12-02.json,
+# K 512):
 # (requests, slots per request, next_n, rho, us).
 MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 1, 0.5, 14.6), (8, 32768, 2, 0.5, 16.3),
                       (8, 131072, 1, 0.0, 21.7), (8, 131072, 2, 0.0, 27.2),
@@ -133,7 +135,8 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
 
 
-# Per layer on an H200, same run (benchmarks/RESULTS.md, tenth session, fp16 state, next_n 1):
+# Per layer on an H200, same run (benchmarks/results/probe/select_by_predictor_2026-12-01.json,
+# fp16 state, next_n 1):
 # (batch, slots, probe path - SPIN's select share us, hybrid's select - the probe's select us).
 MEASURED_PROBE = [(32, 32768, 22.8 - 2.7, 31.2 - 14.2), (32, 131072, 39.3 - 7.8, 99.1 - 27.8),
                   (96, 32768, 25.8 - 6.1, 32.7 - 14.9), (96, 131072, 51.5 - 18.4, 111.6 - 28.3)]
@@ -186,8 +189,9 @@ def test_cost_model_decisions():
 
 
 # dsa-lite suites on an H200, captured steps, next_n 1: the first with flashinfer's top-K
-# installed on both sides (fifteenth session), the second without (thirteenth session).
-SUITES = [("suite_flashinfer_topk_2026-12-02.jsonl", True), ("suite_native_2026-12-02.jsonl", False)]
+# installed on both sides, the second without.
+SUITES = [("suite_flashinfer_topk_2026-12-02.jsonl", True),
+          ("suite_native_2026-12-02.jsonl", False)]
 
 
 def _suite_cases():
@@ -225,7 +229,8 @@ def _beside_cases():
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks/results/dsa_lite/update_beside_topk_2026-12-03.jsonl"
+    path = Path(__file__).resolve().parents[1] / "benchmarks/results/dsa_lite" \
+        / "update_beside_topk_2026-12-03.jsonl"
     rows = [r for r in map(json.loads, path.read_text().splitlines())
             if r["overlap_update"] and not r["overlap_select"]]
     dense = {(r["indexer_slots"], r["batch"]): r["forward_ms"]
@@ -234,12 +239,12 @@ def _beside_cases():
         if r["indexer"] == "spin":
             yield pytest.param(r["indexer_slots"], r["batch"], r["rho"],
                                dense[r["indexer_slots"], r["batch"]] / r["forward_ms"],
-                               id=f"s22-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
+                               id=f"beside-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
 
 
 @pytest.mark.parametrize("slots,batch,rho,speedup", list(_beside_cases()))
 def test_switch_agrees_with_the_update_beside_the_topk(slots, batch, rho, speedup):
-    """The dsa-lite runs with the update beside the top-K (twenty-second session, no
+    """The dsa-lite runs with the update beside the top-K (2026-12-03, no
     flashinfer): the model with engine_overhead_beside_us takes SPIN where it won by 3% or more
     and, at 32K slots x 32 (won by 1.6%), keeps running it once running."""
     ctx = [slots] * batch
