@@ -126,12 +126,12 @@ class SpinIndexer:
         of every layer in select()'s one launch. Off by default: a one-layer select takes
         13-48 us (one CTA a request), so it hides under the top-K only where that is longer
         and leaves SMs free: faster at 32 requests x 32K-128K slots, slower at 8 x 128K and at
-        96 requests (H200, benchmarks/bench_update_overlap.py). A layer reached without it (called out of order, or again without
-        a select() in between) is selected on its own before its logits: each pass through a
-        layer's logits uses blocks selected from the state as it is then. select(keep_all)
-        then selects layer 0 at once and the others where their selects run: a CUDA graph
-        that holds those replays the keep_all of its capture, so call select() inside the
-        same graph (as the harness engine does), not before it."""
+        96 requests (H200, benchmarks/bench_update_overlap.py). A layer reached without it
+        (called out of order, or again without a select() in between) is selected on its own
+        before its logits: each pass through a layer's logits uses blocks selected from the
+        state as it is then. select(keep_all) then selects layer 0 at once and the others where
+        their selects run: a CUDA graph that holds those replays the keep_all of its capture, so
+        call select() inside the same graph (as the harness engine does), not before it."""
         ops.require_supported(cfg)
         if not isinstance(options, IndexerOptions):
             raise SpinError(f"SpinIndexer: options must be an IndexerOptions, got "
@@ -435,8 +435,8 @@ class DenseIndexer:
         if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context_len < 1 \
                 or num_layers < 1:
             raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= "
-                            f"{MAX_NEXT_N}, max_context_len >= 1; got {num_layers}, {max_batch}, {next_n}, "
-                            f"{max_context_len}")
+                            f"{MAX_NEXT_N}, max_context_len >= 1; got {num_layers}, {max_batch}, "
+                            f"{next_n}, {max_context_len}")
         self.max_batch, self.next_n, self.max_context_len = max_batch, next_n, max_context_len
         self.num_layers, self.index_topk = num_layers, index_topk
         self.m_cap = math.ceil(max_context_len / BLOCK_SLOTS)

@@ -9,10 +9,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from ..config import describe_validation_error
 from ..errors import SpinConfigError
+from ..limits import MAX_NEXT_N
 
-# The indexer has DeepSeek-V4's dimensions everywhere: the spin ops (and DeepGEMM) fix them.
-INDEX_HEADS = 64
-INDEX_DIM = 128
 CSA_RATIO = 4          # DeepSeek-V4 C4A layers: indexer over 4:1 compressed slots
 DSA_RATIO = 1          # DeepSeek-V3.2 DSA layers: indexer over every token
 INDEX_RATIOS = (DSA_RATIO, CSA_RATIO)
@@ -61,8 +59,9 @@ class DsaLiteConfig(BaseModel):
     @field_validator("mtp_depth")
     @classmethod
     def _mtp(cls, v: int) -> int:
-        if not 0 <= v <= 7:
-            raise ValueError("must be in 0..7 (next_n = mtp_depth + 1 <= 8)")
+        if not 0 <= v < MAX_NEXT_N:
+            raise ValueError(f"must be in 0..{MAX_NEXT_N - 1} (next_n = mtp_depth + 1 <= "
+                             f"{MAX_NEXT_N})")
         return v
 
     @field_validator("compress_ratios")

@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from ..errors import SpinError
 from .. import reference as ref
 from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
-from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
+from ..limits import HEAD_DIM, INDEX_HEADS
+from .config import INDEX_RATIOS, DsaLiteConfig
 
 FP8_MAX = 448.0
 PAGE = BLOCK_SLOTS
@@ -41,8 +42,8 @@ def _layer_shapes(cfg: DsaLiteConfig, r: int) -> dict[str, tuple[int, ...]]:
     if r:
         shapes |= {"comp_gate": (hd,), "comp_bias": (r,)}
     if r in INDEX_RATIOS:
-        shapes |= {"wiq": (H, INDEX_HEADS * INDEX_DIM), "wiw": (H, INDEX_HEADS),
-                   "wik": (H, INDEX_DIM), "icomp_gate": (INDEX_DIM,), "icomp_bias": (r,)}
+        shapes |= {"wiq": (H, INDEX_HEADS * HEAD_DIM), "wiw": (H, INDEX_HEADS),
+                   "wik": (H, HEAD_DIM), "icomp_gate": (HEAD_DIM,), "icomp_bias": (r,)}
     return shapes
 
 
@@ -138,7 +139,7 @@ class Caches:
         # compressed entries: one vector per group, used as key and value (shared KV)
         self.comp = {i: torch.zeros(S, cfg.max_context // r + 1, hd, dtype=dt, device=device)
                      for i, r in enumerate(cfg.compress_ratios) if r}
-        self.ring_ik = {i: torch.zeros(S, cfg.ring, INDEX_DIM, dtype=dt, device=device)
+        self.ring_ik = {i: torch.zeros(S, cfg.ring, HEAD_DIM, dtype=dt, device=device)
                         for i in cfg.csa_layers}
         self.index = [torch.zeros(num_pages + 1, PAGE, 1, SLOT_BYTES, dtype=torch.uint8,
                                   device=device) for _ in cfg.csa_layers]
@@ -272,7 +273,7 @@ class DsaLiteModel:
         self.w = {k: v.to(self.device, self.dtype) for k, v in weights.items()}
         self.csa_index = {layer: i for i, layer in enumerate(cfg.csa_layers)}
         self.head_scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.index_scale = 1.0 / math.sqrt(INDEX_HEADS * INDEX_DIM)
+        self.index_scale = 1.0 / math.sqrt(INDEX_HEADS * HEAD_DIM)
 
     # one (B, R) forward -------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor,
@@ -359,7 +360,7 @@ class DsaLiteModel:
         key = self._group(caches.ring_ik[i], ratio, pos, slot, w[p + "icomp_gate"],
                           w[p + "icomp_bias"])
         g = pos // ratio
-        key = rope(key, g, cfg.rope_theta, dims=INDEX_DIM // 2)
+        key = rope(key, g, cfg.rope_theta, dims=HEAD_DIM // 2)
         k8, kscale = quantize_rows_fp8(key)
         store = self._write_rows(pos, ratio, last)
         page = block_table.to(torch.int64).gather(1, (g // PAGE).clamp(max=block_table.shape[1] - 1))
@@ -374,11 +375,11 @@ class DsaLiteModel:
         flat[(base + PAGE * KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
             kscale.contiguous().view(torch.uint8).view(B, R, 4)
         # queries: RoPE on half of each head at the row's position in slot units
-        iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, INDEX_DIM)
-        iq = rope(iq, pos.to(torch.float64) / ratio, cfg.rope_theta, dims=INDEX_DIM // 2)
+        iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, HEAD_DIM)
+        iq = rope(iq, pos.to(torch.float64) / ratio, cfg.rope_theta, dims=HEAD_DIM // 2)
         q8, qscale = quantize_rows_fp8(iq.reshape(B, R, -1))
         weights = (x @ w[p + "wiw"]).float() * (qscale.unsqueeze(-1) * self.index_scale)
-        return indexer.layer(ci, q8.view(B * R, INDEX_HEADS, INDEX_DIM),
+        return indexer.layer(ci, q8.view(B * R, INDEX_HEADS, HEAD_DIM),
                              weights.view(B * R, INDEX_HEADS).contiguous(),
                              caches.index[ci]).view(B, R, -1).to(torch.int64)
 

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpinError
-from .config import INDEX_DIM, INDEX_HEADS, INDEX_RATIOS, DsaLiteConfig
+from ..limits import HEAD_DIM, INDEX_HEADS
+from .config import INDEX_RATIOS, DsaLiteConfig
 from .model import ffn, init_weights, mtp_step, quantize_rows_fp8, rms_norm, rope
 
 
@@ -106,19 +107,19 @@ def index_scores(w: dict, p: str, xn: torch.Tensor, ratio: int, cfg: DsaLiteConf
     key = _pool(xn @ w[p + "wik"], ratio, w[p + "icomp_gate"], w[p + "icomp_bias"])
     G = key.shape[1]
     key = rope(key, torch.arange(G, device=xn.device).view(1, -1), cfg.rope_theta,
-               dims=INDEX_DIM // 2)
+               dims=HEAD_DIM // 2)
     key, _ = fake_fp8_rows(key)
     t = pos if rows is None else rows
     out = []
     for start in range(0, t.numel(), chunk):
         tt = t[start:start + chunk]
         xr = xn[:, tt]
-        iq = (xr @ w[p + "wiq"]).view(N, -1, INDEX_HEADS, INDEX_DIM)
+        iq = (xr @ w[p + "wiq"]).view(N, -1, INDEX_HEADS, HEAD_DIM)
         iq = rope(iq, tt.to(torch.float64).view(1, -1) / ratio, cfg.rope_theta,
-                  dims=INDEX_DIM // 2)
-        iq, _ = fake_fp8_rows(iq.reshape(N, -1, INDEX_HEADS * INDEX_DIM))
-        iq = iq.view(N, -1, INDEX_HEADS, INDEX_DIM)
-        heads = (xr @ w[p + "wiw"]) * (1.0 / math.sqrt(INDEX_HEADS * INDEX_DIM))
+                  dims=HEAD_DIM // 2)
+        iq, _ = fake_fp8_rows(iq.reshape(N, -1, INDEX_HEADS * HEAD_DIM))
+        iq = iq.view(N, -1, INDEX_HEADS, HEAD_DIM)
+        heads = (xr @ w[p + "wiw"]) * (1.0 / math.sqrt(INDEX_HEADS * HEAD_DIM))
         dots = torch.relu(torch.einsum("nthd,ngd->nthg", iq, key))
         out.append(torch.einsum("nth,nthg->ntg", heads, dots))
     return torch.cat(out, 1)

@@ -176,7 +176,7 @@ def check_cache(op: str, kv_cache, dev) -> None:
                  f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
 
 
-# ---- state -----------------------------------------------------------------------------------------
+# ---- state ---------------------------------------------------------------------------------
 @dataclass
 class OpState:
     """V/D/last_seen/decode_steps for num_slots state slots x num_layers indexer layers."""
@@ -211,7 +211,7 @@ def require_supported(cfg: SpinConfig) -> None:
                         f"replay ablations: use spin_trtllm.reference)")
 
 
-# ---- registration ----------------------------------------------------------------------------------
+# ---- registration --------------------------------------------------------------------------
 LIBRARY = torch.library.Library("spin", "DEF")
 SCHEMAS: dict[str, str] = {}        # op name -> schema, in registration order
 
