@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..limits import BLOCK_SLOTS, SLOT_BYTES, SUMMARY_BYTES
+from ..predictors import REGISTRY
 
 
 def speed_lines(sp: dict[str, Any]) -> list[str]:
@@ -44,7 +45,7 @@ def bytes_line(res: dict[str, Any]) -> str:
         return "indexer bytes read+written per decode step: - (no decode steps)"
     ratio = s["indexer_mb_per_step"] / d["indexer_mb_per_step"]
     predictor = res.get("predictor", "spin")
-    summaries = predictor != "spin"
+    summaries = REGISTRY[predictor].query
     return (f"indexer bytes read+written per decode step (mean): {_name(predictor)} "
             f"{s['indexer_mb_per_step']:.3f} MB (K cache{' + summaries' if summaries else ''} "
             f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB) vs "
@@ -97,9 +98,9 @@ def format_report(res: dict[str, Any]) -> str:
              f"logits: {res['logits_backend']}",
              *(speed_lines(res["speed"]) if res.get("speed") else []),
              bytes_line(res)]
-    if res.get("predictor", "spin") != "spin":
+    if REGISTRY[res.get("predictor", "spin")].query:
         select_reads = (" and by select over the visible slots"
-                        if res["predictor"] == "hybrid" else "")
+                        if REGISTRY[res["predictor"]].merges else "")
         lines += _wrap(f"(counted from the indexer kernels' access pattern, not measured: K cache "
                        f"{BLOCK_SLOTS} x {SLOT_BYTES} B per scored block and one "
                        f"{SUMMARY_BYTES}-byte summary row per visible block, which the probe "
