@@ -78,3 +78,10 @@ def test_a_circle_would_be_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"p": {"p.x"}, "p.x": {"p"}}) == []
+
+
+def test_runtime_code_does_not_import_the_test_helpers():
+    graph = import_graph()
+    users = sorted(m for m, deps in graph.items() if not m.startswith("spin_trtllm.testing")
+                   and any(d.startswith("spin_trtllm.testing") for d in deps))
+    assert users == []
