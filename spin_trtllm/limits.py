@@ -7,6 +7,7 @@ when the two disagree.
 """
 
 BLOCK_SLOTS = 64          # KV slots per SPIN block = slots per indexer K-cache page
+PAGE_SIZES = (32, BLOCK_SLOTS)   # K-cache page sizes: a SPIN block is one or two pages
 MAX_NEXT_N = 8            # MTP rows per request (next_n = 1 + draft tokens)
 INDEX_HEADS = 64          # indexer heads (DeepSeek-V3.2/V4)
 HEAD_DIM = 128            # indexer key/query dimension (fp8 bytes per key)

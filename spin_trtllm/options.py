@@ -7,15 +7,14 @@ these are the engine's choices around it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from . import predictors
 from .errors import SpinError
-from .limits import BLOCK_SLOTS
+from .limits import BLOCK_SLOTS, PAGE_SIZES
 
 LOGITS_BACKENDS = ("native", "deepgemm", "reference")   # spin_trtllm.logits.BACKENDS
 SWITCHES = ("auto", "spin", "dense")
-PAGE_SIZES = (32, BLOCK_SLOTS)      # K-cache page sizes: a SPIN block is one or two pages
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,3 @@ class IndexerOptions:
     def switch_on(self, device_type: str) -> str:
         """The switch on a device: the given one, or "auto" on CUDA and "spin" elsewhere."""
         return self.switch or ("auto" if device_type == "cuda" else "spin")
-
-    def replace(self, **changes) -> "IndexerOptions":
-        return IndexerOptions(**{f.name: changes.get(f.name, getattr(self, f.name))
-                                 for f in fields(self)})

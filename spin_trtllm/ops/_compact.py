@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, MAX_SORTED_K
+from ..limits import BLOCK_SLOTS, MAX_SORTED_K, PAGE_SIZES
 from ._common import (I32, check_context_lens, check_next_n, check_selection, check_shape,
                       check_tensor, device_of, fail, register)
 
@@ -36,7 +36,6 @@ SCHEMA = ("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor 
 REMAP_SCHEMA = ("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, "
                 "Tensor(a!) out, Tensor? values=None, bool ascending=False, "
                 "Tensor? scores=None) -> ()")
-PAGE_SLOTS_ACCEPTED = (32, BLOCK_SLOTS)
 
 
 def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_table,
@@ -48,7 +47,7 @@ def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_
     check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
         fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
-    if page_slots not in PAGE_SLOTS_ACCEPTED:
+    if page_slots not in PAGE_SIZES:
         fail(op, f"page_slots must be 64 or 32 (slots per KV page; a SPIN block is 64 slots), "
                  f"got {page_slots}")
     ppb = BLOCK_SLOTS // page_slots
@@ -122,7 +121,7 @@ def compact(block_ids, counts, context_lens, block_table, page_slots: int = BLOC
     selected blocks; buffers are allocated when not given."""
     B, m_cap = block_ids.shape[0], block_ids.shape[-1]
     if compact_table is None:
-        ppb = BLOCK_SLOTS // page_slots if page_slots in PAGE_SLOTS_ACCEPTED else 1  # op refuses
+        ppb = BLOCK_SLOTS // page_slots if page_slots in PAGE_SIZES else 1  # op refuses
         compact_table = torch.empty(B, m_cap * ppb, dtype=torch.int32, device=block_ids.device)
     if compact_lens is None:
         compact_lens = torch.empty(tuple(context_lens.shape), dtype=torch.int32,

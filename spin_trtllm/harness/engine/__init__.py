@@ -9,11 +9,11 @@
 """
 
 from .graphs import GraphCache
-from .options import SWITCHES, EngineOptions, resolve_device
+from .options import EngineOptions, resolve_device
 from .requests import Prompt, Request, RequestError, RequestOutput
 from .sampling import sample
 from .scheduler import Engine
 from .tracing import StepStats
 
 __all__ = ["Engine", "EngineOptions", "GraphCache", "Prompt", "Request", "RequestError",
-           "RequestOutput", "SWITCHES", "StepStats", "resolve_device", "sample"]
+           "RequestOutput", "StepStats", "resolve_device", "sample"]

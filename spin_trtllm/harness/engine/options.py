@@ -12,7 +12,7 @@ from ... import logits as logits_backends
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...limits import BLOCK_SLOTS
-from ...options import SWITCHES, IndexerOptions
+from ...options import IndexerOptions
 
 # (request id, context + pending token, depth) -> depth draft tokens
 Drafter = Callable[[int, list[int], int], list[int]]
@@ -120,7 +120,7 @@ class EngineOptions:
             backend = logits_backends.resolve(backend, device, BLOCK_SLOTS)
         return replace(
             self, max_requests=self.max_requests or self.max_batch,
-            switch=self.switch or ("auto" if device.type == "cuda" else "spin"),
+            switch=self.indexer.switch_on(device.type),
             cuda_graphs=cuda_graphs,
             # the default model prices the top-K that ops.topk runs here (flashinfer's if
             # installed)
