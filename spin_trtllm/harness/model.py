@@ -17,6 +17,7 @@ from typing import Optional, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from .._outputs import write_output
 from ..errors import SpinError
 from .. import reference as ref
 from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
@@ -84,8 +85,8 @@ def save_checkpoint(path: str | Path, cfg: DsaLiteConfig, weights: dict[str, tor
     """safetensors with the DsaLiteConfig (and `extra` strings) in its metadata; float16
     storage halves a shipped checkpoint (weights load back into the config's dtype)."""
     meta = {"format": "dsa-lite", "config": cfg.to_json(), **(extra or {})}
-    save_file({k: v.detach().to(dtype).cpu().contiguous() for k, v in weights.items()}, str(path),
-              metadata=meta)
+    tensors = {k: v.detach().to(dtype).cpu().contiguous() for k, v in weights.items()}
+    write_output(path, "checkpoint", writer=lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def load_checkpoint(path: str | Path) -> tuple[DsaLiteConfig, dict[str, torch.Tensor]]:

@@ -8,6 +8,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from .._inputs import one_line
+from .._outputs import write_output
 from ..errors import SpinError
 from .trace import SpinTrace
 
@@ -23,10 +25,15 @@ def _pyplot():
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
+    fmt = path.suffix[1:].lower() or "png"
     try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    except (OSError, ValueError) as err:
-        raise SpinError(f"plot {path}: cannot write ({err})") from None
+        write_output(path, "plot", writer=lambda tmp: fig.savefig(
+            tmp, format=fmt, dpi=120, bbox_inches="tight"))
+    except ValueError as err:            # matplotlib: an unknown format (SpinError passes)
+        if isinstance(err, SpinError):
+            raise
+        raise SpinError(f"plot {one_line(path, 300)}: cannot write ({one_line(err, 200)})") \
+            from None
     finally:
         _pyplot().close(fig)
     return path

@@ -29,6 +29,7 @@ import torch
 
 from .._inputs import (TRACE_MAX_BYTES, TRACE_V2_MAX_BYTES, check_input_file, one_line,
                        shown, size_text)
+from .._outputs import write_output
 from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK
 from ..errors import TraceError
 
@@ -329,13 +330,14 @@ class SpinTrace:
             tensors.update(q=self.q.contiguous(), w=self.w.contiguous(),
                            keys=self.keys.contiguous())
         path = Path(path)
-        if not path.parent.is_dir():
-            raise TraceError(f"trace {path}: cannot write (no directory {path.parent})")
         try:
-            save_file(tensors, str(path), metadata=self.metadata())
-        except Exception as err:  # OSError or safetensors' own error type
-            raise TraceError(f"trace {path}: cannot write "
-                             f"({' '.join(str(err).split())[:200]})") from None
+            write_output(path, "trace", writer=lambda tmp: save_file(
+                tensors, tmp, metadata=self.metadata()), error=TraceError)
+        except TraceError:
+            raise
+        except Exception as err:  # safetensors' own error type
+            raise TraceError(f"trace {one_line(path, 300)}: cannot write "
+                             f"({one_line(err, 200)})") from None
         return path
 
     @classmethod
