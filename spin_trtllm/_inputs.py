@@ -9,7 +9,7 @@ message, in bounded time and memory, never a traceback, a hang or a huge allocat
 - YAML is parsed by a SafeLoader that refuses anchors and aliases (so no alias expansion),
   nesting deeper than YAML_MAX_DEPTH, non-string mapping keys and numbers longer than
   YAML_MAX_NUMBER_CHARS characters.
-- Output paths are checked before any long work starts.
+- Output paths are checked before any long work starts (spin_trtllm/_outputs.py writes them).
 - Error text is one line: control characters (newlines included) are escaped and the length
   is capped at MAX_MESSAGE_CHARS.
 """
@@ -148,33 +148,6 @@ def decode_text(data: bytes, what: str, error: type[SpinError] = SpinError) -> s
     except UnicodeDecodeError as err:
         raise error(f"{what}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
                     f"{err.start})") from None
-
-
-def check_output_path(path: Optional[PathLike], what: str,
-                      error: type[SpinError] = SpinError) -> Path:
-    """`path` can be written as a file: not '', not a directory, fifo or socket (a regular
-    file or a character device such as /dev/null), in an existing writable directory."""
-    if path is None or str(path) == "":
-        raise error(f"{what}: empty path")
-    p = Path(path)
-    try:
-        st: Optional[os.stat_result] = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as err:
-        raise error(f"{what} {p}: cannot write ({getattr(err, 'strerror', None) or err})") from None
-    if st is not None:
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
-            raise error(f"{what} {p}: cannot write (it is {_kind(st.st_mode) or 'not a file'})")
-        if not os.access(p, os.W_OK):
-            raise error(f"{what} {p}: cannot write (permission denied)")
-        return p
-    parent = p.parent
-    if not parent.is_dir():
-        raise error(f"{what} {p}: cannot write (no directory {parent})")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise error(f"{what} {p}: cannot write (directory {parent} is not writable)")
-    return p
 
 
 def check_output_dir(path: Optional[PathLike], what: str,

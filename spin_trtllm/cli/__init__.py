@@ -18,7 +18,7 @@ from .._inputs import one_line
 from ._common import (INPUT_ERRORS, INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
                       _add_device, _add_traces, _check_args, _int, _Parser, _rule)
 from .deploy import cmd_build, cmd_serve
-from .engine import cmd_demo, cmd_trace, cmd_train_tiny
+from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
 from .replay import cmd_ablate, cmd_compare_predictors, cmd_info, cmd_replay, cmd_synth
 
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "vs realized sparsity"), "plot")
     _rule(p.add_argument("--mask-plot", help="image: Figure-1-style top-K mask of one layer, "
                                              "with the blocks SPIN skipped at the last target "
-                                             "sparsity"), "plot")
+                                             "sparsity"), "plot", "per-trace")
     _int(p, "--mask-layer", 0, INT32_MAX, default=0)
     _int(p, "--mask-slots", 1, INT32_MAX, help="slots shown in --mask-plot (default all)")
     p.add_argument("--predictor", choices=REPLAY_PREDICTORS,
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     _int(p, "--seed", 0, (1 << 32) - 1)
     _rule(p.add_argument("--json", help="write the training report here"), "out")
-    p.set_defaults(func=cmd_train_tiny, spec_=p)
+    p.set_defaults(func=cmd_train_tiny, spec_=p, prepare_=train_tiny_outputs)
 
     p = sub.add_parser("trace", help="dump SPIN trace v2 (dense indexer scores, q, w, keys) "
                                      "from a dsa-lite checkpoint decoding a prompt")

@@ -14,6 +14,7 @@ import yaml
 
 from .. import _inputs
 from .._inputs import one_line
+from .._outputs import check_output, check_plan, write_output
 from ..config import SpinConfig
 from ..errors import SpinError
 from ..limits import EXPLORATION_POLICY
@@ -64,11 +65,14 @@ def _print_table(results: Sequence[dict[str, Any]]) -> None:
 def _write_json(path: Optional[str], payload: Any) -> None:
     if path is None:
         return
-    try:
-        Path(path).write_text(json.dumps(payload, indent=2))
-    except OSError as err:
-        raise SpinError(f"--json {path}: cannot write ({err.strerror})") from None
-    print(f"wrote {path}", file=sys.stderr)
+    write_output(path, "--json", json.dumps(payload, indent=2))
+    print(f"wrote {one_line(path)}", file=sys.stderr)
+
+
+def _per_trace_path(path: str, trace_name: str, count: int) -> Path:
+    """replay --mask-plot with several traces: one image per trace, named after it."""
+    p = Path(path)
+    return p if count == 1 else p.with_name(f"{p.stem}-{Path(trace_name).stem}{p.suffix}")
 
 
 def _load_config(args: argparse.Namespace) -> SpinConfig:
@@ -100,7 +104,8 @@ def _json_results(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---- parser -----------------------------------------------------------------------------------
 # Each checked argument carries a rule, applied by _check_args before any command runs
 # (docs/limits.md lists them): ("int", lo, hi), ("seconds", hi), ("in", max_bytes[, verb]): a
-# regular input file, ("out",): an output file, ("outdir",), ("plot",): an image path, ("device",).
+# regular input file, ("traces",): input traces, ("out",): an output file, ("outdir",),
+# ("plot"[, "per-trace"]): an image path (one per trace), ("device",).
 def _rule(action: argparse.Action, *rule: Any) -> argparse.Action:
     action.spin_rule = rule  # type: ignore[attr-defined]
     if rule[0] == "int":
@@ -129,12 +134,17 @@ def _plot_path(value: str, flag: str) -> Path:
         if path.suffix[1:].lower() not in formats:
             raise SpinError(f"{flag} {value}: unknown image format {path.suffix!r} "
                             f"(use one of {', '.join(sorted(formats))})")
-    return _inputs.check_output_path(path if path is not None else value, flag)
+    return check_output(path if path is not None else value, flag)
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every rule of the command's arguments: numbers, input files, output paths, devices,
-    all before any work starts."""
+    all before any work starts; then no output is an input or another output of the run."""
+    prepare = getattr(args, "prepare_", None)
+    if prepare is not None:              # defaults that depend on other arguments
+        prepare(args)
+    inputs: list[tuple[str, Any]] = []
+    outputs: list[tuple[str, Any]] = []
     for action in args.spec_._actions:
         rule = getattr(action, "spin_rule", None)
         value = getattr(args, action.dest, None)
@@ -148,14 +158,24 @@ def _check_args(args: argparse.Namespace) -> None:
         if kind == "in":
             verb = rule[2] if len(rule) > 2 else "cannot read"
             _inputs.check_input_file(value, f"{flag} {value}".rstrip(), rule[1], verb=verb)
+            inputs.append((flag, value))
+        elif kind == "traces":
+            inputs.extend(("TRACE", v) for v in value)
         elif kind == "out":
-            _inputs.check_output_path(value, flag)
+            outputs.append((flag, value))
         elif kind == "outdir":
             _inputs.check_output_dir(value, flag)
         elif kind == "plot":
-            setattr(args, action.dest, str(_plot_path(value, flag)))
+            value = str(_plot_path(value, flag))
+            setattr(args, action.dest, value)
+            traces = getattr(args, "traces", None) or ()
+            if len(rule) > 1 and rule[1] == "per-trace" and len(traces) > 1:
+                outputs.extend((flag, _per_trace_path(value, t, len(traces))) for t in traces)
+            else:
+                outputs.append((flag, value))
         elif kind == "device":
             _inputs.check_device(value, flag)
+    check_plan(outputs, inputs)
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -189,9 +209,10 @@ def _add_checkpoint(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def _add_traces(p: argparse.ArgumentParser) -> None:
-    p.add_argument("traces", nargs="+", metavar="TRACE",
-                   help=f"SPIN trace v1/v2 files (regular files, at most "
-                        f"{_inputs.size_text(_inputs.TRACE_MAX_BYTES)} each for v1, "
-                        f"{_inputs.size_text(_inputs.TRACE_V2_MAX_BYTES)} for v2)")
+    _rule(p.add_argument("traces", nargs="+", metavar="TRACE",
+                         help=f"SPIN trace v1/v2 files (regular files, at most "
+                              f"{_inputs.size_text(_inputs.TRACE_MAX_BYTES)} each for v1, "
+                              f"{_inputs.size_text(_inputs.TRACE_V2_MAX_BYTES)} for v2)"),
+          "traces")
 
 

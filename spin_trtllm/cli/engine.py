@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import _inputs
+from .._outputs import write_output
 from ..errors import SpinError
 from ._common import DEMO_MAX_BATCH_TOKENS, TRAIN_MAX_BATCH_SEQ2, _load_config, _write_json
 
@@ -54,7 +55,7 @@ def _device(name: str):
 def cmd_train_tiny(args: argparse.Namespace) -> int:
     from ..harness.config import CSA_RATIO
     from ..harness.model import save_checkpoint
-    from ..harness.pretrained import model_card, train_outputs
+    from ..harness.pretrained import model_card
     from ..harness.train import TrainConfig, stdlib_corpus, stdlib_model_config, train
 
     import torch
@@ -63,12 +64,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     if work > TRAIN_MAX_BATCH_SEQ2:
         raise SpinError(f"--batch x --seq-len^2 = {work:,} is over {TRAIN_MAX_BATCH_SEQ2:,} "
                         f"(4x the default 8 x 4096^2; attention memory grows with it)")
-    # every output is checked before minutes of training
-    default_out, default_card = train_outputs(args.ratio, args.out)
-    out = _inputs.check_output_path(args.out or default_out, "--out")
-    card = _inputs.check_output_path(args.card or default_card, "--card")
-    if out.resolve() == card.resolve():
-        raise SpinError(f"--card {card} is the checkpoint --out {out}")
+    out, card = Path(args.out), Path(args.card)     # checked with the other outputs
     device = _device(args.device)
     ratios = (1, 0, 1, 64, 1) if args.ratio == 1 else (CSA_RATIO, 0, CSA_RATIO, 64, CSA_RATIO)
     cfg = stdlib_model_config(compress_ratios=ratios,
@@ -82,10 +78,19 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     save_checkpoint(out, cfg, weights, dtype=torch.float16,
                     extra={"card": card.name, "held_out_bpb":
                            f"{report['held_out_bpb_sparse']:.4f}"})
-    card.write_text(model_card(cfg, report, command))
+    write_output(card, "--card", model_card(cfg, report, command))
     _write_json(args.json, report)
     print(f"wrote {out} and {card}")
     return 0
+
+
+def train_tiny_outputs(args: argparse.Namespace) -> None:
+    """train-tiny's default --out and --card, so every output is checked before training."""
+    from ..harness.pretrained import train_outputs
+
+    default_out, default_card = train_outputs(args.ratio, args.out)
+    args.out = args.out or str(default_out)
+    args.card = args.card or str(default_card)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from .. import _inputs
 from ..config import MAX_INDEX_TOPK
 from ..errors import SpinError
 from .._inputs import one_line
-from ._common import _fmt, _json_results, _load_config, _print_table, _sparsities, _write_json
+from ._common import _per_trace_path, _fmt, _json_results, _load_config, _print_table, _sparsities, _write_json
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 raise SpinError(f"--mask-layer {args.mask_layer} is outside [0, "
                                 f"{trace.num_layers}) for {trace.name}")
             out = _per_trace_path(args.mask_plot, trace.name, len(traces))
-            mask_paths.append(_inputs.check_output_path(out, "--mask-plot"))
+            mask_paths.append(out)          # checked with the other outputs
     for trace in traces:                    # v2 tensors present before the long work
         require_query_data(trace, args.predictor)
     label = None
@@ -84,11 +84,6 @@ def _write_outputs(args: argparse.Namespace, results: list[dict[str, Any]]) -> N
         from ..replay.plots import plot_miss_curve
 
         print(f"wrote {plot_miss_curve(results, args.plot)}", file=sys.stderr)
-
-
-def _per_trace_path(path: str, trace_name: str, count: int) -> Path:
-    p = Path(path)
-    return p if count == 1 else p.with_name(f"{p.stem}-{Path(trace_name).stem}{p.suffix}")
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
