@@ -16,12 +16,13 @@ message, in bounded time and memory, never a traceback, a hang or a huge allocat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import yaml
 
@@ -59,6 +60,13 @@ def one_line(msg: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     if total > limit or len(text) > limit:
         return f"{text[:limit]}... ({total:,} characters in all)"
     return text
+
+
+def printable(text: object) -> str:
+    """`text` (a str, or a path whose bytes need not be UTF-8) with control characters and
+    undecodable bytes escaped: safe to print, plot or encode as UTF-8."""
+    return _UNPRINTABLE.sub(_escape, os.fsdecode(text) if isinstance(text, (bytes, os.PathLike))
+                            else str(text))
 
 
 def _escape(m: "re.Match[str]") -> str:
@@ -134,6 +142,26 @@ def read_regular_file(path: Optional[PathLike], what: str, max_bytes: int, *,
         raise error(f"{what}: cannot read (over the limit of {size_text(max_bytes)})")
     data = b"".join(chunks)
     return decode_text(data, what, error) if text else data
+
+
+@contextlib.contextmanager
+def library_path(path: PathLike) -> Iterator[str]:
+    """`path` as a name that libraries needing UTF-8 names (safetensors) can open: itself when
+    it is valid UTF-8, else /proc/self/fd/N of the file opened here (Linux)."""
+    name = os.fsdecode(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        if not os.path.isdir("/proc/self/fd"):
+            raise SpinError(f"{one_line(name, 300)}: a file name that is not UTF-8 cannot be "
+                            f"read on this system (rename it)") from None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    yield name
 
 
 def decode_text(data: bytes, what: str, error: type[SpinError] = SpinError) -> str:

@@ -43,9 +43,11 @@ def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_output(path: Optional[PathLike], what: str, error: type[SpinError] = SpinError) -> Path:
+def check_output(path: Optional[PathLike], what: str, error: type[SpinError] = SpinError,
+                 parents: bool = False) -> Path:
     """`path` can be written by write_output: not '', a regular file (new or replaced) in a
-    writable folder, or a writable character device; not inside the installed package."""
+    writable folder (with `parents`: a folder the caller makes under a writable one), or a
+    writable character device; not inside the installed package."""
     if path is None or os.fsdecode(path) == "":
         raise error(f"{what}: empty path")
     p = Path(path)
@@ -68,6 +70,8 @@ def check_output(path: Optional[PathLike], what: str, error: type[SpinError] = S
     if st is not None and not os.access(p, os.W_OK):
         raise error(f"{where}: cannot write (permission denied)")
     parent = real.parent
+    while parents and not parent.exists() and parent.parent != parent:
+        parent = parent.parent
     if not parent.is_dir():
         raise error(f"{where}: cannot write (no directory {one_line(parent, 200)})")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -86,13 +90,13 @@ def _identity(path: PathLike) -> tuple:
 
 def check_plan(outputs: Sequence[tuple[str, PathLike]],
                inputs: Iterable[tuple[str, PathLike]] = (),
-               error: type[SpinError] = SpinError) -> None:
+               error: type[SpinError] = SpinError, parents: bool = False) -> None:
     """Before any work: every output writable (check_output), none of them an input of the run
     and no two the same file (character devices such as /dev/null may be shared)."""
     inputs = [(what, p) for what, p in inputs if p is not None and os.fsdecode(p) != ""]
     seen: dict[tuple, str] = {}
     for what, path in outputs:
-        p = check_output(path, what, error)
+        p = check_output(path, what, error, parents)
         st = _stat(p)
         if st is not None and stat.S_ISCHR(st.st_mode):
             continue

@@ -174,6 +174,8 @@ def test_numbers_of_long_commands(workdir, command_flag, value):
             "train-tiny": ["train-tiny", "--device", "cpu", "--out", str(workdir / "m.st")],
             "trace": ["trace", str(workdir / "o.safetensors"), "--device", "cpu"],
             "build": ["build", "org/model", "-o", str(workdir / "bundle"), "--force"]}[command]
-    stub = mock.patch(f"spin_trtllm.cli.cmd_{command.replace('-', '_')}", return_value=0)
+    module = "deploy" if command == "build" else "engine"    # where build_parser finds it
+    stub = mock.patch(f"spin_trtllm.cli.{module}.cmd_{command.replace('-', '_')}",
+                      return_value=0)
     with stub:
         check_cli([*argv, flag, value])

@@ -2,27 +2,49 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import os
+import signal
 import sys
-from typing import Optional, Sequence
 
-import yaml
+# Only the standard library at import time: the heavy imports (yaml, pydantic, torch) happen
+# inside main(), where Ctrl-C is handled.
+_interrupted = False
 
-from .. import _inputs
-from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK, TRTLLM_ALGORITHM_TOPK
-from ..limits import MAX_NEXT_N
-from ..options import LOGITS_BACKENDS, SWITCHES
-from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
-from .._inputs import one_line
-from ._common import (INPUT_ERRORS, INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
-                      _add_device, _add_traces, _check_args, _int, _Parser, _rule)
-from .deploy import cmd_build, cmd_serve
-from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
-from .replay import cmd_ablate, cmd_compare_predictors, cmd_info, cmd_replay, cmd_synth
+
+def _on_interrupt(signum: int, frame: object) -> None:
+    global _interrupted
+    _interrupted = True                  # a library may turn the KeyboardInterrupt into
+    raise KeyboardInterrupt              # another error: main() still exits 130
+
+
+def _early_interrupt(signum: int, frame: object) -> None:
+    os.write(2, b"spin-trtllm: interrupted\n")
+    os._exit(130)
+
+
+# Started as the command (`spin-trtllm`, `python -m spin_trtllm.cli`), not imported: Ctrl-C
+# before main() runs exits the same way as after.
+if sys.argv and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "spin-trtllm"):
+    signal.signal(signal.SIGINT, _early_interrupt)
+
+import argparse  # noqa: E402  (after the handler: importing takes a few milliseconds)
+from typing import Optional, Sequence  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import dataclasses
+
+    from .. import _inputs
+    from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK, TRTLLM_ALGORITHM_TOPK
+    from ..limits import MAX_NEXT_N
+    from ..options import LOGITS_BACKENDS, SWITCHES
+    from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
+    from ._common import (INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
+                          _add_device, _add_traces, _int, _Parser, _rule)
+    from .deploy import cmd_build, cmd_serve
+    from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
+    from .replay import cmd_ablate, cmd_compare_predictors, cmd_info, cmd_replay, cmd_synth
+
     parser = _Parser(prog="spin-trtllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -210,9 +232,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Exit code 0, or 2 with one escaped line on stderr for any bad input."""
+    """Exit code 0; 2 with one escaped line on stderr for any bad input; 130 and one line on
+    Ctrl-C; 143 on SIGTERM; 141 and nothing more when stdout is closed (`| head`), like the
+    Unix tools. Outputs are written whole or not at all (spin_trtllm/_outputs.py)."""
+    global _interrupted
+    _interrupted = False
+    try:
+        if _main_thread():
+            if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _early_interrupt):
+                signal.signal(signal.SIGINT, _on_interrupt)
+            signal.signal(signal.SIGTERM, _terminated)
+        return _run(argv)
+    except SystemExit as exit_:          # SIGTERM (_terminated)
+        if exit_.code == 128 + signal.SIGTERM:
+            return exit_.code
+        raise
+    except KeyboardInterrupt:
+        return _exit_interrupted()
+    except BrokenPipeError:
+        _detach_stdout()
+        return 141
+    except BaseException:
+        if _interrupted:
+            return _exit_interrupted()
+        raise
+
+
+def _exit_interrupted() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C adds nothing
+    _say("spin-trtllm: interrupted")
+    return 130
+
+
+def console() -> None:
+    """The `spin-trtllm` command: main(), then exit with its code. After Ctrl-C or SIGTERM the
+    process ends at once (outputs are already cleaned up): an interrupted import inside a
+    library can leave CPython set to kill itself with SIGINT at exit, which would hide 130."""
+    code = main()
+    if code in (130, 143):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
+    import yaml
+
+    from .. import _inputs
+    from ._common import INPUT_ERRORS, _check_args
+
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -226,11 +299,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return args.func(args, extra)
         return args.func(args)
     except INPUT_ERRORS as err:
+        if isinstance(err, BrokenPipeError):
+            raise
         text = f"not valid YAML ({_inputs.yaml_error_text(err)})" \
             if isinstance(err, yaml.YAMLError) else str(err)
-        print(f"spin-trtllm: error: {one_line(text)}", file=sys.stderr)
+        _say(f"spin-trtllm: error: {_inputs.one_line(text)}")
         return 2
-    except KeyboardInterrupt:
-        print("spin-trtllm: interrupted", file=sys.stderr)
-        return 130
 
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)       # unwinds, so partial outputs are removed
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):        # stderr closed too
+        pass
+
+
+def _detach_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null so the exit flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

@@ -1,7 +1,5 @@
 """python -m spin_trtllm.cli"""
 
-import sys
+from . import console
 
-from . import main
-
-sys.exit(main())
+console()

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from .._inputs import one_line
+from .._inputs import one_line, printable, shown
 from ._common import _load_config
 
 
@@ -23,29 +23,45 @@ def _spin_for_deploy(args: argparse.Namespace) -> SpinConfig:
 def cmd_build(args: argparse.Namespace) -> int:
     import re
 
-    from ..integrations.trtllm.bundle import (BundleOptions, memory_report, model_folder_warning,
-                                            write_bundle)
+    from ..integrations.trtllm.bundle import (BundleOptions, bundle_files, memory_report,
+                                            model_folder_warning, write_files)
 
     model = args.model
+    if model == "":
+        raise SpinError("model '': empty (give the checkpoint folder or a hub id org/name)")
     if Path(model).exists():
         if not Path(model).is_dir():
-            raise SpinError(f"model {model}: not a folder (give the checkpoint folder or a "
-                            f"hub id org/name)")
+            raise SpinError(f"model {one_line(model, 300)}: not a folder (give the checkpoint "
+                            f"folder or a hub id org/name)")
         model = str(Path(model).resolve())
     elif not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-        raise SpinError(f"model {args.model!r}: not a directory here and not a hub id (org/name)")
-    warning = model_folder_warning(args.model)
-    if warning:
-        print(f"spin-trtllm: warning: {one_line(warning)}", file=sys.stderr)
+        raise SpinError(f"model {shown(args.model, 300)}: not a directory here and not a hub "
+                        f"id (org/name)")
     opts = BundleOptions(model=model, algorithm=args.algorithm, index_topk=args.index_topk,
                          tensor_parallel_size=args.tp or 1, max_batch_size=args.max_batch_size,
                          max_seq_len=args.max_seq_len, mtp_depth=args.mtp, name=args.name,
                          llmapi_model=args.llmapi_model)
     spin = _spin_for_deploy(args)
-    for path in write_bundle(spin, opts, args.output, force=args.force):
-        print(path)
-    print(memory_report(spin, opts))
+    inputs = [("--config", args.config), ("--llmapi-model", args.llmapi_model)]
+    if Path(model).is_dir():
+        inputs += [("MODEL file", p) for p in _model_files(Path(model))]
+    files = bundle_files(spin, opts, args.output, args.force, inputs)
+    report = memory_report(spin, opts)
+    warning = model_folder_warning(args.model)     # only once every check has passed
+    if warning:
+        print(f"spin-trtllm: warning: {one_line(warning)}", file=sys.stderr)
+    for path in write_files(args.output, files):
+        print(printable(path))
+    print(report)
     return 0
+
+
+def _model_files(folder: Path, limit: int = 10_000) -> list[Path]:
+    """The model folder's top-level files (config.json, weights): a bundle never replaces them."""
+    try:
+        return [p for _, p in zip(range(limit), folder.iterdir()) if p.is_file()]
+    except OSError:
+        return []
 
 
 def cmd_serve(args: argparse.Namespace, extra: Sequence[str]) -> int:

@@ -9,14 +9,16 @@ anyone reads it, and causality comes from masks.
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import resource
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from .._inputs import CHECKPOINT_MAX_BYTES, check_input_file, library_path, shown
 from .._outputs import write_output
 from ..errors import SpinError
 from .. import reference as ref
@@ -54,11 +56,81 @@ def weight_shapes(cfg: DsaLiteConfig) -> dict[str, tuple[int, ...]]:
     for i, r in enumerate(cfg.compress_ratios):
         shapes |= {f"layers.{i}.{k}": s for k, s in _layer_shapes(cfg, r).items()}
     if cfg.mtp_depth:
-        H = cfg.hidden
-        shapes |= {"mtp.norm_h": (H,), "mtp.norm_e": (H,), "mtp.proj": (2 * H, H),
-                   "mtp.ffn_norm": (H,), "mtp.w1": (H, cfg.ffn), "mtp.w3": (H, cfg.ffn),
-                   "mtp.w2": (cfg.ffn, H)}
+        shapes |= _mtp_shapes(cfg)
     return shapes
+
+
+def _mtp_shapes(cfg: DsaLiteConfig) -> dict[str, tuple[int, ...]]:
+    """The MTP head (one head, whatever the draft depth)."""
+    H = cfg.hidden
+    return {"mtp.norm_h": (H,), "mtp.norm_e": (H,), "mtp.proj": (2 * H, H),
+            "mtp.ffn_norm": (H,), "mtp.w1": (H, cfg.ffn), "mtp.w3": (H, cfg.ffn),
+            "mtp.w2": (cfg.ffn, H)}
+
+
+def weight_count(cfg: DsaLiteConfig) -> int:
+    """Parameters of the model `cfg` describes (computed from the shapes, nothing allocated)."""
+    return sum(math.prod(s) for s in weight_shapes(cfg).values())
+
+
+# the dtypes a weight may have (torch, and as a safetensors header names them)
+WEIGHT_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
+                 torch.float64: "F64"}
+_STORED_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+
+
+def _allowed_shapes(cfg: DsaLiteConfig) -> tuple[dict, dict]:
+    """(the tensors the model needs, those it may be given besides): a config without MTP
+    (mtp_depth 0) may be given an MTP head it does not use (a checkpoint trained with one)."""
+    return weight_shapes(cfg), ({} if cfg.mtp_depth else _mtp_shapes(cfg))
+
+
+def _check_names(cfg: DsaLiteConfig, names, what: str) -> dict[str, tuple[int, ...]]:
+    needed, optional = _allowed_shapes(cfg)
+    bad = [k for k in names if not isinstance(k, str)]
+    if bad:
+        raise SpinError(f"{what}: tensor names must be strings, got {shown(bad[0], 60)}")
+    missing = sorted(set(needed) - set(names))
+    extra = sorted(set(names) - set(needed) - set(optional))
+    if missing or extra:
+        parts = ([f"missing {len(missing)} tensors ({', '.join(missing[:5])}"
+                  f"{', ...' if len(missing) > 5 else ''})"] if missing else []) + \
+                ([f"{len(extra)} unexpected tensors ({shown(extra[:5], 200)}"
+                  f"{', ...' if len(extra) > 5 else ''})"] if extra else [])
+        raise SpinError(f"{what}: {'; '.join(parts)} for the model its config describes")
+    return needed | optional
+
+
+def check_weights(cfg: DsaLiteConfig, weights: Any, what: str = "weights") -> None:
+    """The one check every path that takes weights runs (load_checkpoint, Engine): exactly
+    the tensors weight_shapes(cfg) names (plus an unused MTP head, see _allowed_shapes), each
+    a dense tensor of a floating dtype (float16, bfloat16, float32, float64) with exactly its
+    shape (a [1]-shaped norm would broadcast silently), every value finite and within the
+    range of the model's dtype (NaN weights give NaN logits, argmax 0 on every row)."""
+    if not isinstance(weights, Mapping):
+        raise SpinError(f"{what}: expected a mapping of name -> tensor, got "
+                        f"{type(weights).__name__}")
+    shapes = _check_names(cfg, list(weights), what)
+    for name, v in weights.items():
+        if not isinstance(v, torch.Tensor):
+            raise SpinError(f"{what}: {name} is a {type(v).__name__}, not a tensor")
+        if v.layout != torch.strided or v.device.type == "meta":
+            raise SpinError(f"{what}: {name} must be a dense tensor with data, got layout "
+                            f"{v.layout} on {v.device}")
+        if v.dtype not in WEIGHT_DTYPES:
+            raise SpinError(f"{what}: {name} has dtype {v.dtype}; weights are float16, "
+                            f"bfloat16, float32 or float64")
+        if tuple(v.shape) != shapes[name]:
+            raise SpinError(f"{what}: {name} has shape {list(v.shape)}, expected "
+                            f"{list(shapes[name])}")
+    top = torch.finfo(getattr(torch, cfg.dtype)).max
+    for name, v in weights.items():
+        bad = int((~torch.isfinite(v)).sum())
+        if bad:
+            raise SpinError(f"{what}: {name} has {bad:,} NaN or infinite values")
+        if torch.finfo(v.dtype).max > top and float(v.abs().max()) > top:
+            raise SpinError(f"{what}: {name} has values up to {float(v.abs().max()):.3g}, "
+                            f"beyond {cfg.dtype}'s range (the model's dtype)")
 
 
 def init_weights(cfg: DsaLiteConfig) -> dict[str, torch.Tensor]:
@@ -89,33 +161,110 @@ def save_checkpoint(path: str | Path, cfg: DsaLiteConfig, weights: dict[str, tor
     write_output(path, "checkpoint", writer=lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    with library_path(path) as name:
+        return load_file(name)
+
+
 def load_checkpoint(path: str | Path) -> tuple[DsaLiteConfig, dict[str, torch.Tensor]]:
-    """A safetensors checkpoint with its DsaLiteConfig in the metadata; every tensor checked."""
+    """A safetensors checkpoint with its DsaLiteConfig in the metadata, as float32 tensors.
+    Checked before any tensor is read: the file (a regular file of at most 4 GiB), its config
+    (DsaLiteConfig.from_json: ranges, types, JSON depth), the header's names, dtypes and
+    shapes against the config, and the memory loading takes; then check_weights."""
     from safetensors import safe_open
 
-    path = Path(path)
+    what = f"checkpoint {path}"
+    path = check_input_file(path, what, CHECKPOINT_MAX_BYTES, verb="not a readable safetensors file")
     try:
-        with safe_open(str(path), "pt") as f:
+        with library_path(path) as name, safe_open(name, "pt") as f:
             meta = f.metadata() or {}
+            header = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+                      for k in f.keys()}
     except Exception as err:  # safetensors raises several types for bad files
-        raise SpinError(f"checkpoint {path}: not a readable safetensors file ({err})") from None
+        raise SpinError(f"{what}: not a readable safetensors file ({err})") from None
     if meta.get("format") != "dsa-lite" or "config" not in meta:
-        raise SpinError(f"checkpoint {path}: metadata must have format=dsa-lite and a config")
-    try:
-        cfg = DsaLiteConfig.from_dict(json.loads(meta["config"]))
-    except json.JSONDecodeError:
-        raise SpinError(f"checkpoint {path}: config metadata is not JSON") from None
-    weights = {k: v.float() for k, v in load_file(str(path)).items()}
-    expected = weight_shapes(cfg)
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected))
-    if missing or extra:
-        raise SpinError(f"checkpoint {path}: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise SpinError(f"checkpoint {path}: {name} has shape {list(weights[name].shape)}, "
-                            f"expected {list(shape)}")
+        raise SpinError(f"{what}: metadata must have format=dsa-lite and a config")
+    cfg = DsaLiteConfig.from_json(meta["config"], f"{what}: config")
+    shapes = _check_names(cfg, list(header), what)
+    for name, (dtype, shape) in header.items():
+        if dtype not in _STORED_BYTES:
+            raise SpinError(f"{what}: {name} is stored as {shown(dtype, 20)}; weights are F16, "
+                            f"BF16, F32 or F64")
+        if shape != shapes[name]:
+            raise SpinError(f"{what}: {name} has shape {list(shape)}, expected "
+                            f"{list(shapes[name])}")
+    # read in the stored dtype, then a float32 copy of each
+    need = sum(math.prod(shape) * (_STORED_BYTES[dtype] + 4) for dtype, shape in header.values())
+    check_memory(need, "cpu", f"{what}: loading it")
+    weights = {k: v.float() for k, v in _load_tensors(path).items()}
+    check_weights(cfg, weights, what)
     return cfg, weights
+
+
+# ---- memory -------------------------------------------------------------------------------------
+def _proc_kib(path: str, key: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_free() -> Optional[int]:
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as a, open(usage) as b:
+                cap, used = a.read().strip(), int(b.read().strip())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 1 << 60:
+            return int(cap) - used
+    return None
+
+
+def host_free_memory() -> tuple[int, str]:
+    """Bytes this process may still allocate on the host, and what bounds them: the host's
+    available memory (MemAvailable; else its physical memory), a cgroup's limit, and the
+    process's address-space limit (RLIMIT_AS) less what it has mapped."""
+    avail = _proc_kib("/proc/meminfo", "MemAvailable")
+    options = [(avail, "available on the host")] if avail is not None else \
+        [(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "of host memory")]
+    cgroup = _cgroup_free()
+    if cgroup is not None:
+        options.append((cgroup, "left under the cgroup's memory limit"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        mapped = _proc_kib("/proc/self/status", "VmSize") or 0
+        options.append((soft - mapped, "left under the address-space limit (ulimit -v)"))
+    free, where = min(options)
+    return max(free, 0), where
+
+
+def free_memory(device: torch.device | str) -> tuple[int, str]:
+    """Bytes this process may still allocate on `device` (CUDA: free device memory plus what
+    torch's allocator holds unused; CPU: host_free_memory) and what bounds them."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + held, f"free on {device}"
+    return host_free_memory()
+
+
+def check_memory(need: int, device: torch.device | str, what: str) -> None:
+    """SpinError (one line) when an estimate of `need` bytes exceeds free_memory(device)."""
+    free, where = free_memory(device)
+    if need > free:
+        raise SpinError(f"{what} needs about {_gb(need)} of memory; {_gb(free)} {where}")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
 
 
 # ---- caches -----------------------------------------------------------------------------------
@@ -153,6 +302,19 @@ class Caches:
         tensors = self.ring_k + self.ring_v + list(self.comp.values()) + \
             list(self.ring_ik.values()) + self.index
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    @staticmethod
+    def estimate_bytes(cfg: DsaLiteConfig, max_requests: int, num_pages: int) -> int:
+        """What __init__ allocates (nbytes() plus the block table and the free-page list),
+        computed without allocating: memory estimates check it before the caches exist."""
+        S, dt = max_requests + 1, getattr(torch, cfg.dtype).itemsize
+        rings = (2 * len(cfg.compress_ratios) * cfg.head_dim + len(cfg.csa_layers) * HEAD_DIM) \
+            * S * cfg.ring * dt
+        comp = sum(S * (cfg.max_context // r + 1) * cfg.head_dim * dt
+                   for r in cfg.compress_ratios if r)
+        index = len(cfg.csa_layers) * (num_pages + 1) * PAGE * SLOT_BYTES
+        table = S * math.ceil(cfg.index_slots / PAGE) * 4
+        return rings + comp + index + table + 36 * num_pages      # a Python int per free page
 
     @property
     def free_pages(self) -> int:

@@ -13,7 +13,8 @@ from typing import Any, Optional, Sequence
 from pydantic.fields import FieldInfo
 
 from ...config import SpinConfig
-from ...errors import SpinError
+from ..._inputs import shown
+from ...errors import SpinConfigError, SpinError
 
 FIELD = "spin"
 
@@ -52,6 +53,9 @@ def spin_config_of(block: Any) -> Optional[SpinConfig]:
     spin = get(FIELD)
     if spin is None:
         return None
+    if not isinstance(spin, (SpinConfig, dict)):
+        raise SpinConfigError(f"sparse_attention_config.{FIELD} must be a mapping of SPIN "
+                              f"settings, got {shown(spin)}")
     fields = spin.model_dump(exclude_unset=True) if isinstance(spin, SpinConfig) else dict(spin)
     outer = {"algorithm": get("algorithm"), "spin": fields}
     if get("index_topk") is not None:
