@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -121,11 +123,19 @@ def _flag(action: argparse.Action) -> str:
     return next((s for s in action.option_strings if s.startswith("--")), "output")
 
 
+def _is_device(path: Path) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _plot_path(value: str, flag: str) -> Path:
     """An image path: without an extension it gets matplotlib's default .png (so what is
-    printed is the file written); the extension must be a format matplotlib writes."""
+    printed is the file written; a device such as /dev/null is kept, written as PNG); the
+    extension must be a format matplotlib writes."""
     path = Path(value) if value else None
-    if path is not None and path.name and not path.suffix:
+    if path is not None and path.name and not path.suffix and not _is_device(path):
         path = path.with_name(path.name + ".png")
     if path is not None and path.suffix:
         from matplotlib.backend_bases import FigureCanvasBase
