@@ -3,7 +3,7 @@
 The rule (docs/limits.md, "Outputs"):
 - A regular file (new or replaced) is written to a temporary file in the same folder, fsynced
   and renamed over the path: an interrupted or failed write leaves the old file as it was.
-  A replaced file keeps its mode; a new one gets 0666 less the umask. A symlink stays a link:
+  A replaced file keeps its mode (and owner, where allowed); a new one gets 0666 less the umask. A symlink stays a link:
   its target is replaced.
 - A character device (/dev/null) is written through, and its errors (/dev/full: no space
   left) are reported. Anything else (a directory, fifo, socket or block device) is refused.
@@ -154,6 +154,11 @@ def _replace_file(target: Path, st: Optional[os.stat_result], data: Optional[byt
         os.close(fd)
         fd = -1
         os.chmod(tmp, stat.S_IMODE(st.st_mode) if st is not None else _new_file_mode())
+        if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+            try:                         # root replacing another user's file: keep the owner
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except OSError:
+                pass
         os.replace(tmp, target)
     except BaseException:
         if fd >= 0:
