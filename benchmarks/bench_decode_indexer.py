@@ -25,11 +25,14 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import SpinConfig
 from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 
 PAGE_BYTES = 64 * 132
 
@@ -342,12 +345,11 @@ def main() -> int:
 
     def save() -> None:  # after every case, so a run cut short keeps what it measured
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
-                           "gpu_at_start": gpu_at_start, "rows": rows}, f, indent=2)
+            write_output(args.json, "--json", json.dumps(
+                {"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
+                 "gpu_at_start": gpu_at_start, "rows": rows}, indent=2))
         if args.markdown:
-            with open(args.markdown, "w") as f:
-                f.write(markdown(rows, copy_tbs) + "\n")
+            write_output(args.markdown, "--markdown", markdown(rows, copy_tbs) + "\n")
 
     sweeps = SUITE if args.suite else [dict(batch=args.batch, slots=args.slots,
                                             next_n=args.next_n, topk=args.topk,
@@ -374,4 +376,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -31,10 +31,13 @@ import argparse
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.logits import DeepGemmLogits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -235,22 +238,21 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
-                               "rows": rows}, f, indent=2)
+                write_output(args.json, "--json", json.dumps(
+                    {"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
+                     "rows": rows}, indent=2))
         del inputs, n
         torch.cuda.empty_cache()
     table = (logits_markdown if args.logits_only else markdown)(rows, copy_tbs)
     if args.logits_only and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(),
-                       "rows": rows}, f, indent=2)
+        write_output(args.json, "--json", json.dumps(
+            {"copy_tbs": copy_tbs, "device": torch.cuda.get_device_name(), "rows": rows},
+            indent=2))
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+        write_output(args.markdown, "--markdown", table + "\n")
     print(table)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -36,8 +36,13 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import check_plan, write_output
+from spin_trtllm.errors import SpinError
 
 
 def one(spec: dict) -> dict:
@@ -93,10 +98,10 @@ def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
             "ceiling_hbm": best["forward_ms"] / (null["forward_ms"] + r["scored_gb"] / peak_tbs)}
 
 
-def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, context: int,
+def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], context: int,
            batch: int, mtp: int, seconds: float, peak_tbs: float = PEAK_TBS) -> dict | None:
     """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
-    so far), keep it, write it, print it. Returns the null row."""
+    so far), keep it in `rows`, print it. Returns the null row."""
     if r["indexer"] == "null":
         null = r
     elif r["indexer"] == "dense":
@@ -113,9 +118,6 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], jf, 
             r.update(ceilings(r, null, best, peak_tbs))
     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
     rows.append(r)
-    if jf:
-        jf.write(json.dumps(r) + "\n")
-        jf.flush()
     print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>24}: step "
           f"{r['step_ms']:7.2f} ms  forward {r['forward_ms']:7.2f} ms  indexer "
           f"{r['indexer_ms']:6.2f} ms ({r['indexer_share']:.0%})  sparsity "
@@ -182,9 +184,33 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return 0
+    check_plan([(flag, path) for flag, path in (("--json", args.json),
+                                                 ("--markdown", args.markdown)) if path])
     backends = args.backends or backends_here()
-    rows = []
-    jf = open(args.json, "w") if args.json else None
+    rows: list[dict] = []
+    try:
+        run_cases(args, backends, rows)
+    except Exception:
+        # an engine failed: the rows of those that ended are written (a Ctrl-C writes nothing)
+        if args.json:
+            try:
+                write_output(args.json, "--json", json_lines(rows))
+            except SpinError as err:
+                print(f"bench_dsa_lite: {err}", file=sys.stderr)
+        raise
+    if args.json:
+        write_output(args.json, "--json", json_lines(rows))
+    if args.markdown:
+        write_output(args.markdown, "--markdown", markdown(rows, args))
+    return 0
+
+
+def json_lines(rows: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def run_cases(args, backends: list[str], rows: list[dict]) -> None:
+    """Every case of the sweep, each engine's row appended to `rows` as it ends."""
     for mtp in args.mtp:
         # DeepGEMM's SM90 kernel takes next_n <= 2; the backend runs wider MTP one row per
         # request, which is no dense baseline
@@ -216,7 +242,7 @@ def main(argv=None) -> int:
                             runs[i].append(in_fresh_process({**base, **spec}))
                             seconds[i] += time.time() - t0
                             if round_ == args.repeats - 1:
-                                null = report(merge_runs(runs[i]), null, dense, rows, jf,
+                                null = report(merge_runs(runs[i]), null, dense, rows,
                                               context, batch, mtp, seconds[i], args.peak_tbs)
                                 reported = i + 1
                 finally:
@@ -224,26 +250,27 @@ def main(argv=None) -> int:
                     # (null runs first every round, so it has runs whenever another does)
                     for i in range(reported, len(specs)):
                         if runs[i]:
-                            null = report(merge_runs(runs[i]), null, dense, rows, jf,
+                            null = report(merge_runs(runs[i]), null, dense, rows,
                                           context, batch, mtp, seconds[i], args.peak_tbs)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
-                    f"speedups against the fastest all-keep of the same case; ceilings at "
-                    f"{args.peak_tbs} TB/s peak (module docstring)\n\n")
-            f.write("| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
-                    "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
-                    "speedup | ceiling kept / HBM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-            for r in rows:
-                f.write(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
-                        f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
-                        f"{r['indexer_ms']:.2f} | {r['realized_sparsity']:.3f} | "
-                        f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
-                        f"{r.get('forward_speedup', 1):.3f} | " + (
-                            f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
-                            if "ceiling_hbm" in r else "") + " |\n")
-    return 0
+
+
+def markdown(rows: list[dict], args) -> str:
+    out = [f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
+           f"speedups against the fastest all-keep of the same case; ceilings at "
+           f"{args.peak_tbs} TB/s peak (module docstring)\n\n",
+           "| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
+           "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
+           "speedup | ceiling kept / HBM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
+    for r in rows:
+        out.append(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
+                   f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
+                   f"{r['indexer_ms']:.2f} | {r['realized_sparsity']:.3f} | "
+                   f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
+                   f"{r.get('forward_speedup', 1):.3f} | " + (
+                       f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
+                       if "ceiling_hbm" in r else "") + " |\n")
+    return "".join(out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

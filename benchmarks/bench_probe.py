@@ -17,10 +17,13 @@ import argparse
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import (PAGE_BYTES, cannot_run, make_inputs, spin_case,  # noqa: E402
@@ -96,10 +99,10 @@ def main() -> int:
         del inputs
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+        write_output(args.json, "--json",
+                     json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -10,11 +10,15 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import SpinConfig
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.replay.evaluate import replay
 from spin_trtllm.replay.synth import SynthConfig, synthesize
 from spin_trtllm.replay.trace import SpinTrace
@@ -56,9 +60,8 @@ def main() -> None:
     }
     print(json.dumps(out, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write_output(args.json, "--json", json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

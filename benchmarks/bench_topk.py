@@ -56,6 +56,9 @@ os.environ["SPIN_TOPK"] = "spin"   # the spin column is spin's own kernel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from spin_trtllm._inputs import exit_code_of  # noqa: E402
+from spin_trtllm._outputs import write_output  # noqa: E402
+
 
 def log(msg: str) -> None:
     print(msg, flush=True)
@@ -316,11 +319,10 @@ def main() -> int:
 
     def save() -> None:  # after every case, so a run cut short keeps what it measured
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": gpu, "flashinfer": fi_info, "rows": rows}, f, indent=2)
+            write_output(args.json, "--json",
+                         json.dumps({"device": gpu, "flashinfer": fi_info, "rows": rows}, indent=2))
         if args.markdown:
-            with open(args.markdown, "w") as f:
-                f.write(markdown(rows, head) + "\n")
+            write_output(args.markdown, "--markdown", markdown(rows, head) + "\n")
 
     seed = 0
     for batch, slots, next_n in itertools.product(args.batch, args.slots, args.next_n):
@@ -342,4 +344,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -32,10 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import cannot_run, make_inputs, spin_case, time_ms  # noqa: E402
@@ -161,10 +164,9 @@ def main(argv=None) -> int:
                   f"(top-K: {r['topk_path']})", flush=True)
             torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_output(args.json, "--json", json.dumps(rows, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of, one_line
+from spin_trtllm._outputs import check_output, write_output
+from spin_trtllm.errors import SpinError
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import (cannot_run, copy_bandwidth, make_inputs, spin_case,  # noqa: E402
@@ -77,6 +82,37 @@ def main(argv=None) -> int:
         return 2
     if any(s < 1024 or s % 64 for s in args.slots):
         ap.error("--slots must be multiples of 64, at least 1024")
+    if args.json:
+        check_output(args.json, "--json")
+        if os.path.isfile(args.json) and not os.access(args.json, os.R_OK):
+            raise SpinError(f"--json {one_line(args.json, 300)}: cannot append (not readable)")
+    lines: list[str] = []
+    try:
+        run_cases(args, lines)
+    except Exception:
+        # a case failed: the lines of those that ended are appended (a Ctrl-C appends nothing)
+        try:
+            append_lines(args.json, lines)
+        except SpinError as err:
+            print(f"bench_update_skew: {err}", file=sys.stderr)
+        raise
+    append_lines(args.json, lines)
+    return 0
+
+
+def append_lines(path: str | None, lines: list[str]) -> None:
+    """Append `lines` to the file at `path` (the whole file rewritten by write_output)."""
+    if not path or not lines:
+        return
+    try:
+        old = Path(path).read_bytes() if os.path.isfile(path) else b""
+    except OSError as err:
+        raise SpinError(f"--json {one_line(path, 300)}: cannot append ({err.strerror})") from None
+    write_output(path, "--json", old + "".join(lines).encode())
+
+
+def run_cases(args, lines: list[str]) -> None:
+    """Time every case, print its line, and add its JSON line to `lines`."""
     copy_tbs = copy_bandwidth(10)
     print(f"device copy: {copy_tbs:.2f} TB/s (read + write)")
     print(f"{'batch x slots':>15} | {'skew 0':>7} | {'skews 1-7 min..max':>18} | {'mean':>6} | "
@@ -91,11 +127,8 @@ def main(argv=None) -> int:
             print(f"{batch:>6} x {slots:>6} | {seq[0]:7.2f} | {min(seq[1:]):8.2f}..{max(seq[1:]):8.2f} | "
                   f"{mean:6.2f} | {alone[0]:6.2f} / {sum(alone) / len(alone):6.2f} | {mb:6.1f} | "
                   f"{mb / copy_tbs:10.2f}")
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-    return 0
+            lines.append(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

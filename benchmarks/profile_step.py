@@ -14,10 +14,13 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from spin_trtllm import SpinConfig
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.harness import init_weights
 from spin_trtllm.harness.speed import step_config, synthetic_engine
 
@@ -90,10 +93,10 @@ def main(argv=None) -> int:
         for k in r["kernels"][:args.top]:
             print(f"  {k['us_per_step']:9.1f} us  x{k['calls_per_step']:5.0f}  {k['name']}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+        write_output(args.json, "--json",
+                     json.dumps({"args": vars(args), "results": results}, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

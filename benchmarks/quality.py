@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from spin_trtllm import SpinConfig
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.harness import Engine, Request
 from spin_trtllm.harness.model import load_checkpoint
 from spin_trtllm.harness.pretrained import default_checkpoint
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
     report["bpb"] = bpb
     report["bpb_seconds"] = time.time() - t1
     if args.bpb_only:
-        (out / "quality.json").write_text(json.dumps(report, indent=1, default=float))
+        write_output(out / "quality.json", "--out", json.dumps(report, indent=1, default=float))
         print(f"wrote {out / 'quality.json'} [{time.time() - t0:.0f} s]")
         return 0
 
@@ -175,10 +177,10 @@ def main(argv=None) -> int:
                           for r in res]
     report["studies"] = studies
     report["replay_seconds"] = time.time() - t2
-    (out / "quality.json").write_text(json.dumps(report, indent=1, default=float))
+    write_output(out / "quality.json", "--out", json.dumps(report, indent=1, default=float))
     print(f"wrote {out / 'quality.json'} [{time.time() - t0:.0f} s]")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))

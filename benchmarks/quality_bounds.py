@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.replay.probe import QueryProbe, rows_read_per_block
 from spin_trtllm.replay.trace import SpinTrace
 
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
         print(f"{name:22s} mean miss {100 * arr.mean():5.1f}%   p99 {100 * np.percentile(arr, 99):5.1f}%"
               f"   ({len(v)} rows)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"traces": args.traces, "rows": rows}, f, indent=1)
+        write_output(args.json, "--json",
+                     json.dumps({"traces": args.traces, "rows": rows}, indent=1))
     return 0
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
 from spin_trtllm.replay.evaluate import at_effective, replay
 from spin_trtllm.replay.probe import require_query_data
 from spin_trtllm.replay.trace import SpinTrace
@@ -88,12 +89,10 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{label:>20} @ {e:.1f}: mean {row['mean_miss']}, p99 {row['p99_miss']}",
                   flush=True)
-    with open(args.json, "w") as f:
-        json.dump({"traces": names, "targets": TARGETS, "rows": rows}, f,
-                  indent=1)
+    write_output(args.json, "--json",
+                 json.dumps({"traces": names, "targets": TARGETS, "rows": rows}, indent=1))
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(rows))
+        write_output(args.markdown, "--markdown", markdown(rows))
     return 0
 
 
