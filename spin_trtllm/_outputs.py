@@ -51,7 +51,9 @@ def check_output(path: Optional[PathLike], what: str, error: type[SpinError] = S
     if path is None or os.fsdecode(path) == "":
         raise error(f"{what}: empty path")
     p = Path(path)
-    where = _name(what, p)
+    where = _name(what, path)
+    if os.fsdecode(path).endswith(os.sep):        # Path() would drop the slash
+        raise error(f"{where}: cannot write (ends with {os.sep!r}: a folder, need a file)")
     try:
         st = _stat(p)
         real = Path(os.path.realpath(p))

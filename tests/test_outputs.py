@@ -125,11 +125,16 @@ def test_device_is_written_through_and_its_errors_reported(tmp_path):
     assert stat.S_ISCHR(os.stat(full).st_mode)
 
 
-@pytest.mark.parametrize("kind", ["dir", "fifo", "socket"])
+@pytest.mark.parametrize("kind", ["dir", "fifo", "socket", "slash", "under-file"])
 def test_non_files_are_refused(tmp_path, kind):
     path = tmp_path / "x"
     if kind == "dir":
         path.mkdir()
+    elif kind == "slash":
+        path = str(tmp_path / "new.json") + "/"
+    elif kind == "under-file":
+        path.write_text("a file")
+        path = path / "x.json"
     elif kind == "fifo":
         os.mkfifo(path)
     else:
