@@ -270,6 +270,8 @@ def console() -> None:
     process ends at once (outputs are already cleaned up): an interrupted import inside a
     library can leave CPython set to kill itself with SIGINT at exit, which would hide 130."""
     code = main()
+    if _main_thread():                   # done: a Ctrl-C during shutdown changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if code in (130, 143):
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
-from .. import _inputs
 from ..config import MAX_INDEX_TOPK
 from ..errors import SpinError
-from .._inputs import one_line
+from .._inputs import one_line, printable
 from ._common import _per_trace_path, _fmt, _json_results, _load_config, _print_table, _sparsities, _write_json
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from ..replay import work
     from ..replay.evaluate import config_for_trace, replay
     from ..replay.probe import require_query_data
     from ..replay.trace import SpinTrace
@@ -32,10 +31,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not 0 <= args.mask_layer < trace.num_layers:
                 raise SpinError(f"--mask-layer {args.mask_layer} is outside [0, "
                                 f"{trace.num_layers}) for {trace.name}")
-            out = _per_trace_path(args.mask_plot, trace.name, len(traces))
+            out = _per_trace_path(args.mask_plot, args.traces[len(mask_paths)], len(traces))
             mask_paths.append(out)          # checked with the other outputs
-    for trace in traces:                    # v2 tensors present before the long work
+    for trace in traces:                    # v2 tensors present, work bounded: before any work
         require_query_data(trace, args.predictor)
+        est = work.estimate_replay(trace, len(sparsities), config_for_trace(trace, cfg),
+                                   args.predictor, args.summaries, args.budget,
+                                   masks=bool(args.mask_plot))
+        if args.mask_plot:
+            est = est.add(work.estimate_mask_plot(trace, args.mask_layer, 0, args.mask_slots))
+        work.require(est)
     label = None
     if args.predictor != "spin" or args.budget != "uniform":
         label = args.predictor + (f"x{args.summaries}" if args.summaries > 1 else "") \
@@ -54,7 +59,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             out = plot_topk_mask(trace, mask_paths[i], layer=args.mask_layer,
                                  selected=res[-1]["masks"], max_slots=args.mask_slots,
                                  block_size=used.block_size, index_topk=used.index_topk)
-            print(f"wrote {out}", file=sys.stderr)
+            print(f"wrote {printable(out)}", file=sys.stderr)
     _print_table(results)
     if args.effective:
         from ..replay.evaluate import at_effective
@@ -83,16 +88,19 @@ def _write_outputs(args: argparse.Namespace, results: list[dict[str, Any]]) -> N
     if args.plot:
         from ..replay.plots import plot_miss_curve
 
-        print(f"wrote {plot_miss_curve(results, args.plot)}", file=sys.stderr)
+        print(f"wrote {printable(plot_miss_curve(results, args.plot))}", file=sys.stderr)
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    from ..replay import work
     from ..replay.evaluate import run_study
     from ..replay.trace import SpinTrace
 
     cfg = _load_config(args)
     sparsities = _sparsities(args, cfg)
     traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    for trace in traces:
+        work.require(work.estimate_study(trace, args.study, len(sparsities), cfg))
     results = []
     for trace in traces:
         results.extend(run_study(trace, args.study, sparsities, cfg, progress=not args.quiet))
@@ -125,6 +133,7 @@ def _print_predictors(out: dict[str, Any]) -> None:
 
 
 def cmd_compare_predictors(args: argparse.Namespace) -> int:
+    from ..replay import work
     from ..replay.predictors import compare_predictors
     from ..replay.trace import SpinTrace
 
@@ -132,6 +141,8 @@ def cmd_compare_predictors(args: argparse.Namespace) -> int:
     if k is not None and not 1 <= k <= MAX_INDEX_TOPK:
         raise SpinError(f"index_topk must be >= 1 and <= {MAX_INDEX_TOPK}, got {k}")
     traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    for trace in traces:
+        work.require(work.estimate_compare(trace))
     outs = []
     for trace in traces:
         out = compare_predictors(trace, index_topk=k, progress=not args.quiet)
@@ -148,20 +159,26 @@ def cmd_synth(args: argparse.Namespace) -> int:
               if getattr(args, f.name, None) is not None}
     trace = synthesize(SynthConfig(**fields), progress=not args.quiet)
     trace.save(args.output)
-    print(f"wrote {args.output}: {trace.num_steps} steps x {trace.num_layers} layers x "
+    print(f"wrote {printable(args.output)}: {trace.num_steps} steps x {trace.num_layers} layers x "
           f"{trace.next_n} rows, up to {trace.max_slots} slots, {trace.scores.numel()} scores")
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from ..replay import work
+    from ..replay.evaluate import config_for_trace
     from ..replay.trace import SCORE_TOLERANCE, SpinTrace
+    from ._common import DEFAULT_SPARSITIES
 
     for path in args.traces:
         t = SpinTrace.load(path)
         meta = t.metadata()
-        print(f"{path}: {t.num_steps} steps, {t.num_layers} layers, next_n {t.next_n}, "
+        S = len(DEFAULT_SPARSITIES)
+        est = work.estimate_replay(t, S, config_for_trace(t, None))
+        print(f"{printable(path)}: {t.num_steps} steps, {t.num_layers} layers, next_n {t.next_n}, "
               f"slots {int(t.row_len.min())}..{t.max_slots}, turns {len(t.turn_starts())}, "
-              f"scores {str(t.scores.dtype).split('.')[-1]} x {t.scores.numel()}")
+              f"scores {str(t.scores.dtype).split('.')[-1]} x {t.scores.numel()}; "
+              f"replay ({S} sparsities, spin): {work.summary(est)}")
         print("  metadata: " + ", ".join(f"{k}={one_line(v, 200)}" for k, v in meta.items()))
         if t.q is not None:      # v2: the scores must follow from q, w and keys
             err = t.check_scores()

@@ -120,6 +120,13 @@ def _summary(miss: np.ndarray, pearson: np.ndarray, selected: float, total: floa
     }
 
 
+def _fresh_state(streams: int, capacity: int, cfg: SpinConfig, step: int) -> SpinState:
+    """A state as SpinState.reset(step=step) leaves it, sized for the slots a turn needs."""
+    state = SpinState.zeros(streams, capacity, cfg)
+    state.last_seen.fill_(step)
+    return state
+
+
 def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConfig] = None,
            progress: bool = False, pearson: bool = True, label: Optional[str] = None,
            keep_masks_for_layer: Optional[int] = None,
@@ -132,7 +139,15 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     spin_trtllm.replay.probe), which only change the block scores selection ranks by;
     summaries: summary keys per block of probe/hybrid. budget: uniform (m from the target
     sparsity in every layer) or adaptive (probe.AdaptiveBudget: the same total per step,
-    spread over layers)."""
+    spread over layers). keep_masks_for_layer: each result's "masks" is a list of T bool
+    tensors, step t's selected blocks of that layer (its ceil(longest row / b) blocks).
+
+    Refused (SpinError) before any work when work.require refuses work.estimate_replay (over
+    work.REPLAY_MAX_WORK_BYTES, or padding far beyond the data). Layers run in batches
+    (work.layer_batches), each with its own state, sized anew at every turn start for the
+    slots that turn needs."""
+    from . import work
+
     cfg = config_for_trace(trace, cfg)
     sparsities = check_sparsities(sparsities)
     if predictor not in predictors.REPLAY_PREDICTORS:
@@ -147,120 +162,169 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     if custom and cfg.reduction == "A0":
         raise SpinError(f"--predictor {predictor} --budget {budget}: reduction A0 selects "
                         f"slots from SPIN's slot predictions; use A1 or A2")
+    S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
+    if keep_masks_for_layer is not None and not 0 <= keep_masks_for_layer < L:
+        raise SpinError(f"layer {keep_masks_for_layer} is outside [0, {L})")
+    work.require(work.estimate_replay(trace, S, cfg, predictor, summaries, budget_mode,
+                                      keep_masks_for_layer is not None))
     probe = QueryProbe(trace, predictor, cfg.block_size, summaries) \
         if chosen.query else None
     rows_per_block = rows_read_per_block(predictor, summaries)
-    S, T, L, R = len(sparsities), trace.num_steps, trace.num_layers, trace.next_n
     G = S * L
     b, K = cfg.block_size, cfg.index_topk
-    capacity = max(trace.max_slots, int(trace.query_pos.max()) + 1)
-    state = SpinState.zeros(G, capacity, cfg)
+    # slots each layer's state covers at each step: its rows and the query positions
+    need = torch.maximum(work.layer_widths(trace.row_len),
+                         trace.query_pos.to(torch.int64).amax(1, keepdim=True) + 1)   # [T, L]
+    batches = work.layer_batches(trace.row_len, S * R, b)
+    streams = [(torch.arange(S)[:, None] * L + torch.arange(lo, hi)).flatten()
+               for lo, hi in batches]
     target_sparsity = torch.tensor(sparsities, dtype=torch.float64).repeat_interleave(L)
     layer_ids = torch.arange(L).repeat(S)
     request_ids = torch.zeros(G, dtype=torch.int64)
     turn_starts = trace.turn_starts()
+    turn_ends = dict(zip(sorted(turn_starts), sorted(turn_starts)[1:] + [T]))
     accepted = trace.accepted_or_zero().to(torch.int64)
+    slot_pred_wanted = pearson and chosen.history and probe is None
 
-    miss_rows: list[torch.Tensor] = []      # per step: miss [G, R] (nan where not eligible)
-    random_rows: list[torch.Tensor] = []    # the references, same rows and budgets
-    oracle_rows: list[torch.Tensor] = []
-    pearson_rows: list[torch.Tensor] = []
+    # per step and stream: miss (nan where not eligible), its references, Pearson
+    miss_all = torch.full((T, G, R), torch.nan, dtype=torch.float64)
+    random_all, oracle_all, pear_all = (torch.full_like(miss_all, torch.nan) for _ in range(3))
     sel_blocks = torch.zeros(G, dtype=torch.float64)
     tot_blocks = torch.zeros(G, dtype=torch.float64)
     counted_rows = torch.zeros(G, dtype=torch.int64)
     masks = [] if keep_masks_for_layer is not None else None
-    if masks is not None and not 0 <= keep_masks_for_layer < L:
-        raise SpinError(f"layer {keep_masks_for_layer} is outside [0, {L})")
-    max_blocks = -(-capacity // b)
+    max_blocks = -(-int(need.max()) // b)
     adaptive = AdaptiveBudget(S, L, cfg, max_blocks) if budget == "adaptive" else None
     dense_slots = torch.zeros(G, dtype=torch.float64)      # bytes in slots of 132 B
     scored_slots = torch.zeros(G, dtype=torch.float64)
     probe_slots = torch.zeros(G, dtype=torch.float64)
+    states: list[Optional[SpinState]] = [None] * len(batches)
+
+    def block_scores(i: int, n: torch.Tensor, q: torch.Tensor, width: int
+                     ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The custom ranking input of batch i: (block scores, slot predictions or None)."""
+        lo, hi = batches[i]
+        blocks = slot_pred = None
+        if chosen.history:
+            blocks, slot_pred = predict_blocks(states[i], n, q, cfg, width)
+        if probe is not None:
+            nb_w = -(-width // b)
+            pb = probe.scores(t, trace.row_len[t, lo:hi], nb_w, (lo, hi)).repeat(S, 1, 1)
+            blocks = hybrid_scores(pb, blocks, block_count(n, b)) if chosen.merges else pb
+            slot_pred = None
+        return blocks, slot_pred
 
     for t in tqdm(range(T), desc=desc or f"replay {trace.name}", disable=not progress,
                   leave=False, unit="step"):
         if t in turn_starts:
-            state.reset(step=t)
-        dense = trace.step_scores(t)                                   # [L, R, W]
-        width = dense.shape[-1]
-        n = trace.row_len[t].to(torch.int64).repeat(S, 1)              # [G, R]
-        q = trace.query_pos[t].to(torch.int64).expand(G, R)
-        step = torch.full((G,), t, dtype=torch.int64)
-        acc = accepted[t].expand(G)
-        dense_g = dense.repeat(S, 1, 1)
-        if not custom:
-            sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, target_sparsity,
-                                         request_ids, layer_ids, step)
-        else:
-            nb_w = -(-width // b)
-            blocks = slot_pred = None
-            if chosen.history:
-                blocks, slot_pred = predict_blocks(state, n, q, cfg, width)
-            if probe is not None:
-                pb = probe.scores(t, trace.row_len[t], nb_w).repeat(S, 1, 1)
-                blocks = hybrid_scores(pb, blocks, block_count(n, b)) \
-                    if chosen.merges else pb
-                slot_pred = None
-            sparsity_t = target_sparsity
+            end = turn_ends[t]
+            for i, (lo, hi) in enumerate(batches):
+                states[i] = None
+                states[i] = _fresh_state(len(streams[i]), int(need[t:end, lo:hi].max()), cfg, t)
+        n_all = trace.row_len[t].to(torch.int64).repeat(S, 1)              # [G, R]
+        sparsity_all = target_sparsity
+        pre: list[Optional[torch.Tensor]] = [None] * len(batches)
+        if adaptive is not None:            # one budget over all layers: every batch first
+            for i, (lo, hi) in enumerate(batches):
+                n = trace.row_len[t, lo:hi].to(torch.int64).repeat(S, 1)
+                q = trace.query_pos[t].to(torch.int64).expand(n.shape)
+                pre[i], _ = block_scores(i, n, q, int(n.max()))
+            nb_all = max(p.shape[-1] for p in pre)
+            row0 = torch.full((G, 1, nb_all), float("-inf"))
+            for i, p in enumerate(pre):
+                row0[streams[i], 0, :p.shape[-1]] = p[:, 0].float()
+            sparsity_all, _ = adaptive.allocate(row0, block_count(n_all[:, 0], b),
+                                                target_sparsity, n_all[:, 0])
+            del row0
+            top0 = torch.zeros(G, nb_all, dtype=torch.int64)
+            k0 = torch.zeros(G, dtype=torch.int64)
+            measured = torch.zeros(G, dtype=torch.bool)
+        for i, (lo, hi) in enumerate(batches):
+            g, Lb, state = streams[i], hi - lo, states[i]
+            dense = trace.step_scores(t, layers=(lo, hi))                # [Lb, R, W]
+            width = dense.shape[-1]
+            n = trace.row_len[t, lo:hi].to(torch.int64).repeat(S, 1)    # [Gb, R]
+            Gb = n.shape[0]
+            q = trace.query_pos[t].to(torch.int64).expand(Gb, R)
+            step = torch.full((Gb,), t, dtype=torch.int64)
+            acc = accepted[t].expand(Gb)
+            dense_g = dense.repeat(S, 1, 1)
+            if not custom:
+                sel, slot_pred = decode_step(state, cfg, dense_g, n, q, acc, target_sparsity[g],
+                                             request_ids[:Gb], layer_ids[g], step)
+            else:
+                if pre[i] is not None:
+                    blocks, slot_pred = pre[i], None
+                    if slot_pred_wanted:
+                        _, slot_pred = predict_blocks(state, n, q, cfg, width)
+                    pre[i] = None
+                else:
+                    blocks, slot_pred = block_scores(i, n, q, width)
+                sel, _ = decode_step(state, cfg, dense_g, n, q, acc, sparsity_all[g],
+                                     request_ids[:Gb], layer_ids[g], step, block_scores=blocks)
+                del blocks
+
+            # miss against the true top-K' (computed once per layer, shared by all sparsities)
+            true_top = topk_mask(dense, trace.row_len[t, lo:hi], K)               # [Lb, R, W]
+            k_row = true_top.sum(-1)                                           # K' per row
+            kk = min(K, width)
+            idx = true_top.to(torch.float32).topk(kk, dim=-1).indices          # K' set ids first
+            valid_k = torch.arange(kk) < k_row.unsqueeze(-1)
+            idx, valid_k, k_row = idx.repeat(S, 1, 1), valid_k.repeat(S, 1, 1), k_row.repeat(S, 1)
+            hit = sel.mask.gather(1, (idx // b).flatten(1)).view_as(idx)
+            miss = (valid_k & ~hit).sum(-1).double() / k_row.clamp(min=1)
+            del idx, valid_k, hit
+            committed = torch.arange(R) <= acc[:, None]
+            eligible = sel.eligible & committed
+            miss_all[t, g] = torch.where(eligible, miss, torch.nan)
+            # references: the budget m_r is the selected blocks row r can see
+            row_valid = torch.arange(sel.mask.shape[-1]) < sel.n_blocks.unsqueeze(-1)
+            seen = (sel.mask.unsqueeze(1) & row_valid).sum(-1)                  # [Gb, R]
+            blocks_r = sel.n_blocks.clamp(min=1).double()
+            random_all[t, g] = torch.where(eligible, 1.0 - seen.double() / blocks_r, torch.nan)
+            nb = -(-width // b)
+            per_block = torch.nn.functional.pad(true_top, (0, nb * b - width)).view(
+                Lb, R, nb, b).sum(-1).repeat(S, 1, 1)                          # [Gb, R, nb]
+            best = per_block.sort(-1, descending=True).values.cumsum(-1)
+            covered = torch.where(seen > 0, best.gather(
+                -1, (seen - 1).clamp(min=0, max=nb - 1).unsqueeze(-1)).squeeze(-1), 0)
+            oracle = 1.0 - covered.double() / k_row.clamp(min=1)
+            oracle_all[t, g] = torch.where(eligible, oracle, torch.nan)
+            del best, true_top
             if adaptive is not None:
-                sparsity_t, _ = adaptive.allocate(blocks, block_count(n[:, 0], b),
-                                                  target_sparsity, n[:, 0])
-            sel, _ = decode_step(state, cfg, dense_g, n, q, acc, sparsity_t, request_ids,
-                                 layer_ids, step, block_scores=blocks)
+                top0[g, :nb] = per_block[:, 0]
+                k0[g], measured[g] = k_row[:, 0], ~sel.dense
+            del per_block
+            if pearson and slot_pred is not None:
+                visible = torch.arange(width) < n.unsqueeze(-1)
+                pr = row_pearson(slot_pred, dense_g, visible)
+                pear_all[t, g] = torch.where(eligible, pr, torch.nan)
+                del visible
+            del slot_pred, dense_g, dense
 
-        # miss against the true top-K' (computed once per layer, shared by all sparsities)
-        true_top = topk_mask(dense, trace.row_len[t], K)                   # [L, R, W]
-        k_row = true_top.sum(-1)                                           # K' per row
-        kk = min(K, width)
-        idx = true_top.to(torch.float32).topk(kk, dim=-1).indices          # K' set ids first
-        valid_k = torch.arange(kk) < k_row.unsqueeze(-1)
-        idx, valid_k, k_row = idx.repeat(S, 1, 1), valid_k.repeat(S, 1, 1), k_row.repeat(S, 1)
-        hit = sel.mask.gather(1, (idx // b).flatten(1)).view_as(idx)
-        miss = (valid_k & ~hit).sum(-1).double() / k_row.clamp(min=1)
-        committed = torch.arange(R) <= acc[:, None]
-        eligible = sel.eligible & committed
-        miss_rows.append(torch.where(eligible, miss, torch.nan))
-        # references: the budget m_r is the selected blocks row r can see
-        row_valid = torch.arange(sel.mask.shape[-1]) < sel.n_blocks.unsqueeze(-1)
-        budget = (sel.mask.unsqueeze(1) & row_valid).sum(-1)               # [G, R]
-        blocks_r = sel.n_blocks.clamp(min=1).double()
-        random_rows.append(torch.where(eligible, 1.0 - budget.double() / blocks_r, torch.nan))
-        nb = -(-width // b)
-        per_block = torch.nn.functional.pad(true_top, (0, nb * b - width)).view(
-            L, R, nb, b).sum(-1).repeat(S, 1, 1)                           # [G, R, nb]
-        best = per_block.sort(-1, descending=True).values.cumsum(-1)
-        covered = torch.where(budget > 0, best.gather(
-            -1, (budget - 1).clamp(min=0, max=nb - 1).unsqueeze(-1)).squeeze(-1), 0)
-        oracle = 1.0 - covered.double() / k_row.clamp(min=1)
-        oracle_rows.append(torch.where(eligible, oracle, torch.nan))
+            # realized sparsity: every row of non-warm-up streams, union blocks each row can see
+            live = ~sel.dense
+            sel_blocks[g] += torch.where(live, seen.sum(-1).double(), 0.0)
+            tot_blocks[g] += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
+            counted_rows[g] += torch.where(live, R, 0)
+            nb_sel = sel.mask.shape[-1]
+            in_block = (n.unsqueeze(-1) - torch.arange(nb_sel) * b).clamp(0, b)   # [Gb, R, NB]
+            scored = (in_block * sel.mask.unsqueeze(1)).sum((-1, -2)).double()
+            dense_slots[g] += torch.where(live, n.sum(-1).double(), 0.0)
+            scored_slots[g] += torch.where(live, scored, 0.0)
+            probe_slots[g] += torch.where(live, rows_per_block * sel.n_blocks.sum(-1).double(),
+                                          0.0)
+            if masks is not None and lo <= keep_masks_for_layer < hi:
+                own = -(-int(trace.row_len[t, keep_masks_for_layer].max()) // b)
+                masks.append(sel.mask.view(S, Lb, -1)[:, keep_masks_for_layer - lo, :own].clone())
+            del sel, in_block
         if adaptive is not None:
-            adaptive.observe(per_block[:, 0], k_row[:, 0], ~sel.dense)
-        if pearson and slot_pred is not None:
-            visible = torch.arange(width) < n.unsqueeze(-1)
-            pr = row_pearson(slot_pred, dense_g, visible)
-            pearson_rows.append(torch.where(eligible, pr, torch.nan))
+            adaptive.observe(top0, k0, measured)
 
-        # realized sparsity: every row of non-warm-up streams, union blocks each row can see
-        live = ~sel.dense
-        seen = budget
-        sel_blocks += torch.where(live, seen.sum(-1).double(), 0.0)
-        tot_blocks += torch.where(live, sel.n_blocks.sum(-1).double(), 0.0)
-        counted_rows += torch.where(live, R, 0)
-        nb_sel = sel.mask.shape[-1]
-        in_block = (n.unsqueeze(-1) - torch.arange(nb_sel) * b).clamp(0, b)   # [G, R, NB]
-        scored = (in_block * sel.mask.unsqueeze(1)).sum((-1, -2)).double()
-        dense_slots += torch.where(live, n.sum(-1).double(), 0.0)
-        scored_slots += torch.where(live, scored, 0.0)
-        probe_slots += torch.where(live, rows_per_block * sel.n_blocks.sum(-1).double(), 0.0)
-        if masks is not None:
-            kept = sel.mask.view(S, L, -1)[:, keep_masks_for_layer]
-            masks.append(torch.nn.functional.pad(kept, (0, max_blocks - kept.shape[-1])))
-
-    miss_all = torch.stack(miss_rows).view(T, S, L, R).numpy()
-    random_all = torch.stack(random_rows).view(T, S, L, R).numpy()
-    oracle_all = torch.stack(oracle_rows).view(T, S, L, R).numpy()
-    pear_all = (torch.stack(pearson_rows).view(T, S, L, R).numpy() if pearson_rows
-                else np.full((T, S, L, R), np.nan))
+    miss_all = miss_all.view(T, S, L, R).numpy()
+    random_all = random_all.view(T, S, L, R).numpy()
+    oracle_all = oracle_all.view(T, S, L, R).numpy()
+    pear_all = pear_all.view(T, S, L, R).numpy()
     sel_sl = sel_blocks.view(S, L).numpy()
     tot_sl = tot_blocks.view(S, L).numpy()
     rows_sl = counted_rows.view(S, L).numpy()
@@ -294,7 +358,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
                                 orc[:, layer][okl], tuple(bytes_sl[s, layer])))
             entry["per_layer"].append(per)
         if masks is not None:
-            entry["masks"] = torch.stack([mk[s] for mk in masks]) if masks else None
+            entry["masks"] = [mk[s] for mk in masks]
         results.append(entry)
     return results
 

@@ -81,6 +81,11 @@ def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
 
 
 # ---- block summaries --------------------------------------------------------------------------
+# fp32 values one chunk of summary/score temporaries holds (64 MiB): block_size (trace metadata,
+# up to 65,536) and long rows are processed in chunks of layers, blocks and partial slots.
+CHUNK_VALUES = 1 << 24
+
+
 class BlockSummaries:
     """Per-sub-block mean / variance / min / max of the visible keys of L layers (keys [L, S, D]).
 
@@ -95,87 +100,145 @@ class BlockSummaries:
         full = (S // sub) * sub
         blocks = self.keys[:, :full].view(L, S // sub, sub, D)
         self.mean = blocks.mean(2)
-        self.var = blocks.var(2, unbiased=False)
+        # no complete sub-block (keys shorter than one): var() would warn on the empty dims
+        self.var = blocks.var(2, unbiased=False) if full else torch.zeros(L, 0, D)
         self.kmin = blocks.amin(2)
         self.kmax = blocks.amax(2)
 
-    def at(self, n: torch.Tensor, count: int) -> dict[str, torch.Tensor]:
-        """Summaries seen by rows with n visible slots (n int [L, R]) for sub-blocks 0..count-1:
-        mean, var, kmin, kmax float32 [L, R, count, D] and visible bool [L, R, count]."""
-        L, S, D = self.keys.shape
+    def partial(self, n: torch.Tensor, layer0: int = 0) -> dict[str, torch.Tensor]:
+        """The newest, partial sub-block of each row (n int [L', R] visible slots of layers
+        layer0..layer0+L'-1): mean, var, kmin, kmax float32 [L', R, D] over its visible keys
+        [n // sub * sub, n) (zero / +-inf where the newest sub-block is complete). Its keys are
+        read in chunks of slots, so a large sub-block needs no [L', R, sub, D] temporary."""
+        S, D = self.keys.shape[1:]
         sub = self.sub
         n = n.to(torch.int64)
-        R = n.shape[1]
-        u = torch.arange(count)
-        complete = (u + 1) * sub <= n.unsqueeze(-1)                     # [L, R, count]
+        Lc, R = n.shape
+        keys = self.keys[layer0:layer0 + Lc]
+        first = (n // sub) * sub                                        # [L', R]
+        fill = n - first                                                # visible partial slots
+        span = max(1, min(sub, int(fill.max())))
+        step = max(1, min(span, CHUNK_VALUES // max(1, Lc * R * D)))
+        cnt = fill.clamp(min=1).unsqueeze(-1).float()
+
+        def rows(a: int) -> tuple[torch.Tensor, torch.Tensor]:
+            idx = first.unsqueeze(-1) + torch.arange(a, min(a + step, span))   # [L', R, c]
+            seen = (idx < n.unsqueeze(-1)).unsqueeze(-1)
+            got = keys.gather(1, idx.clamp(max=S - 1).view(Lc, -1, 1).expand(-1, -1, D))
+            return got.view(*idx.shape, D), seen
+
+        total = torch.zeros(Lc, R, D)
+        kmin = torch.full((Lc, R, D), torch.inf)
+        kmax = torch.full((Lc, R, D), -torch.inf)
+        for a in range(0, span, step):
+            got, seen = rows(a)
+            total += torch.where(seen, got, 0.0).sum(2)
+            kmin = torch.minimum(kmin, torch.where(seen, got, torch.inf).amin(2))
+            kmax = torch.maximum(kmax, torch.where(seen, got, -torch.inf).amax(2))
+        mean = total / cnt
+        dev = torch.zeros(Lc, R, D)
+        for a in range(0, span, step):
+            got, seen = rows(a)
+            dev += torch.where(seen, (got - mean.unsqueeze(2)) ** 2, 0.0).sum(2)
+        return {"mean": mean, "var": dev / cnt, "kmin": kmin, "kmax": kmax}
+
+    def at(self, n: torch.Tensor, count: int, first: int = 0, layer0: int = 0,
+           partial: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+        """Summaries seen by rows with n visible slots (n int [L', R], layers layer0..) for
+        sub-blocks first..first+count-1: mean, var, kmin, kmax float32 [L', R, count, D] and
+        visible bool [L', R, count]. partial: self.partial(n, layer0), when already computed."""
+        D = self.keys.shape[2]
+        sub = self.sub
+        n = n.to(torch.int64)
+        Lc, R = n.shape
+        u = torch.arange(first, first + count)
+        complete = (u + 1) * sub <= n.unsqueeze(-1)                     # [L', R, count]
         visible = u * sub < n.unsqueeze(-1)
-        # the newest sub-block, partial (n % sub > 0): recomputed from its visible keys
-        first = (n // sub) * sub                                        # [L, R]
-        idx = first.unsqueeze(-1) + torch.arange(sub)                   # [L, R, sub]
-        seen = idx < n.unsqueeze(-1)
-        rows = self.keys.gather(1, idx.clamp(max=S - 1).view(L, R * sub, 1).expand(-1, -1, D))
-        rows = rows.view(L, R, sub, D)
-        cnt = seen.sum(-1, keepdim=True).clamp(min=1)
-        seen4 = seen.unsqueeze(-1)
-        part_mean = torch.where(seen4, rows, 0.0).sum(2) / cnt
-        part = {"mean": part_mean,
-                "var": torch.where(seen4, (rows - part_mean.unsqueeze(2)) ** 2, 0.0).sum(2) / cnt,
-                "kmin": torch.where(seen4, rows, torch.inf).amin(2),
-                "kmax": torch.where(seen4, rows, -torch.inf).amax(2)}
         is_partial = (u == (n // sub).unsqueeze(-1)) & visible & ~complete
+        part = partial if partial is not None else self.partial(n, layer0)
         out = {"visible": visible}
         for name, cached in (("mean", self.mean), ("var", self.var), ("kmin", self.kmin),
                              ("kmax", self.kmax)):
-            have = min(cached.shape[1], count)
-            full = torch.zeros(L, count, D)
-            full[:, :have] = cached[:, :have]
-            full = full.unsqueeze(1).expand(L, R, count, D)
+            cached = cached[layer0:layer0 + Lc]
+            have = max(0, min(cached.shape[1], first + count) - first)
+            full = torch.zeros(Lc, count, D)
+            full[:, :have] = cached[:, first:first + have]
+            full = full.unsqueeze(1).expand(Lc, R, count, D)
             val = torch.where(is_partial.unsqueeze(-1), part[name].unsqueeze(2), full)
             out[name] = torch.where(visible.unsqueeze(-1), val, 0.0)
         return out
 
 
 # ---- the predictors ---------------------------------------------------------------------------
+def _in_chunks(formula, q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries,
+               n: torch.Tensor, n_blocks: int, parts: int, layer0: int) -> torch.Tensor:
+    """fp32 [L', R, n_blocks]: formula(q, w, summaries.at(...)) over chunks of layers and blocks
+    that each hold about CHUNK_VALUES fp32 temporaries (every block's score depends only on
+    its own summaries and the row's query)."""
+    Lc, R, H, D = q.shape
+    per_block = R * parts * (8 * D + 4 * H)          # at()'s summaries and the formula's terms
+    layers = max(1, min(Lc, CHUNK_VALUES // max(1, per_block * n_blocks)))
+    blocks = n_blocks if layers > 1 else max(1, min(n_blocks, CHUNK_VALUES // per_block))
+    if layers == Lc and blocks == n_blocks:
+        return formula(q, w, summaries.at(n, n_blocks * parts, layer0=layer0))
+    out = torch.empty(Lc, R, n_blocks)
+    for l0 in range(0, Lc, layers):
+        l1 = min(Lc, l0 + layers)
+        part = summaries.partial(n[l0:l1], layer0 + l0)
+        for j0 in range(0, n_blocks, blocks):
+            j1 = min(n_blocks, j0 + blocks)
+            s = summaries.at(n[l0:l1], (j1 - j0) * parts, j0 * parts, layer0 + l0, part)
+            out[l0:l1, :, j0:j1] = formula(q[l0:l1], w[l0:l1], s)
+    return out
+
+
 def probe_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
-                 n_blocks: int, parts: int) -> torch.Tensor:
+                 n_blocks: int, parts: int, layer0: int = 0) -> torch.Tensor:
     """fp32 [L, R, n_blocks]: P[j] = max_u sum_h w_h relu(q_h . mean_u) over block j's `parts`
     sub-blocks (q [L, R, H, D], w [L, R, H]); -inf for blocks with nothing visible."""
-    s = summaries.at(n, n_blocks * parts)
-    z = torch.einsum("lrhd,lrud->lruh", q.float(), s["mean"]).relu()
-    z = (z * w.float().unsqueeze(2)).sum(-1)                            # [L, R, n_blocks*parts]
-    z = z.masked_fill(~s["visible"], NEG_INF)
-    return z.view(*z.shape[:2], n_blocks, parts).amax(-1)
+    def formula(q, w, s):
+        z = torch.einsum("lrhd,lrud->lruh", q.float(), s["mean"]).relu()
+        z = (z * w.float().unsqueeze(2)).sum(-1)                        # [L, R, blocks*parts]
+        z = z.masked_fill(~s["visible"], NEG_INF)
+        return z.view(*z.shape[:2], -1, parts).amax(-1)
+
+    return _in_chunks(formula, q, w, summaries, n, n_blocks, parts, layer0)
 
 
 def quest_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
-                 n_blocks: int) -> torch.Tensor:
+                 n_blocks: int, layer0: int = 0) -> torch.Tensor:
     """fp32 [L, R, n_blocks]: the Quest bound (module docstring), >= every visible slot's
     score in the block; -inf for blocks with nothing visible."""
-    s = summaries.at(n, n_blocks)
-    qf = q.float()
-    qp, qn = qf.clamp(min=0), qf.clamp(max=0)
-    upper = (torch.einsum("lrhd,lrud->lruh", qp, s["kmax"])
-             + torch.einsum("lrhd,lrud->lruh", qn, s["kmin"]))
-    lower = (torch.einsum("lrhd,lrud->lruh", qp, s["kmin"])
-             + torch.einsum("lrhd,lrud->lruh", qn, s["kmax"]))
-    wf = w.float().unsqueeze(2)
-    z = torch.where(wf >= 0, wf * upper.relu(), wf * lower.relu()).sum(-1)
-    return z.masked_fill(~s["visible"], NEG_INF)
+    def formula(q, w, s):
+        qf = q.float()
+        qp, qn = qf.clamp(min=0), qf.clamp(max=0)
+        upper = (torch.einsum("lrhd,lrud->lruh", qp, s["kmax"])
+                 + torch.einsum("lrhd,lrud->lruh", qn, s["kmin"]))
+        lower = (torch.einsum("lrhd,lrud->lruh", qp, s["kmin"])
+                 + torch.einsum("lrhd,lrud->lruh", qn, s["kmax"]))
+        wf = w.float().unsqueeze(2)
+        z = torch.where(wf >= 0, wf * upper.relu(), wf * lower.relu()).sum(-1)
+        return z.masked_fill(~s["visible"], NEG_INF)
+
+    return _in_chunks(formula, q, w, summaries, n, n_blocks, 1, layer0)
 
 
 def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
-                 n_blocks: int) -> torch.Tensor:
+                 n_blocks: int, layer0: int = 0) -> torch.Tensor:
     """fp32 [L, R, n_blocks]: G[j] = sum_h w_h E[relu(X_h)] (module docstring) from each block's
     mean key and per-dim variance; -inf for blocks with nothing visible."""
-    s = summaries.at(n, n_blocks)
-    qf = q.float()
-    mu = torch.einsum("lrhd,lrud->lruh", qf, s["mean"])
-    sd = torch.einsum("lrhd,lrud->lruh", qf * qf, s["var"]).clamp(min=0).sqrt()
-    a = mu / sd.clamp(min=1e-30)
-    expected = mu * torch.special.ndtr(a) + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
-    expected = torch.where(sd > 0, expected, mu.relu())
-    z = (expected * w.float().unsqueeze(2)).sum(-1)
-    return z.masked_fill(~s["visible"], NEG_INF)
+    def formula(q, w, s):
+        qf = q.float()
+        mu = torch.einsum("lrhd,lrud->lruh", qf, s["mean"])
+        sd = torch.einsum("lrhd,lrud->lruh", qf * qf, s["var"]).clamp(min=0).sqrt()
+        a = mu / sd.clamp(min=1e-30)
+        expected = (mu * torch.special.ndtr(a)
+                    + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi))
+        expected = torch.where(sd > 0, expected, mu.relu())
+        z = (expected * w.float().unsqueeze(2)).sum(-1)
+        return z.masked_fill(~s["visible"], NEG_INF)
+
+    return _in_chunks(formula, q, w, summaries, n, n_blocks, 1, layer0)
 
 
 class QueryProbe:
@@ -195,15 +258,18 @@ class QueryProbe:
         self.parts = summaries if predictors.REGISTRY[predictor].mean_keys else 1
         self.summaries = BlockSummaries(trace.keys, block_size // self.parts)
 
-    def scores(self, t: int, n: torch.Tensor, n_blocks: int) -> torch.Tensor:
-        """fp32 [L, R, n_blocks] of step t (n [L, R]): probe P, quest Q or gauss G; for hybrid
-        the probe part P (merge with reference.hybrid_scores)."""
-        q, w = self.trace.q[t], self.trace.w[t]
+    def scores(self, t: int, n: torch.Tensor, n_blocks: int,
+               layers: Optional[tuple[int, int]] = None) -> torch.Tensor:
+        """fp32 [L', R, n_blocks] of step t (n [L', R]) for layers [lo, hi) (default all):
+        probe P, quest Q or gauss G; for hybrid the probe part P (merge with
+        reference.hybrid_scores)."""
+        l0, l1 = layers or (0, self.trace.num_layers)
+        q, w = self.trace.q[t, l0:l1], self.trace.w[t, l0:l1]
         if self.predictor == "quest":
-            return quest_scores(q, w, self.summaries, n, n_blocks)
+            return quest_scores(q, w, self.summaries, n, n_blocks, l0)
         if self.predictor == "gauss":
-            return gauss_scores(q, w, self.summaries, n, n_blocks)
-        return probe_scores(q, w, self.summaries, n, n_blocks, self.parts)
+            return gauss_scores(q, w, self.summaries, n, n_blocks, l0)
+        return probe_scores(q, w, self.summaries, n, n_blocks, self.parts, l0)
 
 
 def require_query_data(trace, predictor: str) -> None:

@@ -27,11 +27,12 @@ from typing import Optional
 
 import torch
 
-from .._inputs import (TRACE_MAX_BYTES, TRACE_V2_MAX_BYTES, check_input_file, one_line,
-                       shown, size_text)
+from .._inputs import (TRACE_MAX_BYTES, TRACE_V2_MAX_BYTES, check_input_file, library_path,
+                       one_line, printable, shown, size_text)
 from .._outputs import write_output
 from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK
 from ..errors import TraceError
+from ..limits import MAX_NEXT_N
 
 FORMAT = "spin-trace"
 VERSION = 2                      # written when q, w and keys are present, else 1
@@ -65,6 +66,7 @@ class SpinTrace:
     keys: Optional[torch.Tensor] = None
     name: str = "<memory>"
     _offsets: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    _layer_offsets: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
 
     # ---- shape helpers ----------------------------------------------------------------------
     @property
@@ -110,19 +112,38 @@ class SpinTrace:
     def step_offsets(self) -> torch.Tensor:
         """int64 [T + 1]: where each step's scores start in `scores`."""
         if self._offsets is None:
-            per_step = self.row_len.to(torch.int64).sum(dim=(1, 2))
-            self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), per_step.cumsum(0)])
+            lo = self.layer_offsets()
+            self._offsets = torch.cat([lo[:, 0], lo[-1:, -1]])
         return self._offsets
 
-    def step_scores(self, t: int, width: Optional[int] = None) -> torch.Tensor:
-        """float32 [L, R, width] dense scores of step t, -inf past each row's length."""
-        lens = self.row_len[t].to(torch.int64)  # [L, R]
+    def layer_offsets(self) -> torch.Tensor:
+        """int64 [T, L + 1]: where layer l of step t starts in `scores` (column L: step t's
+        end)."""
+        if self._layer_offsets is None:
+            per_layer = self.row_len.to(torch.int64).sum(2).flatten()
+            ends = per_layer.cumsum(0).view(self.num_steps, self.num_layers)
+            self._layer_offsets = torch.cat([ends[:, :1] - per_layer.view_as(ends)[:, :1], ends],
+                                            dim=1)
+        return self._layer_offsets
+
+    def step_scores(self, t: int, width: Optional[int] = None,
+                    layers: Optional[tuple[int, int]] = None,
+                    rows: Optional[tuple[int, int]] = None) -> torch.Tensor:
+        """float32 [L', R', width] dense scores of step t, -inf past each row's length; layers
+        and rows: [lo, hi) ranges (default all); width: default the widest of those rows."""
+        l0, l1 = layers or (0, self.num_layers)
+        r0, r1 = rows or (0, self.next_n)
+        lens = self.row_len[t, l0:l1].to(torch.int64)                    # [L', R]
+        offsets = self.layer_offsets()[t]
+        start, end = int(offsets[l0]), int(offsets[l1])
+        flat = self.scores[start:end].float()
+        if (r0, r1) == (0, self.next_n):
+            width = int(lens.max()) if width is None else width
+            if bool((lens == width).all()):
+                return flat.view(lens.shape[0], lens.shape[1], width)
+        row_start = (lens.flatten().cumsum(0) - lens.flatten()).view_as(lens)[:, r0:r1]
+        lens = lens[:, r0:r1]
         width = int(lens.max()) if width is None else width
-        start = int(self.step_offsets()[t])
-        flat = self.scores[start:start + int(lens.sum())].float()
-        if bool((lens == width).all()):
-            return flat.view(lens.shape[0], lens.shape[1], width)
-        row_start = (lens.flatten().cumsum(0) - lens.flatten()).view_as(lens)
         pos = torch.arange(width)
         valid = pos < lens.unsqueeze(-1)
         idx = (row_start.unsqueeze(-1) + pos).clamp(max=max(flat.numel() - 1, 0))
@@ -158,6 +179,9 @@ class SpinTrace:
         T, L, R = self.row_len.shape
         if T < 1 or L < 1 or R < 1:
             fail(f"row_len shape {list(self.row_len.shape)} must be [T>=1, L>=1, R>=1]")
+        if R > MAX_NEXT_N:      # replay pads a step's rows to the longest: bounded by R
+            fail(f"row_len has {R} rows per step (next_n); at most {MAX_NEXT_N} (the query row "
+                 f"and up to {MAX_NEXT_N - 1} MTP drafts)")
         if tuple(self.query_pos.shape) != (T, R):
             fail(f"query_pos shape {list(self.query_pos.shape)} must be [T, R] = [{T}, {R}]")
         if bool((self.row_len < 1).any()):
@@ -350,7 +374,7 @@ class SpinTrace:
 
         def read(load_tensors: bool):
             try:
-                with safe_open(str(path), framework="pt") as f:
+                with library_path(path) as name, safe_open(name, framework="pt") as f:
                     if load_tensors:
                         return {k: f.get_tensor(k) for k in f.keys()}
                     return f.metadata() or {}, set(f.keys())
@@ -402,7 +426,7 @@ class SpinTrace:
                     block_size=meta_int("block_size"), turn_start=tensors.get("turn_start"),
                     accepted=tensors.get("accepted"), compress_ratio=meta_int("compress_ratio"),
                     source=meta.get("source"), q=tensors.get("q"), w=tensors.get("w"),
-                    keys=tensors.get("keys"), name=str(path))
+                    keys=tensors.get("keys"), name=printable(path))
         if trace.row_len.dim() == 3 and meta_int("next_n") != trace.next_n:
             raise TraceError(f"{where}: metadata next_n = {shown(meta['next_n'])} but row_len has "
                              f"{trace.next_n} rows per step")
