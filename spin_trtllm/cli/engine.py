@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import _inputs
+from .._inputs import printable
 from .._outputs import write_output
 from ..errors import SpinError
 from ._common import DEMO_MAX_BATCH_TOKENS, TRAIN_MAX_BATCH_SEQ2, _load_config, _write_json
@@ -56,7 +57,8 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     from ..harness.config import CSA_RATIO
     from ..harness.model import save_checkpoint
     from ..harness.pretrained import model_card
-    from ..harness.train import TrainConfig, stdlib_corpus, stdlib_model_config, train
+    from ..harness.train import (TrainConfig, check_train_memory, stdlib_corpus,
+                                 stdlib_model_config, train)
 
     import torch
 
@@ -71,6 +73,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
                               max_context=max(65536, args.seq_len))
     tc = TrainConfig(seconds=args.seconds, seq_len=args.seq_len, batch=args.batch,
                      seed=args.seed or 0)
+    check_train_memory(cfg, tc, device)             # before the corpus is read
     corpus = stdlib_corpus(limit_bytes=args.limit_bytes)
     weights, report = train(cfg, tc, corpus, device, log=lambda m: print(m, file=sys.stderr))
     command = "spin-trtllm train-tiny " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 \
@@ -80,7 +83,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
                            f"{report['held_out_bpb_sparse']:.4f}"})
     write_output(card, "--card", model_card(cfg, report, command))
     _write_json(args.json, report)
-    print(f"wrote {out} and {card}")
+    print(f"wrote {printable(out)} and {printable(card)}")
     return 0
 
 
@@ -95,6 +98,7 @@ def train_tiny_outputs(args: argparse.Namespace) -> None:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from ..harness.engine import Engine, Request
+    from ..harness.engine.memory import check_trace_memory
     from ..harness.model import load_checkpoint
     from ..harness.pretrained import default_checkpoint
     from ..harness.train import stdlib_corpus
@@ -115,6 +119,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(mtp_depth=0)
     elif not cfg.mtp_depth:
         raise SpinError("--mtp: the checkpoint has no MTP head")
+    need = args.prompt_tokens + args.steps + cfg.next_n + 2
+    cfg = cfg.with_overrides(max_context=need)          # caches for this run only
+    check_trace_memory(cfg, args.prompt_tokens, args.steps, device)
     if text is None:
         held = stdlib_corpus().held_out
         span = args.prompt_tokens + args.steps + 1
@@ -127,8 +134,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
         raise SpinError(f"prompt has {len(text)} bytes, fewer than --prompt-tokens")
     prompt, rest = text[:args.prompt_tokens], text[args.prompt_tokens:]
     forced = list(rest[:args.steps + 1]) if len(rest) > args.steps and not args.sample else None
-    need = args.prompt_tokens + args.steps + cfg.next_n + 2
-    cfg = cfg.with_overrides(max_context=need)          # caches for this run only
     engine = Engine(cfg, None, weights=weights, device=device, trace_request=0)
     engine.run([Request(prompt, max_new_tokens=args.steps + 1, forced=forced,
                         temperature=0.0 if forced else 0.8, seed=args.seed or 0,
@@ -136,7 +141,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     trace = engine.trace(0)
     trace.name = Path(args.out).name
     trace.save(args.out)
-    print(f"wrote {args.out} (trace v{trace.version}): {trace.num_steps} steps, "
+    print(f"wrote {printable(args.out)} (trace v{trace.version}): {trace.num_steps} steps, "
           f"{trace.num_layers} indexer layers, "
           f"next_n {trace.next_n}, {trace.max_slots} slots, compress_ratio "
           f"{trace.compress_ratio} ({'teacher-forced' if forced else 'sampled'})")

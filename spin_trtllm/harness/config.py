@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from ..config import describe_validation_error
+from .._inputs import YAML_MAX_DEPTH, shown
+from ..config import MAX_INDEX_TOPK, describe_validation_error
 from ..errors import SpinConfigError
 from ..limits import MAX_NEXT_N
 
@@ -15,6 +17,33 @@ CSA_RATIO = 4          # DeepSeek-V4 C4A layers: indexer over 4:1 compressed slo
 DSA_RATIO = 1          # DeepSeek-V3.2 DSA layers: indexer over every token
 INDEX_RATIOS = (DSA_RATIO, CSA_RATIO)
 MAX_HCA_RATIO = 128
+
+# Upper bounds of the fields that size weights or buffers (docs/limits.md). A checkpoint's
+# config is checked like a user's: these ranges bound each dimension alone; what a run
+# allocates from their products is estimated and checked against free memory before it
+# starts (harness/engine/memory.py).
+# the longest context: trace's longest run (2^20 prompt + 2^16 steps + the MTP rows) fits
+MAX_CONTEXT = 1 << 21
+# SpinConfig's bound (the engine requires both to agree): the slots of a 1M-token context
+MAX_TOPK = MAX_INDEX_TOPK
+# raw-token KV per request and layer is window + prefill_chunk (the ring); 65,536 is 16x
+# the longest sliding windows in use (4,096) and 512x V4's 128
+MAX_WINDOW = 1 << 16
+# rows of one prefill pass: its attention and indexer scores grow with rows x context;
+# 16,384 is twice TensorRT-LLM's default chunk (8,192)
+MAX_PREFILL_CHUNK = 1 << 14
+MAX_VOCAB = 1 << 18            # above every current LLM vocabulary (V3's 129,280)
+MAX_HIDDEN = 1 << 14           # V3: 7,168
+MAX_HEADS = 256                # V3: 128
+MAX_HEAD_DIM = 1024            # V3: 192 (+ 512 latent)
+MAX_FFN = 1 << 16              # V3's dense FFN: 18,432
+MAX_LAYERS = 256               # V3: 61
+MAX_SEED = (1 << 64) - 1       # torch.Generator.manual_seed's range
+# a checkpoint's config travels as JSON in its metadata: the shipped one is 300 characters
+CONFIG_JSON_MAX_CHARS = 64 << 10
+_BOUNDS = {"vocab_size": MAX_VOCAB, "hidden": MAX_HIDDEN, "heads": MAX_HEADS, "ffn": MAX_FFN,
+           "window": MAX_WINDOW, "index_topk": MAX_TOPK, "max_context": MAX_CONTEXT,
+           "prefill_chunk": MAX_PREFILL_CHUNK}
 
 
 class DsaLiteConfig(BaseModel):
@@ -41,19 +70,26 @@ class DsaLiteConfig(BaseModel):
     seed: int = 0
     dtype: Literal["float64", "float32", "bfloat16"] = "float64"
 
-    @field_validator("vocab_size", "hidden", "heads", "ffn", "window", "index_topk",
-                     "max_context", "prefill_chunk")
+    @field_validator(*_BOUNDS)
     @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be >= 1")
+    def _bounded(cls, v: int, info) -> int:
+        hi = _BOUNDS[info.field_name]
+        if not 1 <= v <= hi:
+            raise ValueError(f"must be in 1..{hi:,}")
         return v
 
     @field_validator("head_dim")
     @classmethod
     def _even(cls, v: int) -> int:
-        if v < 2 or v % 2:
-            raise ValueError("must be an even number >= 2 (RoPE pairs)")
+        if not 2 <= v <= MAX_HEAD_DIM or v % 2:
+            raise ValueError(f"must be an even number in 2..{MAX_HEAD_DIM} (RoPE pairs)")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        if not 0 <= v <= MAX_SEED:
+            raise ValueError("must be in 0..2^64 - 1")
         return v
 
     @field_validator("mtp_depth")
@@ -67,8 +103,8 @@ class DsaLiteConfig(BaseModel):
     @field_validator("compress_ratios")
     @classmethod
     def _ratios(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v:
-            raise ValueError("needs at least one layer")
+        if not 1 <= len(v) <= MAX_LAYERS:
+            raise ValueError(f"needs 1..{MAX_LAYERS} layers, got {len(v)}")
         for r in v:
             if r not in (0,) + INDEX_RATIOS and not CSA_RATIO < r <= MAX_HCA_RATIO:
                 raise ValueError(f"each ratio must be 0, 1, {CSA_RATIO} or in ({CSA_RATIO}, "
@@ -84,8 +120,8 @@ class DsaLiteConfig(BaseModel):
     @field_validator("init_std", "rope_theta")
     @classmethod
     def _positive_float(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError("must be > 0")
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError("must be finite and > 0")
         return v
 
     @model_validator(mode="after")
@@ -117,6 +153,12 @@ class DsaLiteConfig(BaseModel):
         """Indexer slots of the longest context."""
         return self.max_context // self.index_ratio + 1
 
+    def sizes(self) -> str:
+        """The fields that size buffers, for messages about memory."""
+        return (f"max_context {self.max_context:,}, window {self.window:,}, prefill_chunk "
+                f"{self.prefill_chunk:,}, index_topk {self.index_topk:,}, {self.heads} heads x "
+                f"{self.head_dim}, {len(self.compress_ratios)} layers")
+
     @property
     def ring(self) -> int:
         """Raw-token KV kept per request and layer: the window, one compression group and the
@@ -125,16 +167,53 @@ class DsaLiteConfig(BaseModel):
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DsaLiteConfig":
+    def from_dict(cls, data: Mapping[str, Any], what: str = "dsa-lite config") -> "DsaLiteConfig":
         if not isinstance(data, Mapping):
-            raise SpinConfigError(f"dsa-lite config: expected a mapping, got {type(data).__name__}")
+            raise SpinConfigError(f"{what}: expected a mapping, got {type(data).__name__}")
+        bad = [k for k in data if not isinstance(k, str)]
+        if bad:
+            raise SpinConfigError(f"{what}: keys must be strings, got {shown(bad[0], 60)}")
         data = dict(data)
         if isinstance(data.get("compress_ratios"), list):
             data["compress_ratios"] = tuple(data["compress_ratios"])
         try:
             return cls(**data)
         except ValidationError as err:
-            raise SpinConfigError(describe_validation_error(err, cls, "dsa-lite config")) from None
+            raise SpinConfigError(describe_validation_error(err, cls, what)) from None
+
+    @classmethod
+    def from_json(cls, text: Any, what: str = "dsa-lite config") -> "DsaLiteConfig":
+        """A config from JSON text (a checkpoint's metadata), checked like a user config: at
+        most CONFIG_JSON_MAX_CHARS characters, nesting at most YAML_MAX_DEPTH, no repeated
+        keys, numbers as JSON writes them (no NaN or infinities), then every field's rule."""
+        if not isinstance(text, str):
+            raise SpinConfigError(f"{what}: expected JSON text, got {type(text).__name__}")
+        if len(text) > CONFIG_JSON_MAX_CHARS:
+            raise SpinConfigError(f"{what}: {len(text):,} characters of JSON, over the limit "
+                                  f"of {CONFIG_JSON_MAX_CHARS:,}")
+        depth = _json_depth(text)
+        if depth > YAML_MAX_DEPTH:
+            raise SpinConfigError(f"{what}: JSON nested {depth} levels deep, over the limit of "
+                                  f"{YAML_MAX_DEPTH}")
+
+        def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for k, v in items:
+                if k in out:
+                    raise SpinConfigError(f"{what}: key {shown(k, 60)} appears twice")
+                out[k] = v
+            return out
+
+        def constant(name: str) -> Any:
+            raise SpinConfigError(f"{what}: {name} is not a number here")
+
+        try:
+            data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        except SpinConfigError:
+            raise
+        except (ValueError, RecursionError) as err:   # JSONDecodeError; ints over 4,300 digits
+            raise SpinConfigError(f"{what}: not valid JSON ({err})") from None
+        return cls.from_dict(data, what)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -143,6 +222,29 @@ class DsaLiteConfig(BaseModel):
         data = self.model_dump()
         data.update({k: v for k, v in changes.items() if v is not None})
         return DsaLiteConfig.from_dict(data)
+
+
+def _json_depth(text: str) -> int:
+    """How deeply JSON text nests arrays and objects (brackets inside strings do not count),
+    found without parsing it (json.loads recurses once per level)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
 
 
 def tiny() -> DsaLiteConfig:

@@ -17,8 +17,9 @@ from ..config import SpinConfig
 from ..costs import indexer_bytes
 from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
-from .engine import Engine, Request, RequestOutput, resolve_device
-from .model import init_weights, load_checkpoint
+from .engine import Engine, EngineOptions, Request, RequestOutput, resolve_device
+from .engine.memory import engine_bytes
+from .model import check_memory, init_weights, load_checkpoint
 from .pretrained import default_checkpoint
 from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure, step_config
 
@@ -92,6 +93,30 @@ def _resolve(opts: DemoOptions) -> tuple[torch.device, DsaLiteConfig, Optional[d
     return device, cfg, weights
 
 
+def _engine_options(spin: Optional[SpinConfig], opts: DemoOptions,
+                    backend: Optional[logits_backends.LogitsBackend] = None) -> EngineOptions:
+    """The demo's engine with SPIN (spin) or all-keep (spin None)."""
+    eager = opts.measure_miss or opts.dump_trace or not opts.cuda_graphs
+    return EngineOptions(max_batch=opts.max_batch,
+                         switch=(opts.switch or "spin") if spin is not None else None,
+                         predictor=opts.predictor if spin is not None else "spin",
+                         measure_miss=opts.measure_miss and spin is not None,
+                         trace_request=0 if (opts.dump_trace and spin is not None) else None,
+                         time_indexer=bool(eager), cuda_graphs=False if eager else None,
+                         logits_backend=backend or opts.logits_backend)
+
+
+def check_demo_memory(cfg: DsaLiteConfig, spin: SpinConfig, opts: DemoOptions,
+                      device: torch.device, random_weights: bool,
+                      backend: Optional[logits_backends.LogitsBackend] = None) -> None:
+    """Both engines (SPIN's stays alive while the all-keep one runs) must fit, checked before
+    either starts (each Engine checks itself again)."""
+    need = sum(engine_bytes(cfg, s, _engine_options(s, opts, backend).resolve(s, device),
+                            random_weights and s is spin) for s in (spin, None))
+    check_memory(need, device, f"the demo (two engines, --batch {opts.max_batch}; "
+                               f"{cfg.sizes()})")
+
+
 def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, opts: DemoOptions,
                label: str, expected_steps: Optional[int] = None,
                backend: Optional[logits_backends.LogitsBackend] = None
@@ -101,14 +126,8 @@ def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, 
     else unknown) with the requests done in its postfix. The all-keep engine's StepStats get
     selected_blocks = visible_blocks = the blocks its dense indexer scored that step where the
     engine left them 0, so both sides' indexer bytes come from their own runs."""
-    eager = opts.measure_miss or opts.dump_trace or not opts.cuda_graphs
-    engine = Engine(cfg, spin, weights=weights, device=device, max_batch=opts.max_batch,
-                    switch=(opts.switch or "spin") if spin is not None else None,
-                    predictor=opts.predictor if spin is not None else "spin",
-                    measure_miss=opts.measure_miss and spin is not None,
-                    trace_request=0 if (opts.dump_trace and spin is not None) else None,
-                    time_indexer=bool(eager), cuda_graphs=False if eager else None,
-                    logits_backend=backend or opts.logits_backend)
+    engine = Engine(cfg, spin, weights=weights, device=device,
+                    options=_engine_options(spin, opts, backend))
     arrivals = workload(opts, cfg)
     layers = len(cfg.csa_layers)
     bar = None
@@ -232,12 +251,13 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
     # resolved once, for every engine of the run (unusable: SpinError before any work)
     backend = logits_backends.resolve(opts.logits_backend, device)
-    speed = run_speed(spin, opts, device, backend) if device.type == "cuda" else None
     if spin.index_topk != cfg.index_topk:
         if "index_topk" in spin.model_fields_set:
             raise SpinError(f"index_topk {spin.index_topk}: the dsa-lite model uses "
                             f"K = {cfg.index_topk}")
         spin = spin.with_overrides(index_topk=cfg.index_topk)
+    check_demo_memory(cfg, spin, opts, device, weights is None, backend)
+    speed = run_speed(spin, opts, device, backend) if device.type == "cuda" else None
     if weights is None:
         weights = init_weights(cfg)
     spin_engine, spin_out = run_engine(cfg, spin, weights, device, opts, "SPIN",

@@ -93,11 +93,10 @@ def _check_names(cfg: DsaLiteConfig, names, what: str) -> dict[str, tuple[int, .
     missing = sorted(set(needed) - set(names))
     extra = sorted(set(names) - set(needed) - set(optional))
     if missing or extra:
-        parts = ([f"missing {len(missing)} tensors ({', '.join(missing[:5])}"
-                  f"{', ...' if len(missing) > 5 else ''})"] if missing else []) + \
-                ([f"{len(extra)} unexpected tensors ({shown(extra[:5], 200)}"
-                  f"{', ...' if len(extra) > 5 else ''})"] if extra else [])
-        raise SpinError(f"{what}: {'; '.join(parts)} for the model its config describes")
+        parts = [f"{label} {shown(names[:5], 300)}" + (f" ({len(names):,} in all)"
+                                                         if len(names) > 5 else "")
+                 for label, names in (("missing", missing), ("unexpected", extra)) if names]
+        raise SpinError(f"{what}: {', '.join(parts)} against the config's model")
     return needed | optional
 
 
@@ -125,8 +124,8 @@ def check_weights(cfg: DsaLiteConfig, weights: Any, what: str = "weights") -> No
                             f"{list(shapes[name])}")
     top = torch.finfo(getattr(torch, cfg.dtype)).max
     for name, v in weights.items():
-        bad = int((~torch.isfinite(v)).sum())
-        if bad:
+        if not bool(torch.isfinite(v).all()):
+            bad = int((~torch.isfinite(v)).sum())
             raise SpinError(f"{what}: {name} has {bad:,} NaN or infinite values")
         if torch.finfo(v.dtype).max > top and float(v.abs().max()) > top:
             raise SpinError(f"{what}: {name} has values up to {float(v.abs().max()):.3g}, "
@@ -264,6 +263,8 @@ def check_memory(need: int, device: torch.device | str, what: str) -> None:
 
 
 def _gb(n: int) -> str:
+    if n >= 1e11:
+        return f"{n / 1e9:,.0f} GB"
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
 
 

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from ..errors import SpinError
 from ..limits import HEAD_DIM, INDEX_HEADS
 from .config import INDEX_RATIOS, DsaLiteConfig
-from .model import ffn, init_weights, mtp_step, quantize_rows_fp8, rms_norm, rope
+from .model import (check_memory, ffn, init_weights, mtp_step, quantize_rows_fp8, rms_norm,
+                    rope, weight_count)
 
 
 # ---- corpus ---------------------------------------------------------------------------------------
@@ -233,12 +234,46 @@ def bits_per_byte(w, cfg, data, seq_len, batch, n_batches, sparse, generator) ->
     return total / count / math.log(2)
 
 
+# Peak memory of one training step (sequence_forward, backward, AdamW), measured on the shipped
+# model's shapes (ratios 1 and 4) and fitted as
+#   SCORE_BYTES x score elements + SLOT_BYTES x batch x indexer slots + 16 x params + fixed,
+# score elements being batch x seq_len x (seq_len + compressed entries) x heads summed over the
+# layers (every layer scores [T, T] and masks it), indexer slots seq_len / ratio per indexer
+# layer. CPU (float32; peak RSS of a fresh process, batch 1..2 x seq_len 1,024..4,096): 10 bytes
+# a score, 128 KiB + 64 KiB per indexer layer a slot (the indexer's chunked scores and its KL
+# rows); 1.1-1.25x what was measured (1 x 4,096: 6.0 GiB measured, 6.6 estimated). CUDA (H200,
+# bfloat16 autocast; max_memory_reserved, batch 1..8 x seq_len 1,024..16,384): 13.5 bytes a
+# score, half the CPU's per slot; 1.1-1.3x what was measured (8 x 4,096: 51 GiB measured, 59
+# estimated; 2 x 16,384 ran out of the H200's 140 GiB, estimated 222 GiB).
+SCORE_BYTES = {"cuda": 13.5, "cpu": 10.0}
+SLOT_BYTES = {"cuda": (64 << 10, 32 << 10), "cpu": (128 << 10, 64 << 10)}   # (once, per layer)
+TRAIN_FIXED_BYTES = 256 << 20
+
+
+def train_bytes(cfg: DsaLiteConfig, batch: int, seq_len: int, device: torch.device | str) -> int:
+    """Estimated peak memory of a training step on `device` (see SCORE_BYTES)."""
+    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    T = seq_len
+    scores = sum(batch * T * (T + (T // r if r else 0)) * cfg.heads for r in cfg.compress_ratios)
+    once, per_layer = SLOT_BYTES[kind]
+    slots = batch * (T // cfg.index_ratio) * (once + per_layer * len(cfg.csa_layers))
+    return int(SCORE_BYTES[kind] * scores) + slots + 16 * weight_count(cfg) + TRAIN_FIXED_BYTES
+
+
+def check_train_memory(cfg: DsaLiteConfig, tc: "TrainConfig", device: torch.device | str) -> None:
+    """SpinError (one line) when a training step of tc.batch x tc.seq_len would not fit."""
+    check_memory(train_bytes(cfg, tc.batch, tc.seq_len, device), device,
+                 f"training at --batch {tc.batch} x --seq-len {tc.seq_len:,} (attention scores "
+                 f"grow with batch x seq-len^2)")
+
+
 def train(cfg: DsaLiteConfig, tc: TrainConfig, corpus: Corpus, device: torch.device | str,
           log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], dict]:
     """Returns the trained weights (float32, CPU) and a report for the model card."""
     device = torch.device(device)
     if tc.seq_len > cfg.max_context:
         raise SpinError(f"seq_len {tc.seq_len} exceeds the model's max_context {cfg.max_context}")
+    check_train_memory(cfg, tc, device)
     torch.manual_seed(tc.seed)
     g = torch.Generator().manual_seed(tc.seed)
     w = {k: v.to(device).requires_grad_(True) for k, v in init_weights(cfg).items()}

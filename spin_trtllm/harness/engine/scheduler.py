@@ -23,10 +23,11 @@ from ...indexer import DenseIndexer, SpinIndexer
 from ...limits import BLOCK_SLOTS
 from ...state import StatePool
 from ..config import DsaLiteConfig
-from ..model import Caches, DsaLiteModel, PrefillIndexer, init_weights
+from ..model import Caches, DsaLiteModel, PrefillIndexer, check_memory, check_weights, init_weights
 from . import requests as rq
 from . import sampling
 from .graphs import GraphCache, Outputs
+from .memory import engine_bytes
 from .options import EngineOptions
 from .requests import Live, Request, RequestError, RequestOutput
 from .tracing import ShadowObserver, StepStats, TimedIndexer, Timer, TraceRecorder
@@ -65,6 +66,11 @@ class Engine:
         self.cuda_graphs, self.drafter = opts.cuda_graphs, opts.drafter
         self.logits_backend = opts.logits_backend
         self.trace_requests = opts.trace_requests
+        # weights and memory are checked before anything is allocated
+        if weights is not None:
+            check_weights(cfg, weights)
+        check_memory(engine_bytes(cfg, spin, opts, random_weights=weights is None), self.device,
+                     f"an engine for {opts.max_requests} requests ({cfg.sizes()})")
         self.model = DsaLiteModel(cfg, weights if weights is not None else init_weights(cfg),
                                   self.device)
         pages_per_request = math.ceil(cfg.index_slots / BLOCK_SLOTS)
@@ -265,7 +271,14 @@ class Engine:
                                                 table, self.caches, self.prefill_indexer)
         live.context += tokens
         self._summarize([live])                   # every page: a new turn rewrote some
-        live.pending = sampling.target(live, logits[0, -1].cpu(), 0, len(live.context))
+        last = logits[0, -1].cpu()
+        if not bool(torch.isfinite(last).all()) or bool(last.max() == last.min()):
+            # finite weights can still overflow the activations (an overflowed RMS norm
+            # zeroes them): every argmax would be token 0
+            raise SpinError(f"request {live.rid}: the model's logits after the prompt are NaN, "
+                            f"infinite or all equal (weights all zero, or too large for "
+                            f"{cfg.dtype})")
+        live.pending = sampling.target(live, last, 0, len(live.context))
         live.hidden = hidden[0, -1]
         if self.pool is not None and live.turn > 0:
             self.pool.reset([live.rid], live.step)
