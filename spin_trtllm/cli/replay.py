@@ -93,14 +93,14 @@ def _write_outputs(args: argparse.Namespace, results: list[dict[str, Any]]) -> N
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from ..replay import work
-    from ..replay.evaluate import run_study
+    from ..replay.evaluate import estimate_study, run_study
     from ..replay.trace import SpinTrace
 
     cfg = _load_config(args)
     sparsities = _sparsities(args, cfg)
     traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
     for trace in traces:
-        work.require(work.estimate_study(trace, args.study, len(sparsities), cfg))
+        work.require(estimate_study(trace, args.study, len(sparsities), cfg))
     results = []
     for trace in traces:
         results.extend(run_study(trace, args.study, sparsities, cfg, progress=not args.quiet))

@@ -36,6 +36,7 @@ from ..errors import SpinError
 from ..reference import SpinState, block_count, decode_step, hybrid_scores, predict_blocks
 from ..predictors import BUDGETS
 from .probe import AdaptiveBudget, QueryProbe, require_query_data, rows_read_per_block
+from . import work
 from .trace import SpinTrace
 
 
@@ -146,7 +147,6 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
     work.REPLAY_MAX_WORK_BYTES, or padding far beyond the data). Layers run in batches
     (work.layer_batches), each with its own state, sized anew at every turn start for the
     slots that turn needs."""
-    from . import work
 
     cfg = config_for_trace(trace, cfg)
     sparsities = check_sparsities(sparsities)
@@ -439,3 +439,14 @@ def run_study(trace: SpinTrace, study: str, sparsities: Sequence[float],
         results.extend(replay(trace, sparsities, variant, progress=progress, label=label,
                               desc=f"{study} {label} ({i}/{len(variants)})"))
     return results
+
+
+def estimate_study(trace: SpinTrace, study: str, sparsities: int,
+                   cfg: Optional[SpinConfig] = None) -> "work.Estimate":
+    """run_study's work: its variants replay one after the other (the largest is the peak)."""
+    ests = [work.estimate_replay(trace, sparsities, variant)
+            for _, variant in study_variants(study, config_for_trace(trace, cfg), trace.next_n)]
+    top = max(ests, key=lambda e: e.bytes)
+    return work.Estimate(f"ablate --study {study}", trace.name, top.held, top.step,
+                         sum(e.seconds for e in ests),
+                         next((e.refusal for e in ests if e.refusal), None))

@@ -295,15 +295,3 @@ def estimate_mask_plot(trace, layer: int, row: int = 0, max_slots: Optional[int]
                     (MASK_BYTES_PER_PIXEL * (t1 - t0) * w + 64 * int(shown.max()),
                      f"drawing steps {t0}..{t1 - 1} of the mask plot: {t1 - t0:,} x {w:,} pixels"),
                     pixels * MASK_SECONDS_PER_PIXEL + T * MASK_SECONDS_PER_STEP)
-
-
-def estimate_study(trace, study: str, sparsities: int, cfg=None) -> Estimate:
-    """evaluate.run_study: its variants replay one after the other (the largest is the peak)."""
-    from .evaluate import config_for_trace, study_variants
-
-    ests = [estimate_replay(trace, sparsities, variant)
-            for _, variant in study_variants(study, config_for_trace(trace, cfg), trace.next_n)]
-    top = max(ests, key=lambda e: e.bytes)
-    return Estimate(f"ablate --study {study}", trace.name, top.held, top.step,
-                    sum(e.seconds for e in ests),
-                    next((e.refusal for e in ests if e.refusal), None))
