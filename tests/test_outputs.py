@@ -409,3 +409,37 @@ def test_fuzz_outputs_never_touch_inputs(tmp_path_factory, trace, json_name, plo
         assert {k: v for k, v in after.items() if os.path.realpath(k) not in written} == \
             {k: v for k, v in before.items() if os.path.realpath(k) not in written}
         assert not any(p.name.startswith(".") for p in folder.iterdir())
+
+
+# ---- names and configs a user may give --------------------------------------------------------
+def test_names_that_are_not_utf8_work_end_to_end(tmp_path):
+    trace = b"t\xff\xfe.safetensors"
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "spin_trtllm.cli", *argv],
+                                       cwd=tmp_path, capture_output=True, timeout=120)
+    proc = run(b"synth", trace, b"--steps", b"4", b"--layers", b"1", b"--prompt-slots", b"128",
+               b"--quiet")
+    assert proc.returncode == 0, proc.stderr
+    proc = run(b"info", trace)
+    assert proc.returncode == 0, proc.stderr
+    assert b"t\\udcff\\udcfe.safetensors" in proc.stdout          # printed escaped
+    proc = run(b"replay", trace, b"--sparsity", b"0.5", b"--quiet", b"--json", b"r\xff.json",
+               b"--plot", b"p\xfe", b"--mask-plot", b"m\xfd.png")
+    assert proc.returncode == 0, proc.stderr
+    made = set(os.listdir(os.fsencode(tmp_path)))
+    assert {b"r\xff.json", b"p\xfe.png", b"m\xfd.png"} <= made
+    assert isinstance(json.loads((tmp_path / os.fsdecode(b"r\xff.json")).read_text()), list)
+
+
+@pytest.mark.parametrize("block", ["5", "true", "[1, 2]", "'ab'", "null"])
+def test_serve_spin_block_must_be_a_mapping(tmp_path, block, capsys):
+    from spin_trtllm.cli import main
+
+    cfg = tmp_path / "opts.yaml"
+    cfg.write_text(f"sparse_attention_config:\n  algorithm: dsa\n  index_topk: 2048\n"
+                   f"  spin: {block}\n")
+    rc = main(["serve", "org/model", "--config", str(cfg)])
+    err = capsys.readouterr().err
+    if block == "null":              # no spin block: made from the flags, then tensorrt_llm
+        assert rc == 2 and "tensorrt" in err.lower(), err
+        return
+    assert_refused(rc, err, "sparse_attention_config.spin must be a mapping")
