@@ -1,0 +1,94 @@
+"""The masked FP8 paged logits kernel alone (CUDA GPU): median time per launch and the K-cache
+bytes it reads per second, next to the GPU's HBM bandwidth.
+
+    python benchmarks/bench_logits.py [--shapes 96x131072 32x131072] [--rows 1 2 4]
+        [--sparsity 0.5] [--iters 50] [--json OUT]
+
+Each request selects (1 - sparsity) of its blocks at random; a launch reads those pages once
+for all rows (64 x 132 B each). Times come from CUDA events around `iters` back-to-back
+launches, median of 5 such runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from spin_trtllm import ops
+from spin_trtllm._inputs import exit_code_of
+from spin_trtllm._outputs import write_output
+from spin_trtllm.errors import SpinError
+from spin_trtllm.limits import BLOCK_SLOTS, SLOT_BYTES
+from spin_trtllm.testing.pages import make_cache
+
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
+
+
+def case(batch: int, slots: int, rows: int, sparsity: float, iters: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    blocks = slots // BLOCK_SLOTS
+    keep = max(1, round(blocks * (1 - sparsity)))
+    cache = make_cache(batch * blocks, gen, device="cuda")
+    table = torch.randperm(batch * blocks, generator=gen).view(batch, blocks).int().cuda()
+    ids = torch.stack([torch.randperm(blocks, generator=gen)[:keep].sort().values
+                       for _ in range(batch)]).int().cuda()
+    cnt = torch.full((batch,), keep, dtype=torch.int32, device="cuda")
+    n = torch.tensor([[slots - rows + 1 + r for r in range(rows)]] * batch,
+                     dtype=torch.int32, device="cuda")
+    q = torch.randn(batch * rows, 64, 128, generator=gen).to(torch.float8_e4m3fn).cuda()
+    w = (torch.randn(batch * rows, 64, generator=gen) * 0.1).cuda()
+    run = lambda: ops.indexer_logits(q, cache, w, n, table, ids, cnt)
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters * 1e3)
+    us = sorted(times)[len(times) // 2]
+    read = batch * keep * BLOCK_SLOTS * SLOT_BYTES
+    return {"batch": batch, "slots": slots, "rows": rows, "sparsity": sparsity, "us": us,
+            "cache_bytes": read, "bytes_per_s": read / (us * 1e-6)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["96x131072", "32x131072"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SpinError("needs a CUDA GPU")
+    if not 0 <= args.sparsity < 1 or not 1 <= args.iters <= 10_000:
+        raise SpinError("--sparsity must be in [0, 1) and --iters in 1..10000")
+    name = torch.cuda.get_device_name()
+    limit = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
+    rows = []
+    for shape in args.shapes:
+        try:
+            batch, slots = (int(x) for x in shape.split("x"))
+        except ValueError:
+            raise SpinError(f"--shapes {shape!r}: use BATCHxSLOTS") from None
+        for r in args.rows:
+            row = case(batch, slots, r, args.sparsity, args.iters)
+            rows.append(row)
+            share = f", {row['bytes_per_s'] / limit:.0%} of HBM" if limit else ""
+            print(f"{name}: {batch} x {slots} slots, rows {r}, sparsity {args.sparsity}: "
+                  f"{row['us']:.1f} us, {row['bytes_per_s'] / 1e12:.2f} TB/s of K cache{share}")
+    if args.json:
+        write_output(args.json, "--json", json.dumps({"device": name, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code_of(main, Path(sys.argv[0]).name))
