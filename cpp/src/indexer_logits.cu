@@ -5,11 +5,9 @@
 // Grid (runs, requests): a CTA (one warpgroup, 4 warps) takes a run of up to kMaxBlocksPerCta
 // selected blocks of one request, a warp 16 slots of each page. Pages stream through a
 // kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor cores
-// read, each stage with a "full" mbarrier (the page has landed) and an "empty" handoff (every
-// warp has read it): on sm_90 one thread loads a page with the bulk tensor copy engine (keys)
-// and a bulk copy (scales), and the handoff is a named barrier per stage (warps 1-3 arrive,
-// the loading warp syncs); on sm_89 every thread cp.asyncs its chunks and the handoff is an
-// mbarrier. Once every warp's MMA has read a page, its stage is refilled while the next page's
+// read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page with
+// the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread cp.asyncs
+// its chunks. Once every warp's MMA has read a page, its stage is refilled while the next page's
 // MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup back at every
 // MMA), and no block-wide barrier runs per page. Each page is read once for all MTP rows.
 #include <algorithm>
@@ -101,17 +99,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-// The "empty" handoff of stage s as hardware named barrier s + 1 (0 is __syncthreads) over the
-// warpgroup: warps 1-3 arrive once they have read a page that will be refilled, warp 0 (done
-// reading it too) syncs before its lane 0 refills. An mbarrier arrive/wait orders the same
-// accesses, but compute-sanitizer racecheck does not model mbarriers and reports every refill
-// as a hazard (tests/gpu/race_repro); named barriers it checks.
-__device__ __forceinline__ void stage_read_arrive(int stage) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(stage + 1), "n"(kThreads) : "memory");
-}
-__device__ __forceinline__ void stage_read_sync(int stage) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(stage + 1), "n"(kThreads) : "memory");
-}
 #else
 // One arrival on `bar` once this thread's earlier cp.asyncs have landed.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
@@ -170,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
       mbar_init(full0 + 8 * s, 1);              // thread 0's arrive with the bytes to expect
 #else
       mbar_init(full0 + 8 * s, kThreads);       // every thread's cp.async arrival
-      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
 #endif
+      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
     }
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -184,15 +171,12 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   // Page i into its stage once every warp has read page i - kStages there.
   auto issue = [&](int i) {
     if (i >= run) return;
+#if __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0) return;  // one thread drives the copy engine
+#endif
     const int stage = stage_of<kStages>(i);
     const uint32_t full = full0 + 8 * stage;
-#if __CUDA_ARCH__ >= 900
-    if (warp != 0) return;
-    if (i >= kStages) stage_read_sync(stage);  // the whole warp
-    if (lane != 0) return;                     // one thread drives the copy engine
-#else
     if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of<kStages>(i) ^ 1);
-#endif
     const int page = page_s[i];
     if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
       mbar_arrive(full);
@@ -272,12 +256,7 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
                   },
                   [&] {  // this page's stage is read
                     __syncwarp();
-#if __CUDA_ARCH__ >= 900
-                    // warp 0 syncs on it before the refill (issue); no refill, no arrival
-                    if (warp != 0 && i + kStages < run) stage_read_arrive(stage);
-#else
                     if (lane == 0) mbar_arrive(empty0 + 8 * stage);
-#endif
                   },
                   [&](int r, float z) {
                     out_c[r * width] = slot < row_len(r) ? z : -CUDART_INF_F;
