@@ -14,8 +14,8 @@ from ...errors import SpinError
 from ...limits import BLOCK_SLOTS
 from ...options import IndexerOptions
 
-# (request id, context + pending token, depth) -> depth draft tokens
-Drafter = Callable[[int, list[int], int], list[int]]
+# (request id, context + pending token, depth) -> depth draft tokens, or None: the MTP head's
+Drafter = Callable[[int, list[int], int], Optional[list[int]]]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,7 +39,8 @@ class EngineOptions:
     steps eagerly. measure_miss: run the dense indexer beside as a shadow and record SPIN's
     miss rate; trace_request: the request id(s) whose decode steps make a SPIN trace
     (Engine.trace); time_indexer: time the indexer's share of each step (StepStats).
-    drafter: (request id, context + pending token, depth) -> drafts; replaces the MTP head.
+    drafter: (request id, context + pending token, depth) -> drafts; replaces the MTP head
+    (a request it returns None for drafts with the head).
     state_initial_capacity: SPIN state starts at this many indexer slots per request and
     grows with the longest context (StatePool.ensure_capacity).
     logits_backend: where the decode indexer's logits come from (spin_trtllm.logits: native,

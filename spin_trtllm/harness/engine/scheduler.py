@@ -304,12 +304,19 @@ class Engine:
         if not d or not lives:
             return
         if self.drafter is not None:
+            head = []
             for live in lives:
-                drafts = [int(t) for t in self.drafter(live.rid, live.context + [live.pending], d)]
+                drafts = self.drafter(live.rid, live.context + [live.pending], d)
+                if drafts is None:                  # this one drafts with the MTP head
+                    head.append(live)
+                    continue
+                drafts = [int(t) for t in drafts]
                 if len(drafts) != d or not all(0 <= t < self.cfg.vocab_size for t in drafts):
                     raise SpinError(f"drafter returned {drafts!r}, need {d} token ids")
                 live.drafts = drafts
-            return
+            lives = head
+            if not lives:
+                return
         hidden = torch.stack([live.hidden for live in lives])
         token = torch.tensor([live.pending for live in lives], device=self.device)
         drafts = self.model.draft(hidden, token, d).cpu().tolist()

@@ -1,0 +1,113 @@
+"""benchmarks/soak.py: dsa-lite serves a stream of requests with no leakage between them, no
+lost state slots and no step raising; and the checks catch a planted leak."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from spin_trtllm.state import StatePool
+
+SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+
+
+@pytest.fixture(scope="module")
+def soak():
+    spec = importlib.util.spec_from_file_location("soak_under_test", SOAK)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod             # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture
+def one_thread():
+    """The tiny model's ops are too small to share out: a second thread only contends (on a
+    busy 2-core machine a step took 8x longer)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_clean(r):
+    assert r["errors"] == []
+    assert r["checks"] == {"steps": True, "slots": True, "switch": True, "leakage": True,
+                           "memory": None if r["device"] == "cpu" else True,
+                           "longest_prompt": True}, r["checks"]
+    assert r["ok"]
+
+
+def test_cpu_soak_serves_200_requests_without_leaks(soak, one_thread):
+    r = soak.run_soak(soak.SoakOptions(requests=200, progress=False))
+    assert_clean(r)
+    assert r["requests"] == 200 and r["unfinished"] == 0 and r["wrong_lengths"] == 0
+    assert [e["mtp_depth"] for e in r["engines"]] == [0, 1]
+    leak = r["leakage"]
+    assert leak["compared"] == 100 and leak["schedules_same"]
+    assert leak["token_mismatches"] == leak["block_mismatches"] == 0
+    for e in r["engines"]:
+        assert e["multi_turn"] > 0 and e["one_token_prompts"] > 0 and e["longest_prompts"] > 0
+        first = e["runs"][0]
+        # the switch flipped both ways, requests came and went on most steps
+        assert first["spin_steps"] > 0 and first["all_keep_steps"] > 0
+        assert first["switch_flips"] >= 2
+        assert first["join_steps"] > first["steps"] / 3
+        assert first["leave_steps"] > first["steps"] / 2
+        assert first["pool_full"] and first["pages_full"]
+    assert r["memory_drift_bytes"] is None and r["requests_per_s"] > 0
+
+
+def test_a_state_slot_that_is_not_reset_is_caught_as_leakage(soak, one_thread, monkeypatch):
+    """A new request inherits the previous owner's SPIN state: the kept requests' selected
+    blocks then depend on what the replaced requests were."""
+    monkeypatch.setattr(StatePool, "reset", lambda self, request_ids, step=0: None)
+    r = soak.run_soak(soak.SoakOptions(requests=40, max_batch=4, progress=False))
+    assert r["errors"] == [] and r["checks"]["steps"] and r["checks"]["slots"]
+    assert r["leakage"]["schedules_same"]
+    assert r["leakage"]["block_mismatches"] > 0
+    assert r["checks"]["leakage"] is False and not r["ok"]
+
+
+def test_a_slot_never_given_back_is_caught(soak, one_thread, monkeypatch):
+    release = StatePool.release
+
+    def keep_one(self, request_id):
+        if request_id != 3:
+            release(self, request_id)
+        else:
+            self._slot_of.pop(request_id)      # gone from the pool, never free again
+
+    monkeypatch.setattr(StatePool, "release", keep_one)
+    r = soak.run_soak(soak.SoakOptions(requests=12, mtp=0, leakage=False, progress=False))
+    assert r["errors"] == [] and r["checks"]["steps"]
+    assert r["checks"]["slots"] is False and not r["ok"]
+
+
+def test_command_line_prints_the_checks_and_writes_json(tmp_path):
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(SOAK), "--requests", "6", "--mtp", "0",
+                           "--no-leakage", "--threads", "1", "--quiet", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert "requests/s" in proc.stdout and "memory drift (max)   n/a" in proc.stdout
+    r = json.loads(out.read_text())
+    assert r["requests"] == 6 and r["checks"]["slots"] and r["checks"]["steps"]
+    assert proc.returncode == (0 if r["ok"] else 1)
+    bad = subprocess.run([sys.executable, str(SOAK), "--requests", "1"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--requests must be >= 2" in bad.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_soak_with_the_shipped_model(soak):
+    """The shipped checkpoint, CUDA graphs, 1,000 requests (benchmarks/soak.py --device cuda
+    serves 5,000)."""
+    r = soak.run_soak(soak.SoakOptions(device="cuda", requests=1000, progress=False))
+    assert_clean(r)
+    assert r["memory_drift_bytes"] is not None
+    assert all(run["memory_samples"] >= 2 for e in r["engines"] for run in e["runs"])
