@@ -86,6 +86,11 @@ def size_text(n: int) -> str:
     return f"{n:,} bytes"
 
 
+def approx_size(n: float) -> str:
+    """An estimate in binary units: '3.2 GiB', '870 MiB'."""
+    return f"{n / (1 << 30):,.1f} GiB" if n >= 1 << 29 else f"{n / (1 << 20):,.0f} MiB"
+
+
 def _kind(mode: int) -> Optional[str]:
     for test, name in _FILE_KINDS:
         if test(mode):

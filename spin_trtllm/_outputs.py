@@ -35,6 +35,11 @@ def _stat(path: PathLike) -> Optional[os.stat_result]:
         return None
 
 
+def is_device(st: Optional[os.stat_result]) -> bool:
+    """A character device (written through, never replaced)."""
+    return st is not None and stat.S_ISCHR(st.st_mode)
+
+
 def _name(what: str, path: PathLike) -> str:
     return one_line(f"{what} {os.fsdecode(path)}".strip(), 300)
 
@@ -59,7 +64,7 @@ def check_output(path: Optional[PathLike], what: str, error: type[SpinError] = S
         real = Path(os.path.realpath(p))
     except (OSError, ValueError) as err:          # ValueError: a NUL byte in the path
         raise error(f"{where}: cannot write ({getattr(err, 'strerror', None) or err})") from None
-    if st is not None and stat.S_ISCHR(st.st_mode):
+    if is_device(st):
         if not os.access(p, os.W_OK):
             raise error(f"{where}: cannot write (permission denied)")
         return p
@@ -100,7 +105,7 @@ def check_plan(outputs: Sequence[tuple[str, PathLike]],
     for what, path in outputs:
         p = check_output(path, what, error, parents)
         st = _stat(p)
-        if st is not None and stat.S_ISCHR(st.st_mode):
+        if is_device(st):
             continue
         ident = _identity(p)
         for in_what, in_path in inputs:
@@ -131,7 +136,7 @@ def write_output(path: PathLike, what: str, data: Union[bytes, str, None] = None
     where = _name(what, p)
     st = _stat(p)
     try:
-        if st is not None and stat.S_ISCHR(st.st_mode):
+        if is_device(st):
             _write_device(p, data, writer)
         else:
             _replace_file(Path(os.path.realpath(p)), st, data, writer)

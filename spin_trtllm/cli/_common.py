@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -16,7 +15,7 @@ import yaml
 
 from .. import _inputs
 from .._inputs import one_line
-from .._outputs import check_output, check_plan, write_output
+from .._outputs import check_output, check_plan, is_device, write_output
 from ..config import SpinConfig
 from ..errors import SpinError
 from ..limits import EXPLORATION_POLICY
@@ -123,9 +122,9 @@ def _flag(action: argparse.Action) -> str:
     return next((s for s in action.option_strings if s.startswith("--")), "output")
 
 
-def _is_device(path: Path) -> bool:
+def _is_device_path(path: Path) -> bool:
     try:
-        return stat.S_ISCHR(os.stat(path).st_mode)
+        return is_device(os.stat(path))
     except (OSError, ValueError):
         return False
 
@@ -135,7 +134,7 @@ def _plot_path(value: str, flag: str) -> Path:
     printed is the file written; a device such as /dev/null is kept, written as PNG); the
     extension must be a format matplotlib writes."""
     path = Path(value) if value else None
-    if path is not None and path.name and not path.suffix and not _is_device(path):
+    if path is not None and path.name and not path.suffix and not _is_device_path(path):
         path = path.with_name(path.name + ".png")
     if path is not None and path.suffix:
         from matplotlib.backend_bases import FigureCanvasBase

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
-from .._inputs import CHECKPOINT_MAX_BYTES, check_input_file, library_path, shown
+from .._inputs import (CHECKPOINT_MAX_BYTES, approx_size, check_input_file, library_path,
+                       shown)
 from .._outputs import write_output
 from ..errors import SpinError
 from .. import reference as ref
@@ -259,13 +260,8 @@ def check_memory(need: int, device: torch.device | str, what: str) -> None:
     """SpinError (one line) when an estimate of `need` bytes exceeds free_memory(device)."""
     free, where = free_memory(device)
     if need > free:
-        raise SpinError(f"{what} needs about {_gb(need)} of memory; {_gb(free)} {where}")
-
-
-def _gb(n: int) -> str:
-    if n >= 1e11:
-        return f"{n / 1e9:,.0f} GB"
-    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+        raise SpinError(f"{what} needs about {approx_size(need)} of memory; "
+                        f"{approx_size(free)} {where}")
 
 
 # ---- caches -----------------------------------------------------------------------------------

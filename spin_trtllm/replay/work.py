@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .._inputs import one_line, size_text
+from .._inputs import approx_size, one_line, size_text
 from ..errors import SpinError
 
 # Peak memory a run may take beside the loaded traces: half of a 16 GiB workstation. A step
@@ -123,10 +123,6 @@ class Estimate:
                         self.seconds + other.seconds, self.refusal or other.refusal)
 
 
-def gib(n: float) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 29 else f"{n / (1 << 20):.0f} MiB"
-
-
 def seconds_text(s: float) -> str:
     if s < 60:
         return f"{max(s, 1):.0f} s"
@@ -141,7 +137,7 @@ def require(est: Estimate, limit: Optional[int] = None) -> None:
         raise SpinError(f"trace {one_line(est.trace, 300)}: {est.run}: {est.refusal}")
     if est.bytes > limit:
         raise SpinError(f"trace {one_line(est.trace, 300)}: {est.run} would need about "
-                        f"{gib(est.bytes)} of memory, over the limit of {size_text(limit)}; "
+                        f"{approx_size(est.bytes)} of memory, over the limit of {size_text(limit)}; "
                         f"most of it: {est.largest()}")
 
 
@@ -150,7 +146,7 @@ def summary(est: Estimate) -> str:
     over = ""
     if est.refusal or est.bytes > REPLAY_MAX_WORK_BYTES:
         over = f"; refused: {est.refusal or 'over the limit'}"
-    return (f"about {gib(est.bytes)} of memory and {seconds_text(est.seconds)} (estimated; "
+    return (f"about {approx_size(est.bytes)} of memory and {seconds_text(est.seconds)} (estimated; "
             f"limit {size_text(REPLAY_MAX_WORK_BYTES)}){over}")
 
 
