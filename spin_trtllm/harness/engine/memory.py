@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ..._inputs import TRACE_V2_MAX_BYTES, size_text
+from ..._inputs import TRACE_V2_MAX_BYTES, approx_size, size_text
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, KEY_BYTES
@@ -144,7 +144,7 @@ def check_trace_memory(cfg: DsaLiteConfig, prompt_tokens: int, steps: int,
     run = f"trace --prompt-tokens {prompt_tokens:,} --steps {steps:,}"
     host, file = trace_bytes(cfg, prompt_tokens, steps)
     if file > TRACE_V2_MAX_BYTES:
-        raise SpinError(f"{run}: the trace would be about {file / 1e9:,.0f} GB, over the "
+        raise SpinError(f"{run}: the trace would be about {approx_size(file)}, over the "
                         f"{size_text(TRACE_V2_MAX_BYTES)} a v2 trace may have (each step keeps "
                         f"its dense scores of the whole context)")
     engine = engine_bytes(cfg, None, EngineOptions(trace_request=0).resolve(None, device))
