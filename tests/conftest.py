@@ -2,6 +2,7 @@
 Helpers that tests import live in spin_trtllm.testing (no test module imports another)."""
 
 import importlib
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +25,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu, append=False)
+
+
+def pytest_configure(config):
+    if os.environ.get("SPIN_KERNEL_LOG") and torch.cuda.is_available():
+        config.pluginmanager.register(KernelLog(os.environ["SPIN_KERNEL_LOG"]), "spin_kernel_log")
+
+
+class KernelLog:
+    """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests launched (torch.profiler, kernels inside
+    CUDA graphs included) with the number of tests that launched it, written as JSON at the end
+    for tests/gpu/kernel_coverage.py."""
+
+    def __init__(self, path: str):
+        self.path, self.tests = path, {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            yield
+            torch.cuda.synchronize()
+        for name in {e.name for e in prof.events() if e.device_type.name == "CUDA"}:
+            self.tests.setdefault(name, []).append(item.nodeid)
+
+    def pytest_sessionfinish(self, session):
+        Path(self.path).write_text(json.dumps(self.tests, indent=1, sort_keys=True))
 
 
 @pytest.fixture

@@ -187,7 +187,7 @@ def _many_requests(B, blocks, R, seed, min_count):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,blocks,min_count", [
-    pytest.param(700, 6, 0, marks=pytest.mark.no_racecheck), (600, 100, 60)])
+    pytest.param(700, 6, 0, marks=pytest.mark.large), (600, 100, 60)])
 @pytest.mark.parametrize("R", [1, 2, 3])
 def test_gpu_logits_many_requests_match_reference(B, blocks, min_count, R):
     """Shapes whose runs do not fit one wave (on an H200: more requests than resident CTAs, or

@@ -294,7 +294,6 @@ def test_gpu_hybrid_select_matches_reference(policy, R, dtype, cap, extra):
     assert torch.equal(out[0][0][:, layer], out[1][0][:, layer])
 
 @pytest.mark.gpu
-@pytest.mark.no_racecheck
 def test_gpu_probe_and_select_capture_in_a_cuda_graph():
     gen = torch.Generator().manual_seed(10)
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5)

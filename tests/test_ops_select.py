@@ -230,7 +230,7 @@ def test_gpu_select_ties_and_whole_bins_match_reference(state_dtype, values, pol
 
 
 @pytest.mark.gpu
-@pytest.mark.no_racecheck
+@pytest.mark.large  # statistics over many steps; exploration also runs in the step tests
 def test_gpu_random_exploration_distribution():
     # Exploration picks e blocks uniformly among the candidates: count over many steps.
     cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.25, keep_sink=False,

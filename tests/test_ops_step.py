@@ -51,23 +51,22 @@ def test_gpu_row0_mtp_mask_fp16_state_and_k2048():
 
 
 @pytest.mark.gpu
-@pytest.mark.no_racecheck
-def test_gpu_long_context_256k_and_tiny():
+@pytest.mark.parametrize("long", [pytest.param(262144, marks=pytest.mark.large), 120000])
+def test_gpu_long_context_and_tiny(long):
     cfg = SpinConfig(index_topk=512, target_sparsity=0.5)
-    p_cpu, p_gpu = problem_pair(B=2, R=1, L=1, lens=(262144, 1), seed=4, cfg=cfg)
+    p_cpu, p_gpu = problem_pair(B=2, R=1, L=1, lens=(long, 1), seed=4, cfg=cfg)
     compare_step(p_cpu, p_gpu)
 
 
 @pytest.mark.gpu
-@pytest.mark.no_racecheck
-def test_gpu_long_context_256k_mtp():
+@pytest.mark.parametrize("long", [pytest.param(262143, marks=pytest.mark.large), 119999])
+def test_gpu_long_context_mtp(long):
     cfg = SpinConfig(index_topk=2048, target_sparsity=0.4)
-    p_cpu, p_gpu = problem_pair(B=1, R=2, L=1, lens=(262143,), seed=23, cfg=cfg)
+    p_cpu, p_gpu = problem_pair(B=1, R=2, L=1, lens=(long,), seed=23, cfg=cfg)
     compare_step(p_cpu, p_gpu)
 
 
 @pytest.mark.gpu
-@pytest.mark.no_racecheck
 def test_gpu_cuda_graph_step_matches_eager():
     cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.1)
     p = Problem(B=3, R=2, L=2, lens=(900, 400, 1200), seed=7, cfg=cfg, device="cuda")

@@ -60,9 +60,7 @@ def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
-@pytest.mark.parametrize("blocks,k", [(1, 512), (40, 512), (40, 2048),
-                                     pytest.param(700, 512, marks=pytest.mark.no_racecheck),
-                                     pytest.param(1100, 2048, marks=pytest.mark.no_racecheck)])
+@pytest.mark.parametrize("blocks,k", [(1, 512), (40, 512), (40, 2048), (700, 512), (1100, 2048)])
 def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
     # 700 / 1100 blocks (44.8K / 70.4K slots): rows cached in shared memory and read from global
     gen = torch.Generator().manual_seed(blocks * 7 + k)
@@ -120,7 +118,7 @@ def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,blocks", [(3, 4096), (20, 1536), (40, 1536), (40, 300)])
 @pytest.mark.parametrize("kind", ["randn", "zeros",
-                                  pytest.param("few_ties", marks=pytest.mark.no_racecheck)])
+                                  pytest.param("few_ties", marks=pytest.mark.large)])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
     # on 132 SMs: clusters of 8, 4, 2 (48K-slot shares: the largest cached) and 2 CTAs per row;
     # ties and the whole-row fallback cross the CTAs' shares

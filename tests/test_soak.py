@@ -104,6 +104,7 @@ def test_command_line_prints_the_checks_and_writes_json(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.large  # the engine's kernels run under the sanitizers in tests/test_harness_gpu.py
 def test_gpu_soak_with_the_shipped_model(soak):
     """The shipped checkpoint, CUDA graphs, 1,000 requests (benchmarks/soak.py --device cuda
     serves 5,000)."""
