@@ -5,15 +5,11 @@
 // Grid (runs, requests): a CTA (one warpgroup, 4 warps) takes a run of up to kMaxBlocksPerCta
 // selected blocks of one request, a warp 16 slots of each page. Pages stream through a
 // kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor cores
-// read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page's keys
-// with the bulk tensor copy engine; on sm_89 every thread cp.asyncs its chunks. Once every warp's
-// MMA has read a page, its stage is refilled while the next page's MMA runs (on sm_90 the loading
-// thread's warp would otherwise hold the warpgroup back at every MMA), and no block-wide barrier
-// runs per page. Each page is read once for all MTP rows. A lane's two scales come from global
-// memory into registers two pages ahead (one page left the latency exposed at next_n 2): only
-// the tensor cores read a stage, so no thread reads shared memory that the copy engine refills
-// (compute-sanitizer racecheck flags every mbarrier-ordered handoff of that kind,
-// tests/gpu/race_repro).
+// read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page with
+// the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread cp.asyncs
+// its chunks. Once every warp's MMA has read a page, its stage is refilled while the next page's
+// MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup back at every
+// MMA), and no block-wide barrier runs per page. Each page is read once for all MTP rows.
 #include <algorithm>
 #include <atomic>
 
@@ -50,8 +46,11 @@ __device__ __forceinline__ uint32_t parity_of(int i) {
 struct Smem {
   int q_rows, stages;
   __host__ __device__ int page(int s) const { return q_rows * kQBytes + s * kPageKeyBytes; }
+  __host__ __device__ int scales(int s) const {
+    return q_rows * kQBytes + stages * kPageKeyBytes + s * kBlockSize * 4;
+  }
   __host__ __device__ int weights(int r) const {
-    return q_rows * kQBytes + stages * kPageKeyBytes + r * kHeads * 4;
+    return q_rows * kQBytes + stages * (kPageKeyBytes + kBlockSize * 4) + r * kHeads * 4;
   }
   __host__ __device__ int bytes() const { return weights(q_rows) + 1024; }  // + alignment slack
 };
@@ -93,6 +92,12 @@ __device__ __forceinline__ void tma_load_keys(uint32_t dst, const CUtensorMap* m
       "[%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(0), "r"(page), "r"(bar)
       : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 #else
 // One arrival on `bar` once this thread's earlier cp.asyncs have landed.
@@ -177,15 +182,19 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
       mbar_arrive(full);
       return;
     }
-#if __CUDA_ARCH__ >= 900
-    mbar_expect_tx(full, kPageKeyBytes);
-    tma_load_keys(base + lay.page(stage), &keys, page, full);
-#else
     const uint8_t* src = p.kv_cache + static_cast<int64_t>(page) * kBlockSize * kSlotBytes;
+#if __CUDA_ARCH__ >= 900
+    mbar_expect_tx(full, kPageKeyBytes + kBlockSize * 4);
+    tma_load_keys(base + lay.page(stage), &keys, page, full);
+    bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
+#else
     const uint32_t dst = base + lay.page(stage) + swizzled(threadIdx.x / 8, threadIdx.x % 8);
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u)
       cp_async16(dst + u * 2048, src + threadIdx.x * 16 + u * 2048);
+    if (threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys
+      cp_async16(base + lay.scales(stage) + threadIdx.x * 16,
+                 src + kPageKeyBytes + threadIdx.x * 16);
     cp_async_arrive(full);
 #endif
   };
@@ -228,22 +237,12 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     if constexpr (G <= 2) return ctx_reg[r];
     return ctx_s[r];
   };
-  // page i's scales of this lane's two slots (the 64 floats after the page's keys); a block
-  // outside the cache gets none, its z is dropped
-  auto load_scales = [&](int i) {
-    if (i >= run || page_s[i] < 0) return make_float2(0.0f, 0.0f);
-    const float* scales = reinterpret_cast<const float*>(
-        p.kv_cache + static_cast<int64_t>(page_s[i]) * kBlockSize * kSlotBytes + kPageKeyBytes);
-    return make_float2(__ldg(scales + s_lo), __ldg(scales + s_hi));
-  };
-  float2 scales_ahead[2] = {load_scales(0), load_scales(1)};  // pages i and i + 1
   Acc<G> acc;
   for (int i = 0; i < run; ++i) {
     const int c = c_begin + i, stage = stage_of<kStages>(i);
-    const float sc_lo = scales_ahead[0].x, sc_hi = scales_ahead[0].y;
-    scales_ahead[0] = scales_ahead[1];
-    scales_ahead[1] = load_scales(i + 2);  // in flight under the next two pages' MMAs
     mbar_wait(full0 + 8 * stage, parity_of<kStages>(i));
+    const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
+    const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
