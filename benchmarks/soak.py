@@ -260,6 +260,10 @@ class Run:
     pages_full: Optional[bool] = None
     memory_samples: int = 0
     memory_drift_bytes: Optional[int] = None
+    decode_seconds: float = 0.0     # wall time of the decode steps
+    capture_steps: int = 0          # of them: a CUDA graph's first step (eager, then captured)
+    capture_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     outputs: dict = field(default_factory=dict, repr=False)     # request id -> turns
     blocks: dict = field(default_factory=dict, repr=False)      # request id -> digest
     schedule: list = field(default_factory=list, repr=False)    # (batch, SPIN) per decode step
@@ -289,7 +293,7 @@ def serve(engine: Engine, specs: list[Spec], text: bytes, replaced: bool, run: R
     t0 = time.perf_counter()
     while nxt < len(reqs) or not engine.idle:
         before = [live.rid for live in engine.running]
-        n_hist = len(engine.history)
+        n_hist, n_graphs = len(engine.history), len(engine.graphs)
         try:
             while nxt < len(reqs) and reqs[nxt][0] <= t:
                 engine.submit(reqs[nxt][1])
@@ -307,6 +311,10 @@ def serve(engine: Engine, specs: list[Spec], text: bytes, replaced: bool, run: R
         run.join_and_leave_steps += bool(joined and left)
         if len(engine.history) > n_hist:
             stats = engine.history[-1]
+            run.decode_seconds += stats.seconds
+            if len(engine.graphs) > n_graphs:
+                run.capture_steps += 1
+                run.capture_seconds += stats.seconds
             if stats.batch != len(before):
                 run.error = f"step {t}: decode batch {stats.batch}, expected {len(before)}"
                 break
@@ -335,6 +343,7 @@ def serve(engine: Engine, specs: list[Spec], text: bytes, replaced: bool, run: R
             drift = max(drift or 0, abs(mem - base))
             run.memory_samples += 1
     run.seconds = time.perf_counter() - t0
+    run.prefill_seconds = engine.prefill_seconds
     if bar is not None:
         bar.close()
     run.requests = len(specs)
@@ -418,6 +427,10 @@ def run_soak(opts: SoakOptions) -> dict:
                 longest_ok &= check_longest(engine, specs[0], text)
             run = Run(f"mtp {depth}" + (", replaced" if replaced else ""))
             serve(engine, specs, text, replaced, run, opts)
+            print(f"{run.label}: {run.requests} requests in {run.seconds:.1f} s: prefill "
+                  f"{run.prefill_seconds:.1f} s, {run.decode_steps} decode steps "
+                  f"{run.decode_seconds:.1f} s ({run.capture_steps} captured into graphs "
+                  f"{run.capture_seconds:.1f} s)", file=sys.stderr, flush=True)
             runs.append(run)
             del engine
             gc.collect()
