@@ -14,15 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._inputs import load_yaml_file, one_line, shown
 from .errors import SpinConfigError
-from .limits import BLOCK_SLOTS, EXPLORATION_POLICY, POOLING, STATE_DTYPES
+from .limits import (BLOCK_SLOTS, DEFAULT_EXPLORATION, DEFAULT_EXPLORATION_POLICY, DEFAULT_SEED,
+                     DEFAULT_TARGET_SPARSITY, EXPLORATION_POLICY, MAX_BLOCK_SIZE, MAX_INDEX_TOPK,
+                     POOLING, STATE_DTYPES, TRTLLM_ALGORITHM_TOPK)
 
-# index_topk defaults of the two TensorRT-LLM DSA algorithms.
-TRTLLM_ALGORITHM_TOPK = {"deepseek_v4": 512, "dsa": 2048}
-# Upper bound of index_topk: 512x V3.2's 2048 and as many slots as a 1M-token context. The
-# kernels, the TensorRT plugin fields and the trace format carry K as int32 and size per-row
-# top-K buffers by it, so a larger K overflowed (int64 conversion) or allocated without bound.
-MAX_INDEX_TOPK = 1 << 20
-MAX_BLOCK_SIZE = 1 << 16
 # warmup_steps is compared with int32 step counters in the kernels and plugin fields.
 MAX_WARMUP_STEPS = (1 << 31) - 1
 
@@ -32,10 +27,12 @@ class SpinConfig(BaseModel):
 
     block_size: int = Field(BLOCK_SLOTS, ge=1, le=MAX_BLOCK_SIZE,
                             description="KV slots per block (one page)")
-    target_sparsity: float = Field(0.4, ge=0.0, lt=1.0, description="rho: fraction of blocks to skip")
+    target_sparsity: float = Field(DEFAULT_TARGET_SPARSITY, ge=0.0, lt=1.0,
+                                   description="rho: fraction of blocks to skip")
     ema_decay: float = Field(0.5, ge=0.0, lt=1.0, description="alpha of the V/D EMAs")
-    exploration: float = Field(0.05, ge=0.0, lt=1.0, description="gamma: share of m_t explored")
-    exploration_policy: Literal[tuple(EXPLORATION_POLICY)] = "random"
+    exploration: float = Field(DEFAULT_EXPLORATION, ge=0.0, lt=1.0,
+                               description="gamma: share of m_t explored")
+    exploration_policy: Literal[tuple(EXPLORATION_POLICY)] = DEFAULT_EXPLORATION_POLICY
     index_topk: int = Field(512, ge=1, le=MAX_INDEX_TOPK,
                             description="K of the post-indexer top-K")
     warmup_steps: int = Field(1, ge=1, le=MAX_WARMUP_STEPS,
@@ -48,7 +45,7 @@ class SpinConfig(BaseModel):
     mtp_update: Literal["row0", "prefix_valid"] = "prefix_valid"
     # float8_e4m3fn: a quarter of fp32's state bytes; EMAs saturate at +-448
     state_dtype: Literal[STATE_DTYPES] = "float32"
-    seed: int = Field(0, ge=0, lt=1 << 32, description="exploration RNG seed (uint32)")
+    seed: int = Field(DEFAULT_SEED, ge=0, lt=1 << 32, description="exploration RNG seed (uint32)")
 
     def __init__(self, **data: Any) -> None:
         try:

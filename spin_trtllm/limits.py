@@ -1,10 +1,13 @@
-"""The one home of the constants that the kernels, the ops and the integrations share.
+"""The one home of the constants that the kernels, the ops, the config, the integrations and
+the CLI share.
 
-Torch-free, so the CLI and the config read it without importing torch (a submodule of
+Torch- and pydantic-free, so the CLI and the config read it without importing torch (a submodule of
 ``spin_trtllm.ops`` cannot be: importing the package registers the torch ops). The C++ side
 holds the same values in ``cpp/include/spin/spin_kernels.h``; ``tests/test_limits.py`` fails
 when the two disagree.
 """
+
+from dataclasses import dataclass
 
 BLOCK_SLOTS = 64          # KV slots per SPIN block = slots per indexer K-cache page
 PAGE_SIZES = (32, BLOCK_SLOTS)   # K-cache page sizes: a SPIN block is one or two pages
@@ -23,6 +26,48 @@ POOLING = {"max": 0, "mean": 1, "top4": 2}
 EXPLORATION_POLICY = {"random": 0, "staleness": 1, "age": 2}
 STATE_DTYPES = ("float32", "float16", "float8_e4m3fn")   # kernel StateType order
 
+# Bounds and defaults of SpinConfig fields, here so that the CLI's parser states them without
+# importing pydantic (spin_trtllm/config.py uses these).
+# Upper bound of index_topk: 512x V3.2's 2048 and as many slots as a 1M-token context. The
+# kernels, the TensorRT plugin fields and the trace format carry K as int32 and size per-row
+# top-K buffers by it, so a larger K overflowed (int64 conversion) or allocated without bound.
+MAX_INDEX_TOPK = 1 << 20
+MAX_BLOCK_SIZE = 1 << 16
+DEFAULT_TARGET_SPARSITY = 0.4
+DEFAULT_EXPLORATION = 0.05
+DEFAULT_EXPLORATION_POLICY = "random"
+DEFAULT_SEED = 0
+# index_topk defaults of the two TensorRT-LLM DSA algorithms.
+TRTLLM_ALGORITHM_TOPK = {"deepseek_v4": 512, "dsa": 2048}
+# The Triton bundle's model.py defers to TensorRT-LLM's LLM-API Triton model: where it sits in a
+# TensorRT-LLM checkout, and the variable that names it at Triton load.
+LLMAPI_MODEL_PATH = "triton_backend/all_models/llmapi/tensorrt_llm/1/model.py"
+LLMAPI_MODEL_ENV = "SPIN_TRTLLM_LLMAPI_MODEL"
+
 # spin_native::abi_version of the kernels the ops drive: a library built before an op's
 # meaning changed would misread the call.
 NATIVE_ABI = 4
+
+
+@dataclass(frozen=True)
+class DemoWorkload:
+    """The demo's default work on a device type (each a harness.demo.DemoOptions field)."""
+    requests: int
+    prompt_tokens: int                  # the longest prompt
+    new_tokens: int
+    measure_miss: bool
+
+
+# The GPU's is the workload the report was designed around. The CPU's is smaller so the
+# reference ops finish in well under a minute on 2 cores (most of it is the dense prefill
+# indexer, quadratic in the prompt); there the shadow dense indexer adds under a tenth, on a
+# GPU it would run inside the timed steps.
+DEMO_WORKLOADS = {
+    "cuda": DemoWorkload(requests=4, prompt_tokens=1600, new_tokens=48, measure_miss=False),
+    "cpu": DemoWorkload(requests=4, prompt_tokens=896, new_tokens=32, measure_miss=True)}
+
+
+# The mask plot's default window: the newest slots of the last steps, about 2 x 1 pixels a
+# slot-step on its 10 x 6 inch axes at DPI (the whole of a long trace would be < 1 px a slot)
+MASK_SLOTS = 512
+MASK_STEPS = 512

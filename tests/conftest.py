@@ -55,6 +55,14 @@ class KernelLog:
 
 
 @pytest.fixture
+def bars(monkeypatch):
+    """The progress bars a test makes (spin_trtllm.testing.bars.RecordingBar), in order."""
+    from spin_trtllm.testing.bars import record_bars
+
+    return record_bars(monkeypatch)
+
+
+@pytest.fixture
 def small_trace():
     return make_trace()
 

@@ -202,6 +202,7 @@ def other_stream(device: str):
 # ---- tests ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(OP_CASES))
+@pytest.mark.slow
 def test_op_step_is_bit_identical_across_runs_streams_and_processes(case, device,
                                                                     second_process):
     first = op_outputs(case, device)
@@ -222,6 +223,7 @@ def test_op_step_is_bit_identical_across_runs_streams_and_processes(case, device
 
 
 @pytest.mark.parametrize("device", ENGINE_DEVICES)
+@pytest.mark.slow
 def test_dsa_lite_64_steps_with_exploration_are_bit_identical(device, second_process):
     first = engine_outputs(device)
     again = engine_outputs(device, stream=other_stream(device))

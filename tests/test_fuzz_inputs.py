@@ -97,6 +97,7 @@ raw = st.binary(max_size=200)
 
 @FUZZ
 @given(st.one_of(documents, snippets, st.text(max_size=200), raw))
+@pytest.mark.slow
 def test_config_yaml(workdir, text):
     path = workdir / "fuzz.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
@@ -117,6 +118,7 @@ meta_values = st.one_of(
 @given(st.dictionaries(st.one_of(st.sampled_from(META_KEYS), st.text(max_size=8)), meta_values,
                        max_size=8),
        st.booleans())
+@pytest.mark.slow
 def test_trace_headers(workdir, changes, drop_defaults):
     t = make_trace(steps=2, layers=1, start=12, block_size=8, index_topk=8)
     meta = {} if drop_defaults else t.metadata()
@@ -147,6 +149,7 @@ STUBBED = [("demo", f) for f in ["--requests", "--prompt-tokens", "--new-tokens"
 
 @FUZZ
 @given(st.sampled_from(REPLAY_FLAGS), numbers)
+@pytest.mark.slow
 def test_replay_numbers(workdir, flag, value):
     extra = ["--mask-plot", str(workdir / "m.png")] if flag.startswith("--mask") else []
     check_cli(["replay", str(workdir / "t.safetensors"), flag, value, "--quiet", *extra])
@@ -168,6 +171,7 @@ def test_synth_numbers(workdir, flag, value):
 
 @FUZZ
 @given(st.sampled_from(STUBBED), numbers)
+@pytest.mark.slow
 def test_numbers_of_long_commands(workdir, command_flag, value):
     command, flag = command_flag
     argv = {"demo": ["demo", "--device", "cpu"],

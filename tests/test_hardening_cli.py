@@ -373,6 +373,7 @@ def fifo(tmp_path):
     (["replay", "{t}", "--config", "{d}", "--quiet"], "a directory"),
     (["replay", "{t}", "--json", "{fifo}", "--quiet"], "a fifo"),
 ])
+@pytest.mark.slow
 def test_device_files_and_fifos_exit_2_quickly(tmp_path, trace_file, fifo, argv, needle):
     """In a subprocess with a timeout: a regression here would block or eat memory."""
     argv = [a.format(d=tmp_path, t=trace_file, fifo=fifo) for a in argv]
@@ -446,15 +447,19 @@ def test_build_warns_on_a_model_folder_without_config_json(tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
-    rc, _, err = run(capsys, ["build", str(empty), "-o", str(tmp_path / "b1")])
+    upstream = tmp_path / "model.py"            # else build warns that model.py needs it
+    upstream.write_text("")
+    known = ["--llmapi-model", str(upstream)]
+    rc, _, err = run(capsys, ["build", str(empty), "-o", str(tmp_path / "b1"), *known])
     assert rc == 0 and len(err.splitlines()) == 1 and "warning" in err and "empty" in err
     (tmp_path / "org").mkdir()
-    rc, _, err = run(capsys, ["build", "org/missing", "-o", str(tmp_path / "b2")])
+    rc, _, err = run(capsys, ["build", "org/missing", "-o", str(tmp_path / "b2"), *known])
     assert rc == 0 and "warning" in err and "no such folder" in err
     (empty / "config.json").write_text("{}")
-    rc, _, err = run(capsys, ["build", str(empty), "-o", str(tmp_path / "b3")])
+    rc, _, err = run(capsys, ["build", str(empty), "-o", str(tmp_path / "b3"), *known])
     assert rc == 0 and err == ""
-    rc, _, err = run(capsys, ["build", "deepseek-ai/DeepSeek-V4-Flash", "-o", str(tmp_path / "b4")])
+    rc, _, err = run(capsys, ["build", "deepseek-ai/DeepSeek-V4-Flash", "-o", str(tmp_path / "b4"),
+                              *known])
     assert rc == 0 and err == ""
     (tmp_path / "file").write_text("x")
     bad(capsys, ["build", str(tmp_path / "file"), "-o", str(tmp_path / "b5")], "not a folder")

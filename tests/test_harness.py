@@ -27,6 +27,7 @@ def run_schedule(engine, schedule):
 
 
 @pytest.mark.parametrize("mtp,temperature", [(0, 0.0), (2, 0.9), (2, 0.0)])
+@pytest.mark.slow
 def test_tokens_do_not_depend_on_the_batch(mtp, temperature):
     cfg = tiny().with_overrides(mtp_depth=mtp)
     w = init_weights(cfg)
@@ -55,6 +56,7 @@ def test_tokens_do_not_depend_on_the_batch(mtp, temperature):
 
 
 @pytest.mark.parametrize("ratios", [(0, 4, 128, 4), (0, 1, 128, 1)])
+@pytest.mark.slow
 def test_spin_at_zero_sparsity_equals_all_keep(ratios):
     cfg = tiny().with_overrides(compress_ratios=ratios)
     w = init_weights(cfg)
@@ -68,6 +70,7 @@ def test_spin_at_zero_sparsity_equals_all_keep(ratios):
     assert sum(s.selected_blocks for s in e.history) == sum(s.visible_blocks for s in e.history)
 
 
+@pytest.mark.slow
 def test_spin_prunes_and_measures_misses():
     cfg = tiny().with_overrides(max_context=8192)
     e = Engine(cfg, spin_cfg(exploration=0.0), max_batch=2, measure_miss=True)
@@ -177,6 +180,7 @@ def test_new_turn_resets_spin_state_like_a_fresh_request():
     assert fresh.tokens == multi.turns[1]
 
 
+@pytest.mark.slow
 def test_a_reused_slot_carries_nothing_over():
     cfg = tiny()
     w = init_weights(cfg)
@@ -261,6 +265,7 @@ def test_engine_config_errors():
         Engine(tiny(), None, cuda_graphs=True)
 
 
+@pytest.mark.slow
 def test_trace_dump_replays(tmp_path):
     cfg = tiny().with_overrides(mtp_depth=1)
     e = Engine(cfg, spin_cfg(), trace_request=0)
@@ -321,6 +326,7 @@ def test_synthetic_requests_decode_and_validate():
         e.add_synthetic(4, 100, max_new_tokens=0)
 
 
+@pytest.mark.slow
 def test_state_grows_with_context_without_changing_results():
     cfg = tiny()
     w = init_weights(cfg)

@@ -53,6 +53,7 @@ def test_fake_impls_trace_without_data():
                               True, 0, True, 0, 100)
 
 
+@pytest.mark.slow
 def test_kernel_sources_compile_for_sm90a():
     """Where nvcc exists (this machine and CI), every .cu file must compile for sm_90a/sm_90."""
     res = subprocess.run([sys.executable, "-m", "spin_trtllm._build", "--check"],

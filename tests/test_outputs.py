@@ -164,6 +164,7 @@ def test_plan_refuses_aliases_collisions_and_the_package(tmp_path):
 
 
 # ---- the CLI: data-loss cases, each with every pre-existing file hashed before and after -------
+@pytest.mark.slow
 def test_cli_never_writes_onto_an_input(tmp_path, trace):
     shutil.copy(trace, tmp_path / "t.safetensors")
     shutil.copy(STDLIB_CHECKPOINT, tmp_path / "ck.safetensors")
@@ -208,6 +209,7 @@ def test_cli_mask_plots_of_traces_with_one_stem_collide(tmp_path, trace):
     assert not list(tmp_path.glob("m*"))
 
 
+@pytest.mark.slow
 def test_cli_output_to_devices(tmp_path, trace):
     null = mknod(tmp_path / "null", 3)
     full = mknod(tmp_path / "full", 7)
@@ -223,6 +225,7 @@ def test_cli_output_to_devices(tmp_path, trace):
     assert stat.S_ISCHR(os.stat(null).st_mode) and stat.S_ISCHR(os.stat(full).st_mode)
 
 
+@pytest.mark.slow
 def test_cli_full_disk_keeps_the_old_file(tmp_path, trace):
     """A small tmpfs that the new JSON does not fit: the old JSON stays valid."""
     rc, _, err = run_cli(["replay", trace, "--json", tmp_path / "r.json", "--quiet"], tmp_path)
@@ -248,6 +251,7 @@ def test_cli_full_disk_keeps_the_old_file(tmp_path, trace):
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_build_force_never_writes_outside_the_bundle(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -276,6 +280,7 @@ def test_build_force_never_writes_outside_the_bundle(tmp_path):
     assert (model / "config.json").read_text() == "{}"
 
 
+@pytest.mark.slow
 def test_build_empty_model_and_one_line_only(tmp_path):
     rc, _, err = run_cli(["build", "", "-o", tmp_path / "x"], tmp_path)
     assert_refused(rc, err, "model ''")
@@ -327,6 +332,7 @@ def test_signal_during_a_write_leaves_the_old_file(tmp_path, signum):
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.floats(0.3, 3.0))
+@pytest.mark.slow
 def test_cli_interrupted_at_any_time_exits_130_with_one_line(tmp_path_factory, trace, delay):
     """Ctrl-C while torch loads, during the replay or while outputs are written: exit 130
     and one line, or the run finished first; the old JSON is intact or wholly new."""
@@ -350,6 +356,7 @@ def test_cli_interrupted_at_any_time_exits_130_with_one_line(tmp_path_factory, t
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_closed_stdout_exits_quietly(tmp_path, trace):
     read, write = os.pipe()
     os.close(read)                             # the reader is gone before anything is printed
@@ -375,6 +382,7 @@ INPUT_ALIASES = {"t.safetensors", "link.safetensors", "hard.safetensors", "tlink
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.none() | st.sampled_from(JSON_NAMES), st.none() | st.sampled_from(PLOT_NAMES),
        st.none() | st.sampled_from(PLOT_NAMES))
+@pytest.mark.slow
 def test_fuzz_outputs_never_touch_inputs(tmp_path_factory, trace, json_name, plot, mask_plot):
     from spin_trtllm.cli import main
 
@@ -412,6 +420,7 @@ def test_fuzz_outputs_never_touch_inputs(tmp_path_factory, trace, json_name, plo
 
 
 # ---- names and configs a user may give --------------------------------------------------------
+@pytest.mark.slow
 def test_names_that_are_not_utf8_work_end_to_end(tmp_path):
     trace = b"t\xff\xfe.safetensors"
     run = lambda *argv: subprocess.run([sys.executable, "-m", "spin_trtllm.cli", *argv],

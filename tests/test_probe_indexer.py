@@ -278,6 +278,7 @@ def selections(cfg, w, predictor, **kw):
     return e, picks, tokens
 
 
+@pytest.mark.slow
 def test_engine_probe_decodes_and_selects_differently():
     cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
     w = init_weights(cfg)
@@ -292,6 +293,7 @@ def test_engine_probe_decodes_and_selects_differently():
     assert spin.spin_indexer.summaries == {}      # spin keeps no summaries
 
 
+@pytest.mark.slow
 def test_engine_probe_summaries_with_mtp_and_compressed_slots():
     # C4A (4 tokens per slot: the last row writes a partial group no row sees yet), MTP rows
     cfg = tiny().with_overrides(mtp_depth=2)
@@ -334,6 +336,7 @@ def test_engine_rebuilds_summaries_after_all_keep_steps():
     assert int(e.spin_indexer.context_lens[0, 0]) == 132
 
 
+@pytest.mark.slow
 def test_engine_hybrid_decodes_and_selects_unlike_either_part():
     cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
     w = init_weights(cfg)

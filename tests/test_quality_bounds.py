@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from spin_trtllm.testing.traces import planted_v2_trace
@@ -52,6 +53,7 @@ def test_oracle_is_never_beaten(tmp_path):
     assert 0.0 <= best < rows["probe"]["mean_miss"] <= 1.0
 
 
+@pytest.mark.slow
 def test_scripts_refuse_bad_traces_with_one_line(tmp_path):
     import subprocess
     import sys

@@ -17,8 +17,8 @@ from spin_trtllm.cli import main
 from spin_trtllm.replay import probe as P
 from spin_trtllm.replay import work
 from spin_trtllm.replay.evaluate import replay
-from spin_trtllm.replay.plots import (MISSED, SKIPPED, TOP, WHITE, topk_mask_chunks,
-                                      topk_mask_image)
+from spin_trtllm.replay.plots import (KEPT, MISSED, SKIPPED, TOP, VISIBLE, WHITE, mask_window,
+                                      topk_mask_chunks, topk_mask_image)
 from spin_trtllm.replay.predictors import compare_predictors
 from spin_trtllm.replay.trace import SpinTrace
 from spin_trtllm.testing.traces import make_trace, random_v2_trace, scores_from_qwk
@@ -63,6 +63,7 @@ def one_long_row(steps, long=131072, block_size=64, at=None):
 
 
 # ---- small hostile traces: refused, or run in little memory -----------------------------------
+@pytest.mark.slow
 def test_many_rows_per_step_are_refused_at_load(tmp_path):
     # the issue's 344 KB trace: 8,192 next_n rows, one of 131,072 slots (8 GiB to replay)
     R = 8192
@@ -85,6 +86,7 @@ def test_many_rows_per_step_are_refused_at_load(tmp_path):
     make_trace(steps=2, next_n=8)                                # MTP's largest still loads
 
 
+@pytest.mark.slow
 def test_mask_plot_of_one_long_row_stays_small(tmp_path):
     # 600 steps x 131,072 slots: the plain float64 canvas alone was 1.9 GB (23 GiB from the
     # issue's 565 KB trace); chunks as wide as their rows draw it in a few MB
@@ -92,10 +94,12 @@ def test_mask_plot_of_one_long_row_stays_small(tmp_path):
     trace.save(tmp_path / "long.safetensors")
     est = work.estimate_mask_plot(trace, 0)
     assert est.bytes < 200 << 20
-    ran(cli(tmp_path, "replay", "long.safetensors", "--quiet", "--mask-plot", "mask.png"))
+    ran(cli(tmp_path, "replay", "long.safetensors", "--quiet", "--mask-plot", "mask.png",
+            "--mask-slots", "131072", "--mask-steps", "600"))        # the whole canvas
     assert (tmp_path / "mask.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_block_size_far_above_the_rows_is_refused(tmp_path):
     # 16,000 one-slot rows with block_size 65,536: rows pad to whole blocks, 65,536x the data
     T, R = 2000, 8
@@ -117,6 +121,7 @@ def test_block_size_far_above_the_rows_is_refused(tmp_path):
     work.require(work.estimate_replay(small, 3, SpinConfig(block_size=1, index_topk=8)))
 
 
+@pytest.mark.slow
 def test_probe_block_size_from_metadata_needs_no_block_sized_temporaries(tmp_path):
     # a 75 KB v2 trace: block_size 65,536, D = 4,096, 8 rows of one slot; the partial block's
     # keys were gathered as [L, R, block_size, D] fp32 (8 GiB)
@@ -211,15 +216,17 @@ elif what == "compare":
     est = work.estimate_compare(trace)
     compare_predictors(trace)
 else:
-    est = work.estimate_mask_plot(trace, 0)
+    est = work.estimate_mask_plot(trace, 0)                     # the whole canvas
     plot_topk_mask(trace, out, selected=[torch.rand(-(-int(n) // 64)) < 0.5
-                                         for n in trace.row_len[:, 0, 0]])
+                                         for n in trace.row_len[:, 0, 0]],
+                   max_slots=None, max_steps=None)
 print(json.dumps({"used": peak() - before, "estimate": est.bytes}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 @pytest.mark.parametrize("what", ["replay", "compare", "mask"])
+@pytest.mark.slow
 def test_estimate_bounds_the_measured_peak(tmp_path, what):
     proc = subprocess.run([sys.executable, "-c", MEASURE, what, str(tmp_path / "m.png")],
                           capture_output=True, text=True, timeout=600)
@@ -298,20 +305,25 @@ def test_step_scores_of_layer_and_row_ranges():
     assert torch.equal(off[:, -1] - off[:, 0], trace.row_len.sum((1, 2)).to(torch.int64))
 
 
-def _plain_canvas(trace, layer, row, selected, b, k, width):
-    """The mask plot's canvas as the plain code built it (one T x W image), in uint8 RGBA."""
-    img = topk_mask_image(trace, layer, row, width, k)
-    T, W = img.shape
-    canvas = np.empty((T, W, 4), dtype=np.uint8)
+def _plain_canvas(trace, layer, row, selected, b, k, width, steps):
+    """The mask plot's canvas over its window as the plain code built it (one image), in uint8
+    RGBA."""
+    t0, t1, lo, W = mask_window(trace, layer, row, width, steps)
+    img = topk_mask_image(trace, layer, row, width, k, max_steps=steps)
+    canvas = np.empty((t1 - t0, W, 4), dtype=np.uint8)
     canvas[:] = WHITE
-    top = img == 1
+    top, visible = img == 1, img >= 0
     if selected is not None:
         blocks = [np.asarray(s, dtype=bool) for s in selected]
         nb = max(x.size for x in blocks)
-        sel = np.stack([np.pad(x, (0, nb - x.size)) for x in blocks])
-        slot_sel = np.repeat(sel, b, axis=1)[:, :W]
-        slot_sel = np.pad(slot_sel, ((0, 0), (0, W - slot_sel.shape[1])))
-        canvas[(img >= 0) & ~slot_sel] = SKIPPED
+        sel = np.stack([np.pad(x, (0, nb - x.size)) for x in blocks])[t0:t1]
+        ids = (lo + np.arange(W)) // b
+        slot_sel = np.zeros((t1 - t0, W), dtype=bool)
+        slot_sel[:, ids < nb] = sel[:, ids[ids < nb]]
+        canvas[visible & slot_sel] = KEPT
+        canvas[visible & ~slot_sel] = SKIPPED
+    else:
+        canvas[visible] = VISIBLE
     canvas[top] = TOP
     if selected is not None:
         canvas[top & ~slot_sel] = MISSED
@@ -338,17 +350,19 @@ def test_mask_chunks_equal_the_plain_canvas(monkeypatch, chunk):
                     for t in range(T)]
         for sel in (None, selected, torch.stack([torch.nn.functional.pad(s, (0, 100 - s.numel()))
                                                  for s in selected])):
-            for width in (None, 50):
-                shown = min(width or trace.max_slots, trace.max_slots)
-                plain = _plain_canvas(trace, 1, row, sel, b, 5, width)
+            for width, steps in ((None, None), (50, None), (50, 12), (None, 7)):
+                t0, t1, lo, shown = mask_window(trace, 1, row, width, steps)
+                plain = _plain_canvas(trace, 1, row, sel, b, 5, width, steps)
                 got = np.empty_like(plain)
                 got[:] = WHITE
                 pixels = 0
-                for t0, t1, canvas in topk_mask_chunks(trace, 1, row, width, sel, b, 5):
-                    got[t0:t1, :canvas.shape[1]] = canvas
+                for c0, c1, canvas in topk_mask_chunks(trace, 1, row, width, sel, b, 5,
+                                                       max_steps=steps):
+                    assert t0 <= c0 < c1 <= t1
+                    got[c0 - t0:c1 - t0, :canvas.shape[1]] = canvas
                     pixels += canvas.shape[0] * canvas.shape[1]
                 assert np.array_equal(got, plain)
-                data = int(trace.row_len[:, 1, row].clamp(max=shown).sum())
+                data = int((trace.row_len[t0:t1, 1, row] - lo).clamp(0, shown).sum())
                 assert pixels <= 2 * data + T * 64                # ~ the shown slots, not T x W
 
 

@@ -43,6 +43,7 @@ def assert_clean(r):
     assert r["ok"]
 
 
+@pytest.mark.slow
 def test_cpu_soak_serves_200_requests_without_leaks(soak, one_thread):
     r = soak.run_soak(soak.SoakOptions(requests=200, progress=False))
     assert_clean(r)
@@ -63,6 +64,7 @@ def test_cpu_soak_serves_200_requests_without_leaks(soak, one_thread):
     assert r["memory_drift_bytes"] is None and r["requests_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_state_slot_that_is_not_reset_is_caught_as_leakage(soak, one_thread, monkeypatch):
     """A new request inherits the previous owner's SPIN state: the kept requests' selected
     blocks then depend on what the replaced requests were."""
@@ -89,6 +91,7 @@ def test_a_slot_never_given_back_is_caught(soak, one_thread, monkeypatch):
     assert r["checks"]["slots"] is False and not r["ok"]
 
 
+@pytest.mark.slow
 def test_command_line_prints_the_checks_and_writes_json(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, str(SOAK), "--requests", "6", "--mtp", "0",

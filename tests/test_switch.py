@@ -327,7 +327,7 @@ def test_demo_step_timing_size_and_report():
         assert batch * context * CACHE_BYTES_PER_TOKEN <= 0.8 * free
     run = lambda fwd, idx, sp: {"forward_ms": fwd, "indexer_ms": idx, "step_ms": fwd + 2,
                                 "realized_sparsity": sp, "spin_steps": 12 if sp else 0,
-                                "steps": 12}
+                                "steps": 12, "accepted_per_step": 0.0}
     lines = speed_lines({"batch": 96, "context_tokens": 524288, "switch": "auto",
                          "null": run(20.0, 0.0, 0.0), "dense": run(32.0, 12.0, 0.0),
                          "spin": run(28.0, 8.0, 0.5)})

@@ -32,6 +32,7 @@ def engine_prefill_logits(cfg, w, tokens):
 
 
 @pytest.mark.parametrize("ratios,k", [((0, 4, 128, 4), 16), ((1, 0, 64, 1), 48)])
+@pytest.mark.slow
 def test_sequence_forward_matches_the_engine(ratios, k):
     cfg = tiny().with_overrides(compress_ratios=ratios, index_topk=k, mtp_depth=1,
                                 prefill_chunk=37)
@@ -68,6 +69,7 @@ def test_index_scores_for_some_rows_equal_all_rows():
                                index_scores(w, "layers.0.", xn, 1, cfg, chunk=32)[:, rows])
 
 
+@pytest.mark.slow
 def test_short_training_run_learns_and_round_trips(tmp_path):
     cfg = tiny().with_overrides(compress_ratios=(1, 64, 1), index_topk=32, mtp_depth=1,
                                 dtype="float32", max_context=512)
@@ -150,6 +152,7 @@ def test_shipped_8k_checkpoint_covers_the_8k_evaluations(name, ratio, card_name)
     assert len(out.tokens) == 16
 
 
+@pytest.mark.slow
 def test_train_tiny_and_trace_commands(tmp_path, capsys):
     from spin_trtllm.cli import main
     from spin_trtllm.replay.trace import SpinTrace

@@ -70,6 +70,7 @@ def run(cfg, spin, w, requests, via_adapter, derive_accepted=False, drafter=None
 
 
 @pytest.mark.parametrize("mtp,derive", [(0, False), (2, False), (2, True)])
+@pytest.mark.slow
 def test_adapter_matches_spin_indexer_on_dsa_lite(mtp, derive):
     cfg = tiny().with_overrides(mtp_depth=mtp)
     w = init_weights(cfg)

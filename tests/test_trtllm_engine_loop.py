@@ -361,6 +361,7 @@ def test_replayed_graphs_equal_eager_steps(env, next_n):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_mtp_updates_in_the_forward_equal_the_host_replay(env, monkeypatch):
     """Without the overlap scheduler the host knows every acceptance one step later, so the
     deferred updates replayed from the host (the fallback for engines without a one-model
@@ -393,6 +394,7 @@ def test_mtp_updates_in_the_forward_equal_the_host_replay(env, monkeypatch):
 
 
 @pytest.mark.parametrize("v4", [False, True])
+@pytest.mark.slow
 def test_the_overlap_scheduler_changes_nothing(env, v4):
     """With the overlap scheduler the host prepares each MTP step as if every draft was
     accepted and the runner corrects kv_lens_cuda inside the step: SPIN must select, score and

@@ -61,6 +61,7 @@ def decode(patch, model, manager, md, fp4, ratio, prompts, steps, next_n, dummy=
     return pruned
 
 
+@pytest.mark.slow
 def test_import_without_tensorrt_llm_is_one_clear_error():
     res = subprocess.run([sys.executable, "-c", "import spin_trtllm.trtllm"], capture_output=True,
                          text=True, timeout=120)
@@ -108,6 +109,7 @@ SCENARIOS = [  # (v4, tokens_per_block, fp4, next_n, cuda-graph padding)
 
 
 @pytest.mark.parametrize("v4,tpb,fp4,next_n,graph", SCENARIOS)
+@pytest.mark.slow
 def test_spin_decode_rows_are_the_topk_of_the_selected_blocks(env, v4, tpb, fp4, next_n, graph):
     trt, patch = env
     ckpt = dict(V4_CKPT, index_topk=24) if v4 else V32_CKPT
@@ -119,6 +121,7 @@ def test_spin_decode_rows_are_the_topk_of_the_selected_blocks(env, v4, tpb, fp4,
     assert pruned > 0, "SPIN never dropped a block: the check would prove nothing"
 
 
+@pytest.mark.slow
 def test_zero_sparsity_keeps_every_block_and_gives_the_dense_top_k(env):
     # (the stand-in's small model has many exactly tied scores, so rows are compared with the
     # reference's tie-aware check, not element by element with the dense run)

@@ -221,6 +221,7 @@ def test_runtime_next_n_below_the_draft_cap_uses_a_schedule_built_for_the_cap(tr
     assert (4, 2) in deep_gemm.SCHEDULE_MISMATCHES
 
 
+@pytest.mark.slow
 def test_legacy_release_1_2_layout():
     code = textwrap.dedent("""
         import inspect, torch

@@ -31,34 +31,68 @@ import argparse  # noqa: E402  (after the handler: importing takes a few millise
 from typing import Optional, Sequence  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    import dataclasses
+def _command(module: str, name: str):
+    """`name` of spin_trtllm.cli.<module>, imported when the command runs: cli/replay.py
+    imports pydantic, which --help does not need."""
+    def run(*args: object) -> int:
+        import importlib
 
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)(*args)
+
+    run.__name__ = name
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser. Only light modules are imported here (no torch, pydantic or matplotlib):
+    every --help runs it."""
     from .. import _inputs
-    from ..config import MAX_BLOCK_SIZE, MAX_INDEX_TOPK, TRTLLM_ALGORITHM_TOPK
-    from ..limits import MAX_NEXT_N
+    from ..limits import (DEFAULT_EXPLORATION, DEFAULT_SEED, DEFAULT_TARGET_SPARSITY,
+                          LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, MAX_BLOCK_SIZE, MAX_INDEX_TOPK,
+                          MAX_NEXT_N, TRTLLM_ALGORITHM_TOPK)
     from ..options import LOGITS_BACKENDS, SWITCHES
     from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
     from ._common import (INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
-                          _add_device, _add_traces, _int, _Parser, _rule)
+                          _add_device, _add_traces, _int, _Parser, _rule, _Version, or_config,
+                          state_defaults, synth_fields)
     from .deploy import cmd_build, cmd_serve
     from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
-    from .replay import cmd_ablate, cmd_compare_predictors, cmd_info, cmd_replay, cmd_synth
 
-    parser = _Parser(prog="spin-trtllm", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    cmd_replay, cmd_ablate, cmd_compare_predictors, cmd_synth, cmd_info = (
+        _command("replay", name) for name in ("cmd_replay", "cmd_ablate",
+                                              "cmd_compare_predictors", "cmd_synth", "cmd_info"))
+
+    parser = _Parser(prog="spin-trtllm",
+                     description="SPIN, a predictive block selector for the DeepSeek sparse-"
+                                 "attention indexer: replay and study SPIN traces, run it in "
+                                 "dsa-lite, deploy it with TensorRT-LLM.",
+                     epilog="`spin-trtllm COMMAND --help` lists a command's options. Start "
+                            "with `spin-trtllm demo`. Bad input exits 2 with one line on "
+                            "stderr.")
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="COMMAND")
 
     p = sub.add_parser("replay", help="replay SPIN over traces and report miss/sparsity")
     _add_traces(p)
     _add_common(p)
-    _add_config_flags(p)
+    _add_config_flags(p, from_trace=True)
     _rule(p.add_argument("--plot", help="image (PNG unless another extension): mean/p99 miss "
-                                        "vs realized sparsity"), "plot")
-    _rule(p.add_argument("--mask-plot", help="image: Figure-1-style top-K mask of one layer, "
-                                             "with the blocks SPIN skipped at the last target "
-                                             "sparsity"), "plot", "per-trace")
-    _int(p, "--mask-layer", 0, INT32_MAX, default=0)
-    _int(p, "--mask-slots", 1, INT32_MAX, help="slots shown in --mask-plot (default all)")
+                                        "(%%) vs sparsity (%%) with the random and oracle "
+                                        "references; effective sparsity for a predictor that "
+                                        "reads summary rows"), "plot")
+    _rule(p.add_argument("--mask-plot", help="image: Figure-1-style top-K mask of one layer "
+                                             "over the --mask-slots x --mask-steps window, with "
+                                             "the slots SPIN selected and missed at the last "
+                                             "target sparsity"), "plot", "per-trace")
+    _int(p, "--mask-layer", 0, INT32_MAX, default=0, help="indexer layer --mask-plot shows")
+    from ..limits import MASK_SLOTS, MASK_STEPS
+
+    _int(p, "--mask-slots", 1, INT32_MAX, default=MASK_SLOTS,
+         help=f"--mask-plot shows the newest W slots (default {MASK_SLOTS}: about 2 pixels a "
+              f"slot)")
+    _int(p, "--mask-steps", 1, INT32_MAX, default=MASK_STEPS,
+         help=f"--mask-plot shows the last N decode steps (default {MASK_STEPS})")
     p.add_argument("--predictor", choices=REPLAY_PREDICTORS,
                    default="spin",
                    help="block scores selection ranks by: spin (V/D history), or, with a trace "
@@ -71,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probe/hybrid: summary keys per block (2: the two halves' means)")
     p.add_argument("--effective", type=float, nargs="+", metavar="E",
                    help="also report miss interpolated at these effective sparsities "
-                        "(give --sparsity targets that bracket them)")
+                        "(give --sparsity targets that bracket them; default: none)")
     p.set_defaults(func=cmd_replay, spec_=p)
 
     p = sub.add_parser("ablate", help="the paper's ablations (reduction, exploration, mtp) and "
@@ -79,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_traces(p)
     # replay.evaluate.STUDIES (not imported here: it pulls in torch)
     p.add_argument("--study", required=True,
-                   choices=["reduction", "exploration", "mtp", "state_dtype"])
+                   choices=["reduction", "exploration", "mtp", "state_dtype"],
+                   help="which ablation to run")
     _add_common(p)
-    _add_config_flags(p)
-    _rule(p.add_argument("--plot", help="image: miss vs realized sparsity per variant"), "plot")
+    _add_config_flags(p, from_trace=True)
+    _rule(p.add_argument("--plot", help="image: mean/p99 miss (%%) vs realized sparsity (%%) "
+                                        "per variant, with the random and oracle "
+                                        "references"), "plot")
     p.set_defaults(func=cmd_ablate, spec_=p)
 
     p = sub.add_parser("compare-predictors", help="Table 1: prev-iter vs prev-layer vs random")
@@ -94,17 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write a synthetic SPIN trace v1")
     _rule(p.add_argument("output", metavar="OUT.safetensors"), "out")
-    from ..replay.synth import SynthConfig
-
     bounds = {"index_topk": MAX_INDEX_TOPK, "block_size": MAX_BLOCK_SIZE, "diagonal_bands": 64}
-    for f in dataclasses.fields(SynthConfig):
-        kind = type(f.default)
-        action = p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                                type=kind if kind in (int, float) else str,
-                                help=f"default {f.default}")
-        if f.name in bounds:
-            _rule(action, "int", 0 if f.name == "diagonal_bands" else 1, bounds[f.name])
-    p.add_argument("--quiet", action="store_true")
+    uncommented = {"index_topk": "K of the post-indexer top-K",
+                   "block_size": "KV slots per block",
+                   "sink_slots": "first slots with raised scores (the attention sink)",
+                   "noise": "std of the Gaussian noise on every score", "seed": "RNG seed"}
+    for name, kind, default, text in synth_fields():
+        action = p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
+                                default=default, help=text or uncommented.get(name))
+        if name in bounds:
+            _rule(action, "int", 0 if name == "diagonal_bands" else 1, bounds[name])
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth, spec_=p)
 
     p = sub.add_parser("info", help="validate traces and print their shape and metadata "
@@ -114,10 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job: dsa-lite decoding with SPIN and with the "
                                     "all-keep indexer, side by side")
+    from ..limits import DEMO_WORKLOADS
+
+    def by_device(field: str) -> str:
+        gpu, cpu = ({True: "on", False: "off"}.get(v, v) for v in
+                    (getattr(DEMO_WORKLOADS[d], field) for d in ("cuda", "cpu")))
+        return f"(default: {gpu} for a GPU, {cpu} for a CPU)"
+
     _add_device(p)
-    _int(p, "--requests", 1, 1024, default=4)
-    _int(p, "--prompt-tokens", 1, 1 << 17, default=1600, help="longest prompt (bytes)")
-    _int(p, "--new-tokens", 1, 1 << 16, default=48)
+    _int(p, "--requests", 1, 1024, help=f"requests served {by_device('requests')}")
+    _int(p, "--prompt-tokens", 1, 1 << 17,
+         help=f"longest prompt, bytes {by_device('prompt_tokens')}")
+    _int(p, "--new-tokens", 1, 1 << 16,
+         help=f"tokens generated a turn {by_device('new_tokens')}")
     _int(p, "--batch", 1, 256, default=4, help="max requests decoding together")
     p.add_argument("--mtp", type=int, default=0, choices=range(0, MAX_NEXT_N), metavar="D",
                    help="MTP draft depth (next_n = D + 1)")
@@ -126,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "on the Python standard library)")
     p.add_argument("--random-weights", action="store_true",
                    help="seeded random weights: tiny() on the CPU, v4_flash_indexer() on a GPU")
-    p.add_argument("--measure-miss", action="store_true",
-                   help="run a shadow dense indexer and report SPIN's miss rate")
+    p.add_argument("--measure-miss", action=argparse.BooleanOptionalAction,
+                   help=f"run a shadow dense indexer beside SPIN and report its miss rate "
+                        f"{by_device('measure_miss')}")
     _rule(p.add_argument("--dump-trace", metavar="FILE",
                          help="write SPIN trace v2 of request 0"), "out")
     p.add_argument("--cuda-graphs", action="store_true",
@@ -154,7 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo, spec_=p)
 
     p = sub.add_parser("train-tiny", help="train the small dsa-lite model on the Python "
-                                          "standard library (GPU: a few minutes)")
+                                          "standard library (GPU: a few minutes)",
+                       description="Train the small dsa-lite model on the Python standard "
+                                   "library for --seconds (training and the held-out "
+                                   "evaluation), then write the checkpoint and its model card.")
     _rule(p.add_argument("--out", help="checkpoint (default: dsa_lite_stdlib.safetensors, or "
                                        "dsa_lite_stdlib_c4a.safetensors for --ratio 4, in the "
                                        "working directory; the shipped one is never "
@@ -162,56 +212,70 @@ def build_parser() -> argparse.ArgumentParser:
     _rule(p.add_argument("--card", help="model card (default: MODEL_CARD.md, or "
                                         "MODEL_CARD_c4a.md for --ratio 4, beside --out)"), "out")
     _rule(p.add_argument("--seconds", type=float, default=240.0,
-                         help="training time budget [> 0, <= 86400]"), "seconds", 86400.0)
-    _int(p, "--seq-len", 8, 16384, default=4096)
-    _int(p, "--batch", 1, 1024, default=8)
+                         help="time budget of training plus the held-out evaluation (at least "
+                              "one step and one evaluation batch run) [> 0, <= 86400]"),
+          "seconds", 86400.0)
+    _int(p, "--seq-len", 8, 16384, default=4096, help="training sequence length (bytes)")
+    _int(p, "--batch", 1, 1024, default=8, help="sequences per step")
     p.add_argument("--ratio", type=int, choices=[1, 4], default=1,
                    help="tokens per indexer slot: 1 (V3.2 DSA) or 4 (V4 C4A)")
-    _int(p, "--limit-bytes", 1, 1 << 40, help="train on at most this much text")
+    _int(p, "--limit-bytes", 1, 1 << 40,
+         help="train on at most this much text (default: all of it)")
     _add_device(p)
-    _int(p, "--seed", 0, (1 << 32) - 1)
+    _int(p, "--seed", 0, (1 << 32) - 1, default=0)
     _rule(p.add_argument("--json", help="write the training report here"), "out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train_tiny, spec_=p, prepare_=train_tiny_outputs)
 
     p = sub.add_parser("trace", help="dump SPIN trace v2 (dense indexer scores, q, w, keys) "
                                      "from a dsa-lite checkpoint decoding a prompt")
     _rule(p.add_argument("out", metavar="OUT.safetensors"), "out")
-    _add_checkpoint(p, "default: the shipped stdlib model of --ratio")
+    _add_checkpoint(p, "dsa-lite safetensors checkpoint (default: the shipped stdlib model "
+                       "of --ratio)")
     p.add_argument("--ratio", type=int, choices=[1, 4],
                    help="tokens per indexer slot of the shipped model to use (default 1)")
     _rule(p.add_argument("--prompt-file",
                          help=f"text whose first --prompt-tokens bytes are the prompt; the next "
                               f"--steps bytes are teacher-forced (a regular file, at most "
-                              f"{_inputs.size_text(_inputs.PROMPT_MAX_BYTES)})"),
+                              f"{_inputs.size_text(_inputs.PROMPT_MAX_BYTES)}; default: the "
+                              f"held-out text, see --held-out)"),
           "in", _inputs.PROMPT_MAX_BYTES)
     _int(p, "--held-out", 0, INT32_MAX, default=0, metavar="I",
          help="without --prompt-file: the I-th slice of the held-out text")
-    _int(p, "--prompt-tokens", 1, 1 << 20, default=8192)
+    _int(p, "--prompt-tokens", 1, 1 << 20, default=8192, help="prompt length (bytes)")
     _int(p, "--steps", 1, 1 << 16, default=256, help="decode steps")
     p.add_argument("--mtp", action="store_true", help="MTP rows from the model's draft head")
     p.add_argument("--sample", action="store_true", help="sample (T = 0.8) instead of forcing")
+    p.add_argument("--layers", type=int, nargs="+", metavar="L",
+                   help="keep only these indexer layers (0-based), for a smaller file "
+                        "(default: all)")
     _add_device(p)
-    _int(p, "--seed", 0, (1 << 32) - 1)
-    p.add_argument("--quiet", action="store_true")
+    _int(p, "--seed", 0, (1 << 32) - 1, default=0, help="sampling seed (--sample)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_trace, spec_=p)
 
     p = sub.add_parser("build", help="write a deployable bundle: LLM-API options YAML with the "
                                      "SPIN block and a Triton model repository (llmapi backend)")
     p.add_argument("model", metavar="MODEL", help="model directory (with config.json) or hub id")
     _rule(p.add_argument("--output", "-o", required=True, help="bundle directory"), "outdir")
-    p.add_argument("--algorithm", choices=sorted(TRTLLM_ALGORITHM_TOPK), default="deepseek_v4")
-    p.add_argument("--sparsity", type=float, help="SPIN target block sparsity")
+    p.add_argument("--algorithm", choices=sorted(TRTLLM_ALGORITHM_TOPK), default="deepseek_v4",
+                   help="TensorRT-LLM's sparse attention algorithm (deepseek_v4: V4's C4A, dsa: "
+                        "V3.2)")
+    p.add_argument("--sparsity", type=float,
+                   help=f"SPIN target block sparsity {or_config(DEFAULT_TARGET_SPARSITY)}")
     # TensorRT-LLM reads these as int32
-    _int(p, "--tp", 1, INT32_MAX, help="tensor_parallel_size")
-    _int(p, "--max-batch-size", 1, INT32_MAX)
-    _int(p, "--max-seq-len", 1, INT32_MAX)
+    _int(p, "--tp", 1, INT32_MAX, default=1, help="tensor_parallel_size")
+    _int(p, "--max-batch-size", 1, INT32_MAX,
+         help="the LLM's max_batch_size (default: not written, TensorRT-LLM's own)")
+    _int(p, "--max-seq-len", 1, INT32_MAX,
+         help="the LLM's max_seq_len (default: not written, the model's)")
     p.add_argument("--mtp", type=int, default=0, choices=range(0, MAX_NEXT_N), metavar="D",
                    help="MTP draft depth (speculative_config)")
     p.add_argument("--name", default="spin_llm", help="Triton model name")
-    _rule(p.add_argument("--llmapi-model", help="TensorRT-LLM's triton_backend/all_models/"
-                                                "llmapi/tensorrt_llm/1/model.py (default: found "
-                                                "next to tensorrt_llm, else set "
-                                                "SPIN_TRTLLM_LLMAPI_MODEL)"),
+    _rule(p.add_argument("--llmapi-model",
+                         help=f"TensorRT-LLM's {LLMAPI_MODEL_PATH}, which the bundle's model.py "
+                              f"loads (default: found next to an installed tensorrt_llm, else "
+                              f"{LLMAPI_MODEL_ENV} must name it where tritonserver runs)"),
           "in", _inputs.CONFIG_MAX_BYTES)
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty OUTPUT")
     _add_config_flags(p)
@@ -219,16 +283,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="trtllm-serve with SPIN enabled (needs tensorrt_llm); "
                                      "unknown flags go to trtllm-serve")
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="model directory or hub id")
     _rule(p.add_argument("--config", dest="config_yaml",
-                         help="trtllm-serve LLM-API options YAML"), "in", _inputs.CONFIG_MAX_BYTES)
+                         help="trtllm-serve LLM-API options YAML; a spin: block in its "
+                              "sparse_attention_config wins over the SPIN flags below (default: "
+                              "none, only the SPIN block)"), "in", _inputs.CONFIG_MAX_BYTES)
     _rule(p.add_argument("--spin-config", dest="config",
-                         help="SpinConfig YAML for the spin block"), "in", _inputs.CONFIG_MAX_BYTES)
-    p.add_argument("--algorithm", choices=sorted(TRTLLM_ALGORITHM_TOPK))
-    p.add_argument("--sparsity", type=float, help="SPIN target block sparsity")
-    p.add_argument("--exploration", type=float)
-    p.add_argument("--seed", type=int)
+                         help="SpinConfig YAML for the spin block (default: none, SpinConfig's "
+                              "defaults)"), "in", _inputs.CONFIG_MAX_BYTES)
+    p.add_argument("--algorithm", choices=sorted(TRTLLM_ALGORITHM_TOPK),
+                   help="sparse attention algorithm (default: --config's; required without "
+                        "one)")
+    spin_config = "--spin-config"
+    p.add_argument("--sparsity", type=float,
+                   help=f"SPIN target block sparsity "
+                        f"{or_config(DEFAULT_TARGET_SPARSITY, spin_config)}")
+    p.add_argument("--exploration", type=float,
+                   help=f"exploration share gamma, 0 disables "
+                        f"{or_config(DEFAULT_EXPLORATION, spin_config)}")
+    p.add_argument("--seed", type=int,
+                   help=f"exploration RNG seed {or_config(DEFAULT_SEED, spin_config)}")
     p.set_defaults(func=cmd_serve, spec_=p, passthrough=True)
+    state_defaults(parser)
     return parser
 
 

@@ -7,18 +7,22 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import yaml
 
 from .. import _inputs
 from .._inputs import one_line
 from .._outputs import check_output, check_plan, is_device, write_output
-from ..config import SpinConfig
 from ..errors import SpinError
-from ..limits import EXPLORATION_POLICY
+from ..limits import (BLOCK_SLOTS, DEFAULT_EXPLORATION, DEFAULT_EXPLORATION_POLICY, DEFAULT_SEED,
+                      EXPLORATION_POLICY)
+
+if TYPE_CHECKING:                        # the parser stays free of pydantic (--help is fast)
+    from ..config import SpinConfig
 
 
 DEFAULT_SPARSITIES = (0.3, 0.4, 0.5)
@@ -36,6 +40,25 @@ INPUT_ERRORS = (SpinError, OSError, ValueError, OverflowError, yaml.YAMLError)
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one escaped line, no usage dump
         self.exit(2, f"{one_line(self.prog, 100)}: error: {one_line(message)}\n")
+
+
+def package_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+class _Version(argparse.Action):
+    """--version, looked up when asked: importing importlib.metadata would slow the rest."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit", **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        parser._print_message(f"{parser.prog} {package_version()}\n", sys.stdout)
+        parser.exit(0)
 
 
 def _fmt(value: Any, pct: bool = True) -> str:
@@ -76,7 +99,9 @@ def _per_trace_path(path: str, trace_name: str, count: int) -> Path:
     return p if count == 1 else p.with_name(f"{p.stem}-{Path(trace_name).stem}{p.suffix}")
 
 
-def _load_config(args: argparse.Namespace) -> SpinConfig:
+def _load_config(args: argparse.Namespace) -> "SpinConfig":
+    from ..config import SpinConfig
+
     cfg = SpinConfig.from_yaml(args.config) if getattr(args, "config", None) is not None \
         else SpinConfig()
     overrides = {k: getattr(args, k, None) for k in
@@ -84,7 +109,7 @@ def _load_config(args: argparse.Namespace) -> SpinConfig:
     return cfg.with_overrides(**overrides) if any(v is not None for v in overrides.values()) else cfg
 
 
-def _sparsities(args: argparse.Namespace, cfg: SpinConfig) -> list[float]:
+def _sparsities(args: argparse.Namespace, cfg: "SpinConfig") -> list[float]:
     """--sparsity, else the config file's target_sparsity, else 0.3 0.4 0.5."""
     from ..replay.evaluate import check_sparsities
 
@@ -187,15 +212,30 @@ def _check_args(args: argparse.Namespace) -> None:
     check_plan(outputs, inputs)
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
+def or_config(value: Any, config: str = "--config") -> str:
+    """Help text of a SpinConfig flag's default: the config file's value, else `value`."""
+    return f"(default: {config}'s, else {value})"
+
+
+def _add_config_flags(p: argparse.ArgumentParser, from_trace: bool = False) -> None:
+    """The SpinConfig flags. K and the block size, when neither a flag nor --config sets
+    them: the trace's metadata (`from_trace`: replay, ablate), else the model's K and
+    SpinConfig's block size."""
     _rule(p.add_argument("--config",
-                         help="SpinConfig YAML (flat, spin:, or sparse_attention_config:)"),
+                         help="SpinConfig YAML (flat, spin:, or sparse_attention_config:); the "
+                              "flags below override its fields (default: none, SpinConfig's "
+                              "defaults)"),
           "in", _inputs.CONFIG_MAX_BYTES)
-    p.add_argument("--exploration", type=float, help="exploration share gamma (0 disables)")
-    p.add_argument("--exploration-policy", choices=list(EXPLORATION_POLICY))
-    p.add_argument("--index-topk", type=int, help="K (default: the trace's metadata)")
-    p.add_argument("--block-size", type=int, help="block size (default: the trace's metadata)")
-    p.add_argument("--seed", type=int, help="exploration RNG seed")
+    p.add_argument("--exploration", type=float,
+                   help=f"exploration share gamma, 0 disables {or_config(DEFAULT_EXPLORATION)}")
+    p.add_argument("--exploration-policy", choices=list(EXPLORATION_POLICY),
+                   help=f"how exploration picks its blocks {or_config(DEFAULT_EXPLORATION_POLICY)}")
+    trace = "the trace's metadata"
+    k, block = (trace, trace) if from_trace else ("the model's", BLOCK_SLOTS)
+    p.add_argument("--index-topk", type=int, help=f"K of the post-indexer top-K {or_config(k)}")
+    p.add_argument("--block-size", type=int, help=f"KV slots per block {or_config(block)}")
+    p.add_argument("--seed", type=int,
+                   help=f"exploration RNG seed {or_config(DEFAULT_SEED)}")
 
 
 def _add_common(p: argparse.ArgumentParser, sparsity: bool = True) -> None:
@@ -205,6 +245,56 @@ def _add_common(p: argparse.ArgumentParser, sparsity: bool = True) -> None:
                             "if it sets one, else 0.3 0.4 0.5)")
     _rule(p.add_argument("--json", help="write results as JSON here"), "out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+_STATES_DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(_shown(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def state_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's help says what happens when it is left out: "(default: X)" is appended
+    where the default is a value and the help states none; an output left out is not written.
+    An option whose default is None states its meaning in its own help
+    (tests/test_cli_conventions.py checks every one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                state_defaults(sub)
+            continue
+        if not action.option_strings or action.required or action.nargs == 0:
+            continue                     # positionals, required options, on/off flags
+        text = action.help or ""
+        if _STATES_DEFAULT.search(text):
+            continue
+        if action.default is not None:
+            note = f"default: {_shown(action.default)}"
+        elif getattr(action, "spin_rule", ("",))[0] in ("out", "plot"):
+            note = "default: not written"
+        else:
+            continue
+        action.help = f"{text} ({note})" if text else f"({note})"
+
+
+def synth_fields() -> list[tuple[str, type, Any, str]]:
+    """SynthConfig's fields as (name, type, default, the comment on its line), read from the
+    source of spin_trtllm/replay/synth.py: importing it would import torch, which synth's
+    --help does not need (tests/test_cli_conventions.py checks them against the dataclass)."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "replay" / "synth.py").read_text()
+    lines = source.splitlines()
+    cls = next(node for node in ast.parse(source).body
+               if isinstance(node, ast.ClassDef) and node.name == "SynthConfig")
+    kinds = {"int": int, "float": float, "str": str}
+    return [(node.target.id, kinds[ast.unparse(node.annotation)], ast.literal_eval(node.value),
+             lines[node.lineno - 1].partition("#")[2].strip())
+            for node in cls.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)]
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:

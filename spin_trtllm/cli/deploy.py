@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from ..config import SpinConfig
 from ..errors import SpinError
 from .._inputs import one_line, printable, shown
 from ._common import _load_config
 
+if TYPE_CHECKING:                        # imported by the parser: kept free of pydantic
+    from ..config import SpinConfig
 
-def _spin_for_deploy(args: argparse.Namespace) -> SpinConfig:
+
+def _spin_for_deploy(args: argparse.Namespace) -> "SpinConfig":
     cfg = _load_config(args)
     if args.sparsity is not None:
         cfg = cfg.with_overrides(target_sparsity=args.sparsity)
@@ -24,7 +26,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     import re
 
     from ..integrations.trtllm.bundle import (BundleOptions, bundle_files, memory_report,
-                                            model_folder_warning, write_files)
+                                            model_folder_warning, next_steps, write_files)
 
     model = args.model
     if model == "":
@@ -38,7 +40,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise SpinError(f"model {shown(args.model, 300)}: not a directory here and not a hub "
                         f"id (org/name)")
     opts = BundleOptions(model=model, algorithm=args.algorithm, index_topk=args.index_topk,
-                         tensor_parallel_size=args.tp or 1, max_batch_size=args.max_batch_size,
+                         tensor_parallel_size=args.tp, max_batch_size=args.max_batch_size,
                          max_seq_len=args.max_seq_len, mtp_depth=args.mtp, name=args.name,
                          llmapi_model=args.llmapi_model)
     spin = _spin_for_deploy(args)
@@ -53,6 +55,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     for path in write_files(args.output, files):
         print(printable(path))
     print(report)
+    steps, missing = next_steps(opts, args.output)
+    print("\n".join(printable(line) for line in steps))
+    if missing:
+        print(f"spin-trtllm: warning: {one_line(missing)}", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,8 @@ from ._common import DEMO_MAX_BATCH_TOKENS, TRAIN_MAX_BATCH_SEQ2, _load_config, 
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..harness.demo import DemoOptions, run_demo
+    from ..harness.demo import DemoOptions, run_demo, with_workload
+    from ..harness.engine import resolve_device
     from ..harness.report import format_report
 
     cfg = _load_config(args)
@@ -22,15 +23,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(target_sparsity=args.sparsity)
     elif "target_sparsity" not in cfg.model_fields_set:
         cfg = cfg.with_overrides(target_sparsity=0.5)
-    tokens = args.batch * (args.prompt_tokens + args.new_tokens)
+    # the workload flags left out take the device's defaults (limits.DEMO_WORKLOADS)
+    work = with_workload(DemoOptions(requests=args.requests, prompt_tokens=args.prompt_tokens,
+                                     new_tokens=args.new_tokens,
+                                     measure_miss=args.measure_miss),
+                         resolve_device(args.device))
+    tokens = args.batch * (work.prompt_tokens + work.new_tokens)
     if tokens > DEMO_MAX_BATCH_TOKENS:
         raise SpinError(f"--batch x (--prompt-tokens + --new-tokens) = {tokens:,} is over "
                         f"{DEMO_MAX_BATCH_TOKENS:,} (the caches grow with it)")
-    opts = DemoOptions(device=args.device, requests=args.requests,
-                       prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+    opts = DemoOptions(device=args.device, requests=work.requests,
+                       prompt_tokens=work.prompt_tokens, new_tokens=work.new_tokens,
                        max_batch=args.batch, mtp_depth=args.mtp, checkpoint=args.checkpoint,
                        random_weights=args.random_weights,
-                       measure_miss=args.measure_miss, dump_trace=args.dump_trace,
+                       measure_miss=work.measure_miss, dump_trace=args.dump_trace,
                        cuda_graphs=args.cuda_graphs, progress=not args.quiet,
                        logits_backend=args.logits_backend, switch=args.switch,
                        predictor=args.predictor,
@@ -72,10 +78,11 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     cfg = stdlib_model_config(compress_ratios=ratios,
                               max_context=max(65536, args.seq_len))
     tc = TrainConfig(seconds=args.seconds, seq_len=args.seq_len, batch=args.batch,
-                     seed=args.seed or 0)
+                     seed=args.seed)
     check_train_memory(cfg, tc, device)             # before the corpus is read
     corpus = stdlib_corpus(limit_bytes=args.limit_bytes)
-    weights, report = train(cfg, tc, corpus, device, log=lambda m: print(m, file=sys.stderr))
+    weights, report = train(cfg, tc, corpus, device, log=lambda m: print(m, file=sys.stderr),
+                            progress=not args.quiet)
     command = "spin-trtllm train-tiny " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 \
         else "spin-trtllm train-tiny"
     save_checkpoint(out, cfg, weights, dtype=torch.float16,
@@ -119,6 +126,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(mtp_depth=0)
     elif not cfg.mtp_depth:
         raise SpinError("--mtp: the checkpoint has no MTP head")
+    if args.layers and (not all(0 <= l < len(cfg.csa_layers) for l in args.layers)
+                        or len(set(args.layers)) != len(args.layers)):
+        raise SpinError(f"--layers {' '.join(map(str, args.layers))}: name distinct indexer "
+                        f"layers of 0..{len(cfg.csa_layers) - 1}")
     need = args.prompt_tokens + args.steps + cfg.next_n + 2
     cfg = cfg.with_overrides(max_context=need)          # caches for this run only
     check_trace_memory(cfg, args.prompt_tokens, args.steps, device)
@@ -139,6 +150,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
                         temperature=0.0 if forced else 0.8, seed=args.seed or 0,
                         request_id=0)], progress=not args.quiet)
     trace = engine.trace(0)
+    if args.layers:
+        trace = trace.keep_layers(args.layers)
     trace.name = Path(args.out).name
     trace.save(args.out)
     print(f"wrote {printable(args.out)} (trace v{trace.version}): {trace.num_steps} steps, "

@@ -15,16 +15,15 @@ from ._common import _per_trace_path, _fmt, _json_results, _load_config, _print_
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..replay import work
-    from ..replay.evaluate import config_for_trace, replay
+    from ..replay.evaluate import config_for_trace, replay, replay_desc
     from ..replay.probe import require_query_data
-    from ..replay.trace import SpinTrace
 
     cfg = _load_config(args)
     sparsities = _sparsities(args, cfg)
     for e in args.effective or ():
         if not 0.0 <= e < 1.0:
             raise SpinError(f"--effective {e}: must satisfy 0 <= x < 1")
-    traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    traces = _load_traces(args)             # validate all before the long work
     mask_paths = []
     if args.mask_plot:
         for trace in traces:
@@ -48,9 +47,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     results = []
     for i, trace in enumerate(traces):
         keep = args.mask_layer if args.mask_plot else None
+        desc = replay_desc(trace, sparsities, label) + _place(i, len(traces))
         res = replay(trace, sparsities, cfg, progress=not args.quiet, keep_masks_for_layer=keep,
                      label=label, predictor=args.predictor, budget=args.budget,
-                     summaries=args.summaries)
+                     summaries=args.summaries, desc=desc)
         results.extend(res)
         if args.mask_plot:
             from ..replay.plots import plot_topk_mask
@@ -58,7 +58,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             used = config_for_trace(trace, cfg)
             out = plot_topk_mask(trace, mask_paths[i], layer=args.mask_layer,
                                  selected=res[-1]["masks"], max_slots=args.mask_slots,
-                                 block_size=used.block_size, index_topk=used.index_topk)
+                                 max_steps=args.mask_steps, block_size=used.block_size,
+                                 index_topk=used.index_topk, sparsity=sparsities[-1],
+                                 progress=not args.quiet)
             print(f"wrote {printable(out)}", file=sys.stderr)
     _print_table(results)
     if args.effective:
@@ -72,6 +74,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
             args.json = None
     _write_outputs(args, results)
     return 0
+
+
+def _load_traces(args: argparse.Namespace) -> list:
+    """args.traces as SpinTraces, loaded and validated under a progress bar (a large trace
+    takes a while)."""
+    from tqdm import tqdm
+
+    from ..replay.trace import SpinTrace
+
+    traces = []
+    # shown after a second only, and closed before a load error is printed (one line)
+    with tqdm(total=len(args.traces), desc="load traces", unit="trace", disable=args.quiet,
+              leave=False, delay=1.0) as bar:
+        for path in args.traces:
+            traces.append(SpinTrace.load(path))
+            bar.update()
+    return traces
+
+
+def _place(i: int, count: int) -> str:
+    """A progress bar's place among several traces: ' (trace 2/3)', nothing for one."""
+    return f" (trace {i + 1}/{count})" if count > 1 else ""
 
 
 def _print_effective(rows: Sequence[dict[str, Any]]) -> None:
@@ -94,11 +118,10 @@ def _write_outputs(args: argparse.Namespace, results: list[dict[str, Any]]) -> N
 def cmd_ablate(args: argparse.Namespace) -> int:
     from ..replay import work
     from ..replay.evaluate import estimate_study, run_study
-    from ..replay.trace import SpinTrace
 
     cfg = _load_config(args)
     sparsities = _sparsities(args, cfg)
-    traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    traces = _load_traces(args)             # validate all before the long work
     for trace in traces:
         work.require(estimate_study(trace, args.study, len(sparsities), cfg))
     results = []
@@ -135,12 +158,11 @@ def _print_predictors(out: dict[str, Any]) -> None:
 def cmd_compare_predictors(args: argparse.Namespace) -> int:
     from ..replay import work
     from ..replay.predictors import compare_predictors
-    from ..replay.trace import SpinTrace
 
     k = args.index_topk
     if k is not None and not 1 <= k <= MAX_INDEX_TOPK:
         raise SpinError(f"index_topk must be >= 1 and <= {MAX_INDEX_TOPK}, got {k}")
-    traces = [SpinTrace.load(p) for p in args.traces]  # validate all before the long work
+    traces = _load_traces(args)             # validate all before the long work
     for trace in traces:
         work.require(work.estimate_compare(trace))
     outs = []

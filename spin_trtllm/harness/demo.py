@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import statistics
-from dataclasses import dataclass
-from typing import Any, Optional
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -19,24 +21,31 @@ from ..errors import SpinError
 from .config import DsaLiteConfig, tiny, v4_flash_indexer
 from .engine import Engine, EngineOptions, Request, RequestOutput, resolve_device
 from .engine.memory import engine_bytes
+from .engine.requests import parse
+from .engine.scheduler import EngineProgress, planned_tokens
 from .model import check_memory, init_weights, load_checkpoint
 from .pretrained import default_checkpoint
+from .._threads import one_thread
+from ..limits import DEMO_WORKLOADS, DemoWorkload
 from .speed import CACHE_BYTES_PER_TOKEN, fitting_size, measure, step_config
 
 MB = 1e6
 
 
+SAMPLE_TOKENS = 64                      # the prompt's last tokens kept for the report's sample
+
+
 @dataclass
 class DemoOptions:
     device: str = "auto"
-    requests: int = 4
-    prompt_tokens: int = 1600
-    new_tokens: int = 48
+    requests: Optional[int] = None            # None: DEMO_WORKLOADS of the device
+    prompt_tokens: Optional[int] = None
+    new_tokens: Optional[int] = None
     max_batch: int = 4
     mtp_depth: int = 0
     checkpoint: Optional[str] = None
     random_weights: bool = False
-    measure_miss: bool = False
+    measure_miss: Optional[bool] = None
     dump_trace: Optional[str] = None
     cuda_graphs: bool = False
     progress: bool = True
@@ -45,6 +54,25 @@ class DemoOptions:
     predictor: str = "spin"                   # SPIN engine's block predictor: spin / probe
     speed: Optional[tuple[int, int]] = None   # (batch, context tokens) of the GPU step timing;
     speed_auto: bool = True                   # None + speed_auto: the largest size that fits
+
+
+def with_workload(opts: DemoOptions, device: torch.device) -> DemoOptions:
+    """opts with its None workload fields set from DEMO_WORKLOADS for `device`."""
+    work = DEMO_WORKLOADS["cuda" if device.type == "cuda" else "cpu"]
+    return replace(opts, **{f: getattr(work, f) for f in DemoWorkload.__dataclass_fields__
+                            if getattr(opts, f) is None})
+
+
+@contextmanager
+def cpu_threads(device: torch.device) -> Iterator[None]:
+    """On the CPU, one intra-op thread unless OMP_NUM_THREADS says otherwise: the demo's ops
+    are small, and with two threads on a busy 2-core machine OpenMP's waits made its steps and
+    prefills 2-10x slower, some runs and not others."""
+    if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    with one_thread():
+        yield
 
 
 def corpus(n: int, offset: int) -> bytes:
@@ -118,49 +146,53 @@ def check_demo_memory(cfg: DsaLiteConfig, spin: SpinConfig, opts: DemoOptions,
 
 
 def run_engine(cfg: DsaLiteConfig, spin: Optional[SpinConfig], weights, device, opts: DemoOptions,
-               label: str, expected_steps: Optional[int] = None,
-               backend: Optional[logits_backends.LogitsBackend] = None
+               label: str, backend: Optional[logits_backends.LogitsBackend] = None
                ) -> tuple[Engine, dict[int, RequestOutput]]:
     """Run the demo workload; `backend`: opts.logits_backend resolved (None: the Engine
-    resolves it). The progress bar counts decode steps (total: expected_steps,
-    else unknown) with the requests done in its postfix. The all-keep engine's StepStats get
-    selected_blocks = visible_blocks = the blocks its dense indexer scored that step where the
-    engine left them 0, so both sides' indexer bytes come from their own runs."""
+    resolves it). Progress: prompt tokens prefilled and tokens decoded against their totals
+    (EngineProgress). The all-keep engine's StepStats get selected_blocks = visible_blocks =
+    the blocks its dense indexer scored that step where the engine left them 0, so both sides'
+    indexer bytes come from their own runs."""
     engine = Engine(cfg, spin, weights=weights, device=device,
                     options=_engine_options(spin, opts, backend))
     arrivals = workload(opts, cfg)
     layers = len(cfg.csa_layers)
-    bar = None
+    bars = None
     if opts.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=expected_steps, desc=f"{label} decode steps", unit="step", leave=False)
-        bar.set_postfix_str(f"requests done 0/{len(arrivals)}")
+        plans = [planned_tokens(parse(req, cfg, f"request {req.request_id}")[0],
+                                req.max_new_tokens) for _, req in arrivals]
+        bars = EngineProgress(engine, label, sum(p for p, _ in plans),
+                              sum(d for _, d in plans), len(arrivals))
     outs: dict[int, RequestOutput] = {}
     t = 0
-    while len(outs) < len(arrivals):
-        for when, req in arrivals:
-            if when == t:
-                engine.submit(req)
-        before = len(engine.history)
-        done = engine.step()
-        for o in done:
-            outs[o.request_id] = o
-        new = len(engine.history) - before
-        if new and spin is None and not engine.history[-1].visible_blocks:
-            stats = engine.history[-1]
-            blocks = int(engine.indexer.counts[:engine.indexer.batch].sum()) * layers
-            stats.selected_blocks = stats.visible_blocks = blocks
-        if bar is not None:
-            bar.update(new)
-            if done or new:
-                bar.set_postfix_str(f"requests done {len(outs)}/{len(arrivals)}")
-        t += 1
-    if bar is not None:
-        bar.close()
+    try:
+        while len(outs) < len(arrivals):
+            for when, req in arrivals:
+                if when == t:
+                    engine.submit(req)
+            before = len(engine.history)
+            for o in engine.step():
+                outs[o.request_id] = o
+            if len(engine.history) > before and spin is None \
+                    and not engine.history[-1].visible_blocks:
+                stats = engine.history[-1]
+                blocks = int(engine.indexer.counts[:engine.indexer.batch].sum()) * layers
+                stats.selected_blocks = stats.visible_blocks = blocks
+            if bars is not None:
+                bars.stepped(engine.history[before:], len(outs))
+            t += 1
+    finally:
+        if bars is not None:
+            bars.close()
     return engine, outs
 
 
 def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> dict[str, Any]:
+    """One engine's figures. The decode ones come from the median step, so one slow step (a
+    first call that compiles or allocates) does not move them: decode tokens/s is tokens per
+    decode step over the median step; time per output token is the median step over the
+    tokens a request gets per step. Time to first token is the engine's prefill time per
+    prefill (each prompt and each later turn), a mean."""
     hist = engine.history
     steps = len(hist)
     step_ms = [1e3 * (s.seconds - s.shadow_seconds) for s in hist]
@@ -179,21 +211,29 @@ def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> di
     drafted = sum(o.drafted for o in outs.values())
     accepted = sum(o.accepted for o in outs.values())
     # each turn's first token comes from its prefill, the rest from decode steps
-    decode_tokens = sum(len(o.tokens) - len(o.turns) for o in outs.values())
+    prefills = sum(len(o.turns) for o in outs.values())
+    decode_tokens = sum(len(o.tokens) for o in outs.values()) - prefills
+    median_ms = statistics.median(step_ms) if steps else None
+    per_step = decode_tokens / steps if steps else None
+    mean_batch = sum(s.batch for s in hist) / steps if steps else None
     return {
         "decode_steps": steps,
-        "step_ms_median": statistics.median(step_ms) if steps else None,
+        "step_ms_median": median_ms,
         "indexer_ms_median": statistics.median(index_ms) if steps and engine.time_indexer else None,
-        "indexer_share": (sum(index_ms) / sum(step_ms)) if steps and engine.time_indexer else None,
         "cuda_graphs": any(s.graph for s in hist),
         "prefill_s": engine.prefill_seconds,
+        "prefills": prefills,
         "realized_sparsity": (1 - sel / vis) if vis and engine.spin is not None else None,
         "mean_miss": float(miss.mean()) if miss.size else None,
         "p99_miss": float(np.percentile(miss, 99)) if miss.size else None,
         "miss_rows": int(miss.size),
         "mtp_acceptance": (accepted / drafted) if drafted else None,
-        "tokens_per_step": (decode_tokens / steps) if steps else None,
-        "mean_batch": (sum(s.batch for s in hist) / steps) if steps else None,
+        "decode_tokens": decode_tokens,
+        "tokens_per_step": per_step,
+        "mean_batch": mean_batch,
+        "tokens_per_s": 1e3 * per_step / median_ms if steps and median_ms else None,
+        "tpot_ms": median_ms * mean_batch / per_step if steps and per_step else None,
+        "ttft_ms": 1e3 * engine.prefill_seconds / prefills if prefills else None,
         "selected_blocks": sel,
         "visible_blocks": vis,
         "kcache_mb_per_step": k_bytes / MB / steps if steps else None,
@@ -236,18 +276,49 @@ def run_speed(spin: SpinConfig, opts: DemoOptions, device: torch.device,
     cfg = step_config(context, opts.mtp_depth, warmup + steps)
     weights = init_weights(cfg)
     sc = spin.with_overrides(index_topk=cfg.index_topk)
+    names = ("null", "dense", opts.switch or "auto")
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(names) * (warmup + steps), unit="step", leave=False,
+                   desc=f"GPU step timing, {batch} x {context:,} tokens")
     runs = {}
-    with torch.cuda.device(device):
-        for name in ("null", "dense", opts.switch or "auto"):
-            runs[name if name in ("null", "dense") else "spin"] = measure(
-                cfg, weights, name, context, batch, warmup, steps,
-                backend=backend or opts.logits_backend, spin=sc)
+    try:
+        with torch.cuda.device(device):
+            for name in names:
+                if bar is not None:
+                    bar.set_postfix_str(f"indexer {name}")
+                runs[name if name in ("null", "dense") else "spin"] = measure(
+                    cfg, weights, name, context, batch, warmup, steps,
+                    backend=backend or opts.logits_backend, spin=sc,
+                    on_step=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
     for r in runs.values():
         r["indexer_ms"] = r["forward_ms"] - runs["null"]["forward_ms"]
     return {"batch": batch, "context_tokens": context, "switch": opts.switch or "auto", **runs}
 
 
+def continuations(cfg: DsaLiteConfig, arrivals: list[tuple[int, Request]],
+                  spin_out: dict[int, RequestOutput],
+                  dense_out: dict[int, RequestOutput]) -> dict[str, Any]:
+    """The first request's prompt end and both engines' continuations (token ids)."""
+    _, req = arrivals[0]
+    rid = req.request_id
+    prompt = parse(req, cfg, f"request {rid}")[0][0]
+    return {"request": rid, "prompt_tail": prompt[-SAMPLE_TOKENS:],
+            "spin": spin_out[rid].tokens, "all_keep": dense_out[rid].tokens}
+
+
 def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
+    device = resolve_device(opts.device)
+    opts = with_workload(opts, device)
+    with cpu_threads(device):
+        return _run_demo(spin, opts)
+
+
+def _run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
     device, cfg, weights = _resolve(opts)
     # resolved once, for every engine of the run (unusable: SpinError before any work)
     backend = logits_backends.resolve(opts.logits_backend, device)
@@ -258,14 +329,20 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
         spin = spin.with_overrides(index_topk=cfg.index_topk)
     check_demo_memory(cfg, spin, opts, device, weights is None, backend)
     speed = run_speed(spin, opts, device, backend) if device.type == "cuda" else None
+    if device.type == "cuda":
+        # cuBLAS sets itself up on the first matmul (a large part of a short prefill): not
+        # inside the first engine's time to first token
+        torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)
+        torch.cuda.synchronize(device)
     if weights is None:
         weights = init_weights(cfg)
     spin_engine, spin_out = run_engine(cfg, spin, weights, device, opts, "SPIN",
                                        backend=backend)
     dense_engine, dense_out = run_engine(cfg, None, weights, device, opts, "all-keep",
-                                         expected_steps=len(spin_engine.history), backend=backend)
+                                         backend=backend)
     if opts.dump_trace:
         spin_engine.trace().save(opts.dump_trace)
+    arrivals = workload(opts, cfg)
     return {"model": json.loads(cfg.to_json()), "device": str(device),
             "weights": "random (seeded)" if opts.random_weights or not (
                 opts.checkpoint or default_checkpoint()) else str(opts.checkpoint or
@@ -273,8 +350,17 @@ def run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "spin_config": spin.model_dump(mode="json"), "predictor": opts.predictor,
             "logits_backend": opts.logits_backend,
+            "workload": {"prompt_tokens": [len(parse(r, cfg, f"request {r.request_id}")[0][0])
+                                           for _, r in arrivals],
+                         "turns": [1 + len(r.turns) for _, r in arrivals],
+                         "new_tokens": [r.max_new_tokens for _, r in arrivals],
+                         "arrival_steps": [t for t, _ in arrivals],
+                         "max_batch": opts.max_batch,
+                         "cpu_threads": torch.get_num_threads() if device.type == "cpu"
+                         else None},
             "spin": summarize(spin_engine, spin_out, spin.warmup_steps),
             "all_keep": summarize(dense_engine, dense_out, 0),
             **agreement(spin_out, dense_out),
+            "sample": continuations(cfg, arrivals, spin_out, dense_out),
             "speed": speed,
             "trace": opts.dump_trace}

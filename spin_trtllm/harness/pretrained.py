@@ -16,6 +16,8 @@ STDLIB_C4A_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a.safetensors"  # indexer rati
 STDLIB_8K_CHECKPOINT = DATA / "dsa_lite_stdlib_8k.safetensors"
 # ratio 4 trained on 8,704-byte sequences: QUALITY.md's C4A runs at 8K prompts (--checkpoint)
 STDLIB_C4A_8K_CHECKPOINT = DATA / "dsa_lite_stdlib_c4a_8k.safetensors"
+# SPIN trace v2 of the ratio-1 model (README Quickstart says how it was made)
+SAMPLE_TRACE = DATA / "sample_trace.safetensors"
 MODEL_CARD = DATA / "MODEL_CARD.md"
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import gc
 import statistics
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -88,9 +88,11 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             backend: "str | logits_backends.LogitsBackend" = "native",
             state_dtype: str = "float16", spin: Optional[SpinConfig] = None,
             predictor: str = "spin", overlap_update: bool = True,
-            overlap_select: bool = False) -> dict[str, Any]:
+            overlap_select: bool = False,
+            on_step: Optional[Callable[[], None]] = None) -> dict[str, Any]:
     """Median step and forward times of one engine (see the module docstring). SPIN runs
-    `spin` when given, else SpinConfig(target_sparsity=rho, state_dtype=state_dtype)."""
+    `spin` when given, else SpinConfig(target_sparsity=rho, state_dtype=state_dtype).
+    `on_step`: called after each step, warm-up included (progress bars)."""
     if indexer not in INDEXERS:
         raise ValueError(f"indexer must be one of {INDEXERS}, got {indexer!r}")
     if indexer not in ("spin", "auto"):
@@ -108,6 +110,8 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
     torch.cuda.synchronize()
     for _ in range(warmup + steps):
         engine.step()
+        if on_step is not None:
+            on_step()
     hist = engine.history[warmup:]
     sel = sum(s.selected_blocks for s in hist)
     vis = sum(s.visible_blocks for s in hist)

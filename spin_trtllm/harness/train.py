@@ -221,17 +221,27 @@ class TrainConfig:
     seed: int = 0
 
 
-def bits_per_byte(w, cfg, data, seq_len, batch, n_batches, sparse, generator) -> float:
-    it = batches(data, batch, seq_len, generator)
-    total, count = 0.0, 0
+def held_out_bpb(w, cfg, tc: "TrainConfig", data: torch.Tensor, deadline: float,
+                 on_batch: Optional[Callable[[int], object]] = None) -> tuple[float, float, int]:
+    """Bits per byte on held-out text with top-K sparse and with dense attention, on the same
+    batches (a fixed seed): tc.eval_batches of them, fewer when the next would end past
+    `deadline` (at least one). Returns (sparse, dense, batches)."""
+    it = batches(data, tc.batch, tc.seq_len, torch.Generator().manual_seed(1234))
+    totals, count, done, batch_s = [0.0, 0.0], 0, 0, 0.0
     with torch.no_grad():
-        for _ in range(n_batches):
+        while done < tc.eval_batches and (done == 0 or time.time() + batch_s <= deadline):
+            start = time.time()
             xy = next(it).to(w["embed"].device)
-            logits, _, _ = sequence_forward(w, cfg, xy[:, :-1], sparse=sparse)
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                           xy[:, 1:].reshape(-1), reduction="sum"))
+            for i, sparse in enumerate((True, False)):
+                logits, _, _ = sequence_forward(w, cfg, xy[:, :-1], sparse=sparse)
+                totals[i] += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   xy[:, 1:].reshape(-1), reduction="sum"))
             count += xy[:, 1:].numel()
-    return total / count / math.log(2)
+            done += 1
+            batch_s = time.time() - start
+            if on_batch is not None:
+                on_batch(done)
+    return totals[0] / count / math.log(2), totals[1] / count / math.log(2), done
 
 
 # Peak memory of one training step (sequence_forward, backward, AdamW), measured on the shipped
@@ -267,9 +277,20 @@ def check_train_memory(cfg: DsaLiteConfig, tc: "TrainConfig", device: torch.devi
                  f"grow with batch x seq-len^2)")
 
 
+# tc.seconds covers training and the held-out evaluation: training stops early enough to leave
+# the evaluation its tc.eval_batches batches, but at most this share of the budget (the
+# evaluation then runs fewer batches, at least one).
+EVAL_SHARE = 0.25
+
+
 def train(cfg: DsaLiteConfig, tc: TrainConfig, corpus: Corpus, device: torch.device | str,
-          log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], dict]:
-    """Returns the trained weights (float32, CPU) and a report for the model card."""
+          log: Callable[[str], None] = print, progress: bool = False
+          ) -> tuple[dict[str, torch.Tensor], dict]:
+    """Returns the trained weights (float32, CPU) and a report for the model card. Training
+    and evaluation end within tc.seconds unless one step and one evaluation batch alone take
+    longer; `progress`: a progress bar over the budget (step, stage, training loss)."""
+    t0 = time.time()                     # the budget counts from here
+    deadline = t0 + tc.seconds
     device = torch.device(device)
     if tc.seq_len > cfg.max_context:
         raise SpinError(f"seq_len {tc.seq_len} exceeds the model's max_context {cfg.max_context}")
@@ -284,15 +305,27 @@ def train(cfg: DsaLiteConfig, tc: TrainConfig, corpus: Corpus, device: torch.dev
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" \
         else torch.autocast("cpu", enabled=False)
     it = batches(corpus.train, tc.batch, tc.seq_len, g)
-    t0 = time.time()
+    bar = _Progress(tc.seconds, log) if progress else None
+    say = bar.log if bar else log
+
+    def show(text: str) -> None:
+        if bar:
+            bar.show(time.time() - t0, text)
+
     last_eval = t0
     history = []
     step = 0
+    step_s = 0.0                         # the last step's wall time (it follows the load)
+    # An evaluation batch (a sparse and a dense forward) costs at most a sparse-stage step (its
+    # forward scores every row with the indexer) plus a dense-stage one: the last of each.
+    stage_s = {"dense": 0.0, "sparse": 0.0}
     while step < tc.max_steps:
-        elapsed = time.time() - t0
-        frac = min(1.0, elapsed / tc.seconds)
-        if elapsed >= tc.seconds:
+        now = time.time()
+        eval_s = sum(stage_s.values()) if all(stage_s.values()) else 2 * step_s
+        reserve = max(eval_s, min(tc.eval_batches * eval_s, EVAL_SHARE * tc.seconds))
+        if step and now + step_s + reserve > deadline:
             break
+        frac = min(1.0, (now - t0) / max(tc.seconds - reserve, 1e-9))
         lr = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
         lr = tc.min_lr + (lr - tc.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
         for group in opt.param_groups:
@@ -313,33 +346,66 @@ def train(cfg: DsaLiteConfig, tc: TrainConfig, corpus: Corpus, device: torch.dev
         torch.nn.utils.clip_grad_norm_(list(w.values()), 1.0)
         opt.step()
         step += 1
+        bpb = float(lm.detach()) / math.log(2)     # waits for the step: step_s is its real time
+        step_s = time.time() - now
+        stage = "sparse" if sparse else "dense"
+        stage_s[stage] = step_s
+        show(f"step {step}, {stage}, loss {bpb:.3f} bpb")
         if time.time() - last_eval >= tc.eval_every_s:
             last_eval = time.time()
-            msg = (f"step {step} {time.time() - t0:.0f}s {'sparse' if sparse else 'dense'} "
-                   f"lm {float(lm) / math.log(2):.3f} bpb  kl {float(kl):.3f}")
-            history.append({"step": step, "seconds": time.time() - t0,
-                            "train_bpb": float(lm) / math.log(2), "kl": float(kl)})
-            log(msg)
+            kl_value = float(kl.detach())
+            history.append({"step": step, "seconds": last_eval - t0, "train_bpb": bpb,
+                            "kl": kl_value})
+            say(f"step {step} {last_eval - t0:.0f}s {stage} lm {bpb:.3f} bpb  kl {kl_value:.3f}")
     seconds = time.time() - t0
     weights = {k: v.detach().float().cpu() for k, v in w.items()}
-    eval_g = torch.Generator().manual_seed(1234)
+    show(f"step {step}, held-out evaluation")
     with amp:
-        held_sparse = bits_per_byte(w, cfg, corpus.held_out, tc.seq_len, tc.batch,
-                                    tc.eval_batches, True, eval_g)
-        eval_g.manual_seed(1234)
-        held_dense = bits_per_byte(w, cfg, corpus.held_out, tc.seq_len, tc.batch,
-                                   tc.eval_batches, False, eval_g)
+        held_sparse, held_dense, evaluated = held_out_bpb(
+            w, cfg, tc, corpus.held_out, deadline,
+            on_batch=lambda i: show(f"step {step}, held-out evaluation {i}/{tc.eval_batches}"))
+    total = time.time() - t0
+    if bar:
+        bar.close()
     report = {"steps": step, "seconds": seconds, "tokens": step * tc.batch * tc.seq_len,
+              "eval_seconds": total - seconds,
               "held_out_bpb_sparse": held_sparse, "held_out_bpb_dense": held_dense,
-              "train": asdict(tc), "history": history,
+              # the batches evaluated (fewer than asked when the budget ran out)
+              "train": {**asdict(tc), "eval_batches": evaluated}, "history": history,
               "corpus": {"source": corpus.source, "files": corpus.files,
                          "held_out_files": corpus.held_out_files,
                          "train_bytes": corpus.train.numel(),
                          "held_out_bytes": corpus.held_out.numel()},
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     log(f"done: {step} steps in {seconds:.0f}s; held-out bpb {held_sparse:.3f} (sparse top-K), "
-        f"{held_dense:.3f} (dense)")
+        f"{held_dense:.3f} (dense) on {evaluated} batches; {total:.0f}s of the "
+        f"{tc.seconds:g}s budget")
     return weights, report
+
+
+class _Progress:
+    """train's progress bar: seconds of the budget, with the step, stage and loss."""
+
+    def __init__(self, seconds: float, log: Callable[[str], None]) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self._log = log
+        self.bar = tqdm(total=seconds, desc="train", unit="s", leave=False,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s"
+                                   "{postfix}")
+
+    def show(self, elapsed: float, text: str) -> None:
+        self.bar.n = min(elapsed, self.bar.total)
+        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.refresh()
+
+    def log(self, line: str) -> None:
+        with self._tqdm.external_write_mode():      # the line above the bar, not through it
+            self._log(line)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def stdlib_model_config(**changes) -> DsaLiteConfig:

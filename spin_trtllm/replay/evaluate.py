@@ -128,13 +128,20 @@ def _fresh_state(streams: int, capacity: int, cfg: SpinConfig, step: int) -> Spi
     return state
 
 
+def replay_desc(trace: SpinTrace, sparsities: Sequence[float],
+                label: Optional[str] = None) -> str:
+    """replay's progress bar label: "replay TRACE [LABEL] sparsity 0.3 0.5"."""
+    return (f"replay {trace.name}" + (f" [{label}]" if label else "")
+            + " sparsity " + " ".join(f"{float(s):g}" for s in sparsities))
+
+
 def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConfig] = None,
            progress: bool = False, pearson: bool = True, label: Optional[str] = None,
            keep_masks_for_layer: Optional[int] = None,
            desc: Optional[str] = None, predictor: str = "spin", budget: str = "uniform",
            summaries: int = 1) -> list[dict[str, Any]]:
     """Replay SPIN at each target sparsity; one result dict per sparsity. desc: the progress
-    bar's label (default "replay TRACE").
+    bar's label (default replay_desc).
 
     predictor: spin (V/D history), or probe / hybrid / quest / gauss (need a trace v2: q, w, keys;
     spin_trtllm.replay.probe), which only change the block scores selection ranks by;
@@ -214,8 +221,9 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
             slot_pred = None
         return blocks, slot_pred
 
-    for t in tqdm(range(T), desc=desc or f"replay {trace.name}", disable=not progress,
-                  leave=False, unit="step"):
+    # every target sparsity runs in the same pass: one bar over the steps names them all
+    for t in tqdm(range(T), desc=desc or replay_desc(trace, sparsities, label),
+                  disable=not progress, leave=False, unit="step"):
         if t in turn_starts:
             end = turn_ends[t]
             for i, (lo, hi) in enumerate(batches):

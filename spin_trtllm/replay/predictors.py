@@ -58,8 +58,8 @@ def compare_predictors(trace: SpinTrace, index_topk: Optional[int] = None, seed:
     starts = [lo for lo, _ in batches]
     per = {m: {"pearson": [], "recall": []} for m in METHODS}
     prev: Optional[list[torch.Tensor]] = None
-    for t in tqdm(range(trace.num_steps), desc=f"predictors {trace.name}", disable=not progress,
-                  leave=False, unit="step"):
+    for t in tqdm(range(trace.num_steps), desc=f"predictors {trace.name} top-{k}",
+                  disable=not progress, leave=False, unit="step"):
         # row 0 of each batch of layers: [Lb, Wb] (Wb: the batch's longest row), -inf padded
         curs = [trace.step_scores(t, int(trace.row_len[t, lo:hi].max()), (lo, hi), (0, 1))[:, 0]
                 for lo, hi in batches]

@@ -20,12 +20,11 @@ row 0 of step 0 sees exactly prompt_slots slots. A step commits accepted + 1 tok
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Iterator
 
 import torch
 
+from .._threads import one_thread
 from ..errors import SpinError
 from ..limits import MAX_NEXT_N
 from .trace import SpinTrace
@@ -138,16 +137,6 @@ def _draw_weights(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     return 2.0 + 3.0 * torch.rand(shape, generator=g)
 
 
-@contextmanager
-def _single_thread() -> Iterator[None]:
-    """Per-row ops are small and memory-bound: intra-op threads barely help them, and on a
-    busy machine their barriers make the loop many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def synthesize(cfg: SynthConfig, progress: bool = False) -> SpinTrace:
@@ -193,7 +182,7 @@ def synthesize(cfg: SynthConfig, progress: bool = False) -> SpinTrace:
     # One reused work buffer: fresh per-row allocations hit page faults on every row.
     work = torch.empty(L * n_max)
 
-    with _single_thread():
+    with one_thread():
         for t in tqdm(range(T), desc="synth", unit="step", disable=not progress):
             hi = n_list[t][-1]
             if hi > seen_hi and density > 0:

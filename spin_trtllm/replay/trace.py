@@ -21,7 +21,7 @@ step overwrote).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -149,6 +149,22 @@ class SpinTrace:
         idx = (row_start.unsqueeze(-1) + pos).clamp(max=max(flat.numel() - 1, 0))
         out = flat[idx] if flat.numel() else torch.zeros(idx.shape)
         return out.masked_fill(~valid, float("-inf"))
+
+    def keep_layers(self, layers: list[int]) -> "SpinTrace":
+        """The trace of these indexer layers only, in this order (a smaller file: `trace
+        --layers`)."""
+        if not layers or any(not 0 <= l < self.num_layers for l in layers):
+            raise TraceError(f"layers {layers}: pick from 0..{self.num_layers - 1}")
+        if len(set(layers)) != len(layers):
+            raise TraceError(f"layers {layers}: a layer is named twice")
+        offsets = self.layer_offsets()
+        scores = torch.cat([self.scores[int(offsets[t, l]):int(offsets[t, l + 1])]
+                            for t in range(self.num_steps) for l in layers]) \
+            if self.num_steps else self.scores
+        pick = lambda x, dim: None if x is None else x.index_select(dim, torch.tensor(layers))
+        return replace(self, scores=scores, row_len=pick(self.row_len, 1).contiguous(),
+                       q=pick(self.q, 1), w=pick(self.w, 1), keys=pick(self.keys, 0),
+                       _offsets=None, _layer_offsets=None)
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> "SpinTrace":

@@ -13,7 +13,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -95,6 +95,8 @@ class Engine:
         self._next_id = 0
         self.history: list[StepStats] = []
         self.prefill_seconds = 0.0
+        # progress bars: called with each prefill chunk's token count (EngineProgress)
+        self.on_prefill: Optional[Callable[[int], None]] = None
         self.traces = TraceRecorder(self.trace_requests, len(cfg.csa_layers))
 
     def _build_indexers(self, opts: EngineOptions) -> None:
@@ -185,26 +187,26 @@ class Engine:
         for r in requests:
             self.submit(r)
         done: list[RequestOutput] = []
-        bar = None
-        total = len(self.waiting) + len(self.running)
+        bars = None
         if progress:
-            # decode steps, not requests: a bar of requests sits at 0% until the first finishes
-            from tqdm import tqdm
-            bar = tqdm(desc="decode steps", unit="step", leave=False)
+            lives = list(self.waiting) + self.running
+            left = [tokens_left(live) for live in lives]
+            bars = EngineProgress(self, "", sum(p for p, _ in left), sum(d for _, d in left),
+                                  len(lives))
         steps = 0
-        while not self.idle:
-            if steps >= max_steps:
-                raise SpinError(f"engine did not finish within {max_steps} steps")
-            before = len(self.history)
-            finished = self.step()
-            done += finished
-            steps += 1
-            if bar is not None:
-                bar.update(len(self.history) - before)
-                batch = self.history[-1].batch if self.history else 0
-                bar.set_postfix_str(f"requests done {len(done)}/{total}, batch {batch}")
-        if bar is not None:
-            bar.close()
+        try:
+            while not self.idle:
+                if steps >= max_steps:
+                    raise SpinError(f"engine did not finish within {max_steps} steps")
+                before = len(self.history)
+                finished = self.step()
+                done += finished
+                steps += 1
+                if bars is not None:
+                    bars.stepped(self.history[before:], len(done))
+        finally:
+            if bars is not None:
+                bars.close()
         return done
 
     def trace(self, request_id: Optional[int] = None):
@@ -269,6 +271,8 @@ class Engine:
             self.prefill_indexer.prepare(((pos + 1) // cfg.index_ratio).to(torch.int32), table)
             logits, hidden = self.model.forward(torch.tensor([chunk], device=dev), pos, slot,
                                                 table, self.caches, self.prefill_indexer)
+            if self.on_prefill is not None:
+                self.on_prefill(len(chunk))
         live.context += tokens
         self._summarize([live])                   # every page: a new turn rewrote some
         last = logits[0, -1].cpu()
@@ -537,3 +541,62 @@ class Engine:
             return self.model.forward(*args, indexer)
 
         return self.graphs.run((B, stats.spin), step, self._sync)
+
+
+# ---- progress ------------------------------------------------------------------------------------
+def planned_tokens(prompts: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[int, int]:
+    """(prefill tokens, decode tokens) the engine runs for a queued request with these turn
+    prompts: each later turn's prefill also runs the previous turn's last token, and each
+    turn's first token comes from its prefill. Progress totals: a stop token or the context
+    limit ends a request sooner."""
+    return (sum(len(p) for p in prompts) + len(prompts) - 1,
+            len(prompts) * (max_new_tokens - 1))
+
+
+def tokens_left(live: Live) -> tuple[int, int]:
+    """planned_tokens of what a queued or running request has left."""
+    if not live.out:
+        return planned_tokens(live.prompts, live.req.max_new_tokens)
+    later = live.prompts[live.turn + 1:]
+    return (sum(len(p) + 1 for p in later),
+            live.req.max_new_tokens - len(live.out[-1])
+            + len(later) * (live.req.max_new_tokens - 1))
+
+
+class EngineProgress:
+    """Two bars for an engine's work: prompt tokens prefilled and tokens decoded, each against
+    its total; the decode bar's postfix has the step, the batch and the requests done. It hooks
+    the engine's on_prefill until close()."""
+
+    def __init__(self, engine: Engine, label: str, prefill_total: int, decode_total: int,
+                 requests: int):
+        from tqdm import tqdm
+        name = f"{label} " if label else ""
+        self.engine, self.requests, self.steps = engine, requests, 0
+        self.prefill = tqdm(total=prefill_total, desc=f"{name}prefill", unit="tok",
+                            leave=False, position=0)
+        self.decode = tqdm(total=decode_total, desc=f"{name}decode", unit="tok", leave=False,
+                           position=1)
+        self._hooked = engine.on_prefill
+        engine.on_prefill = self.prefilled
+
+    def prefilled(self, tokens: int) -> None:
+        self.prefill.update(min(tokens, self.prefill.total - self.prefill.n))
+        if self._hooked is not None:
+            self._hooked(tokens)
+
+    def stepped(self, new: Sequence[StepStats], requests_done: int) -> None:
+        """After engine.step(): `new` its decode steps' stats (none or one)."""
+        for s in new:
+            self.steps += 1
+            # each request emits its accepted drafts and one token (a turn ending on a draft
+            # emits fewer: the bar stops at its total)
+            self.decode.update(min(s.batch + s.accepted, self.decode.total - self.decode.n))
+        batch = new[-1].batch if new else 0
+        self.decode.set_postfix_str(f"step {self.steps}, batch {batch}, requests done "
+                                    f"{requests_done}/{self.requests}")
+
+    def close(self) -> None:
+        self.engine.on_prefill = self._hooked
+        self.decode.close()
+        self.prefill.close()

@@ -2,9 +2,9 @@
 
 Serves through TensorRT-LLM's own LLM-API Triton model
 (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py), which reads model.yaml beside this
-file. Point SPIN_TRTLLM_LLMAPI_MODEL at that file if it is not at the path below. SPIN is
-activated when that model imports tensorrt_llm (after MPI and CUDA_VISIBLE_DEVICES are set),
-not here.
+file. When UPSTREAM below is not that file ('': spin-trtllm build did not find it), set
+SPIN_TRTLLM_LLMAPI_MODEL in tritonserver's environment to it. SPIN is activated when that model
+imports tensorrt_llm (after MPI and CUDA_VISIBLE_DEVICES are set), not here.
 """
 
 import importlib.util
@@ -15,15 +15,18 @@ from spin_trtllm.integrations.trtllm.deferred import activate_on_import
 
 activate_on_import()   # patches TensorRT-LLM's DSA indexer as soon as it is imported
 
-UPSTREAM = os.environ.get("SPIN_TRTLLM_LLMAPI_MODEL", '')
+ENV = 'SPIN_TRTLLM_LLMAPI_MODEL'
+UPSTREAM = os.environ.get(ENV, '')
 
 
 def _load_upstream():
     if not UPSTREAM or not os.path.isfile(UPSTREAM):
+        where = f"is not at {UPSTREAM!r}" if UPSTREAM else "was not found by spin-trtllm build"
         raise RuntimeError(
-            "spin-trtllm: TensorRT-LLM's LLM-API Triton model.py not found at "
-            f"{UPSTREAM!r}; set SPIN_TRTLLM_LLMAPI_MODEL to "
-            "triton_backend/all_models/llmapi/tensorrt_llm/1/model.py of your TensorRT-LLM")
+            f"spin-trtllm bundle: TensorRT-LLM's LLM-API Triton model {where}: set {ENV} in "
+            "tritonserver's environment to your TensorRT-LLM checkout's "
+            "triton_backend/all_models/llmapi/tensorrt_llm/1/model.py "
+            "(or rebuild the bundle with spin-trtllm build --llmapi-model)")
     sys.path.insert(0, os.path.dirname(UPSTREAM))      # its helpers sit beside it
     spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", UPSTREAM)
     module = importlib.util.module_from_spec(spec)
