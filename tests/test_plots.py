@@ -274,3 +274,14 @@ def test_replay_bar_names_trace_predictor_and_sparsities(bars):
     (bar,) = bars
     assert bar.kw["desc"] == f"replay {trace.name} [probe] sparsity 0.25 0.5"
     assert bar.kw["unit"] == "step" and bar.total == bar.n == 4
+
+
+def test_mask_plot_names_the_predictor_that_selected(long_trace):
+    trace, b = long_trace, 16
+    fig = plots.topk_mask_figure(trace, selected=_selection(trace, b), block_size=b,
+                                 selector="probe")
+    (ax,) = fig.axes
+    labels = list(_key(ax)) + [ax.get_title()]
+    assert all("SPIN" not in text for text in labels)
+    assert sum("probe" in text for text in labels) == 5           # 4 selection colours + title
+    matplotlib.pyplot.close(fig)

@@ -60,7 +60,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                  selected=res[-1]["masks"], max_slots=args.mask_slots,
                                  max_steps=args.mask_steps, block_size=used.block_size,
                                  index_topk=used.index_topk, sparsity=sparsities[-1],
-                                 progress=not args.quiet)
+                                 progress=not args.quiet,
+                                 selector="SPIN" if args.predictor == "spin" else args.predictor)
             print(f"wrote {printable(out)}", file=sys.stderr)
     _print_table(results)
     if args.effective:

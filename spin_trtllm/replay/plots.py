@@ -224,11 +224,15 @@ TOP = (26, 26, 26, 255)             # top-K (and selected, with a selection)
 MISSED = (217, 26, 26, 255)         # top-K, not selected: a miss
 MASK_KEY = {"top": (TOP, "top-K slot"), "visible": (VISIBLE, "visible slot, not top-K"),
             "white": (WHITE, "not visible yet")}
-MASK_KEY_SELECTED = {"top": (TOP, "top-K slot SPIN selected"),
-                     "missed": (MISSED, "top-K slot SPIN skipped (a miss)"),
-                     "kept": (KEPT, "SPIN selected, not top-K"),
-                     "skipped": (SKIPPED, "SPIN skipped, not top-K"),
-                     "white": (WHITE, "not visible yet")}
+
+
+def mask_key_selected(selector: str = "SPIN") -> dict[str, tuple[tuple[int, ...], str]]:
+    """The mask plot's colours with a selection, named after what selected the blocks."""
+    return {"top": (TOP, f"top-K slot {selector} selected"),
+            "missed": (MISSED, f"top-K slot {selector} skipped (a miss)"),
+            "kept": (KEPT, f"{selector} selected, not top-K"),
+            "skipped": (SKIPPED, f"{selector} skipped, not top-K"),
+            "white": (WHITE, "not visible yet")}
 
 
 def topk_mask_chunks(trace: SpinTrace, layer: int = 0, row: int = 0,
@@ -240,7 +244,7 @@ def topk_mask_chunks(trace: SpinTrace, layer: int = 0, row: int = 0,
     as wide as its longest row in the window, so the canvas follows the data): (t0, t1, uint8
     RGBA [t1 - t0, width, 4]), column c = slot lo + c. selected: SPIN's blocks per step (all
     T steps), bool [T, NB] or a list of T bool [NB_t] (replay's "masks"); colours MASK_KEY, or
-    MASK_KEY_SELECTED with a selection."""
+    mask_key_selected() with a selection."""
     from .work import mask_chunks
 
     w0, w1, lo, width = mask_window(trace, layer, row, max_slots, max_steps)
@@ -276,11 +280,12 @@ def topk_mask_figure(trace: SpinTrace, layer: int = 0, row: int = 0,
                      max_slots: Optional[int] = MASK_SLOTS, selected: Optional[Selected] = None,
                      block_size: Optional[int] = None, index_topk: Optional[int] = None,
                      max_steps: Optional[int] = MASK_STEPS, sparsity: Optional[float] = None,
-                     progress: bool = False):
+                     progress: bool = False, selector: str = "SPIN"):
     """The mask plot as a matplotlib Figure: each step's true top-K over mask_window, with a
-    colour key; with `selected` (SPIN's blocks of `block_size` slots per step: bool [T, NB]
-    or a list of T bool [NB_t]; `sparsity` only names it in the title), which slots SPIN
-    selected and the top-K slots it skipped. Drawn in chunks of steps (topk_mask_chunks)."""
+    colour key; with `selected` (the blocks of `block_size` slots per step that `selector`
+    chose: bool [T, NB] or a list of T bool [NB_t]; `sparsity` only names it in the title),
+    which slots it selected and the top-K slots it skipped. Drawn in chunks of steps
+    (topk_mask_chunks)."""
     from matplotlib.patches import Patch
     from tqdm import tqdm
 
@@ -301,11 +306,11 @@ def topk_mask_figure(trace: SpinTrace, layer: int = 0, row: int = 0,
     ax.set_ylabel(f"decode step (the last {t1 - t0:,} of {trace.num_steps:,})")
     title = f"{trace.name}: layer {layer}, row {row}: true top-{k} per decode step"
     if selected is not None:
-        title += f", SPIN's blocks of {block_size or trace.block_size} slots"
+        title += f", {selector}'s blocks of {block_size or trace.block_size} slots"
         if sparsity is not None:
             title += f" at target sparsity {100 * sparsity:g}%"
     ax.set_title(title, fontsize=9)
-    key = MASK_KEY_SELECTED if selected is not None else MASK_KEY
+    key = mask_key_selected(selector) if selected is not None else MASK_KEY
     ax.legend(handles=[Patch(facecolor=np.array(c) / 255, edgecolor="0.4", label=label)
                        for c, label in key.values()],
               loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=8,
@@ -317,7 +322,7 @@ def plot_topk_mask(trace: SpinTrace, path: str | Path, layer: int = 0, row: int 
                    max_slots: Optional[int] = MASK_SLOTS, selected: Optional[Selected] = None,
                    block_size: Optional[int] = None, index_topk: Optional[int] = None,
                    max_steps: Optional[int] = MASK_STEPS, sparsity: Optional[float] = None,
-                   progress: bool = False) -> Path:
+                   progress: bool = False, selector: str = "SPIN") -> Path:
     """topk_mask_figure written to `path`."""
     return _save(topk_mask_figure(trace, layer, row, max_slots, selected, block_size,
-                                  index_topk, max_steps, sparsity, progress), path)
+                                  index_topk, max_steps, sparsity, progress, selector), path)
