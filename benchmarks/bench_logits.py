@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from spin_trtllm._outputs import write_output
 from spin_trtllm.errors import SpinError
 from spin_trtllm.limits import BLOCK_SLOTS, SLOT_BYTES
 from spin_trtllm.testing.pages import make_cache
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_update_overlap import event_us  # noqa: E402
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 
@@ -44,16 +48,7 @@ def case(batch: int, slots: int, rows: int, sparsity: float, iters: int) -> dict
     run = lambda: ops.indexer_logits(q, cache, w, n, table, ids, cnt)
     for _ in range(3):
         run()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e3)
-    us = sorted(times)[len(times) // 2]
+    us = statistics.median(event_us(run, iters) for _ in range(5))
     read = batch * keep * BLOCK_SLOTS * SLOT_BYTES
     return {"batch": batch, "slots": slots, "rows": rows, "sparsity": sparsity, "us": us,
             "cache_bytes": read, "bytes_per_s": read / (us * 1e-6)}

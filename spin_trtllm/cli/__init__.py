@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
     from ._common import (INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
                           _add_device, _add_traces, _int, _Parser, _rule, _Version, or_config,
-                          state_defaults, synth_fields)
+                          state_defaults)
     from .deploy import cmd_build, cmd_serve
     from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
 
@@ -131,16 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write a synthetic SPIN trace v1")
     _rule(p.add_argument("output", metavar="OUT.safetensors"), "out")
+    import dataclasses
+
+    from ..replay.synth_config import SynthConfig
+
     bounds = {"index_topk": MAX_INDEX_TOPK, "block_size": MAX_BLOCK_SIZE, "diagonal_bands": 64}
-    uncommented = {"index_topk": "K of the post-indexer top-K",
-                   "block_size": "KV slots per block",
-                   "sink_slots": "first slots with raised scores (the attention sink)",
-                   "noise": "std of the Gaussian noise on every score", "seed": "RNG seed"}
-    for name, kind, default, text in synth_fields():
-        action = p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
-                                default=default, help=text or uncommented.get(name))
-        if name in bounds:
-            _rule(action, "int", 0 if name == "diagonal_bands" else 1, bounds[name])
+    for f in dataclasses.fields(SynthConfig):
+        action = p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                                type=type(f.default), default=f.default, help=f.metadata["help"])
+        if f.name in bounds:
+            _rule(action, "int", 0 if f.name == "diagonal_bands" else 1, bounds[f.name])
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth, spec_=p)
 

@@ -280,23 +280,6 @@ def state_defaults(parser: argparse.ArgumentParser) -> None:
         action.help = f"{text} ({note})" if text else f"({note})"
 
 
-def synth_fields() -> list[tuple[str, type, Any, str]]:
-    """SynthConfig's fields as (name, type, default, the comment on its line), read from the
-    source of spin_trtllm/replay/synth.py: importing it would import torch, which synth's
-    --help does not need (tests/test_cli_conventions.py checks them against the dataclass)."""
-    import ast
-
-    source = (Path(__file__).resolve().parents[1] / "replay" / "synth.py").read_text()
-    lines = source.splitlines()
-    cls = next(node for node in ast.parse(source).body
-               if isinstance(node, ast.ClassDef) and node.name == "SynthConfig")
-    kinds = {"int": int, "float": float, "str": str}
-    return [(node.target.id, kinds[ast.unparse(node.annotation)], ast.literal_eval(node.value),
-             lines[node.lineno - 1].partition("#")[2].strip())
-            for node in cls.body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)]
-
-
 def _add_device(p: argparse.ArgumentParser) -> None:
     _rule(p.add_argument("--device", default="auto",
                          help="auto (cuda if present), cpu, cuda or cuda:N"), "device")

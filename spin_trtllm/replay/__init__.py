@@ -1,5 +1,13 @@
 """Trace format, synthetic traces, replay metrics, predictor comparison and plots."""
 
-from .trace import SpinTrace
-
 __all__ = ["SpinTrace"]
+
+
+def __getattr__(name: str):
+    # SpinTrace on first use: importing a light submodule (synth_config, for the CLI's parser)
+    # must not import torch
+    if name == "SpinTrace":
+        from .trace import SpinTrace
+
+        return SpinTrace
+    raise AttributeError(f"module 'spin_trtllm.replay' has no attribute {name!r}")
