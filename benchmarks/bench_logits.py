@@ -6,7 +6,7 @@ bytes it reads per second, next to the GPU's HBM bandwidth.
 
 Each request selects (1 - sparsity) of its blocks at random; a launch reads those pages once
 for all rows (64 x 132 B each). Times come from CUDA events around `iters` back-to-back
-launches, median of 5 such runs.
+launches, median of 5 such runs. Inputs are drawn on the GPU, once per shape.
 """
 
 from __future__ import annotations
@@ -32,26 +32,30 @@ from bench_update_overlap import event_us  # noqa: E402
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 
 
-def case(batch: int, slots: int, rows: int, sparsity: float, iters: int) -> dict:
-    gen = torch.Generator().manual_seed(0)
+def cases(batch: int, slots: int, rows: list[int], sparsity: float, iters: int) -> list[dict]:
+    """One shape's cache and selection (drawn on the GPU), timed for each row count."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
     blocks = slots // BLOCK_SLOTS
     keep = max(1, round(blocks * (1 - sparsity)))
     cache = make_cache(batch * blocks, gen, device="cuda")
-    table = torch.randperm(batch * blocks, generator=gen).view(batch, blocks).int().cuda()
-    ids = torch.stack([torch.randperm(blocks, generator=gen)[:keep].sort().values
-                       for _ in range(batch)]).int().cuda()
+    table = torch.randperm(batch * blocks, generator=gen, device="cuda").view(batch, blocks).int()
+    ids = torch.stack([torch.randperm(blocks, generator=gen, device="cuda")[:keep].sort().values
+                       for _ in range(batch)]).int()
     cnt = torch.full((batch,), keep, dtype=torch.int32, device="cuda")
-    n = torch.tensor([[slots - rows + 1 + r for r in range(rows)]] * batch,
-                     dtype=torch.int32, device="cuda")
-    q = torch.randn(batch * rows, 64, 128, generator=gen).to(torch.float8_e4m3fn).cuda()
-    w = (torch.randn(batch * rows, 64, generator=gen) * 0.1).cuda()
-    run = lambda: ops.indexer_logits(q, cache, w, n, table, ids, cnt)
-    for _ in range(3):
-        run()
-    us = statistics.median(event_us(run, iters) for _ in range(5))
-    read = batch * keep * BLOCK_SLOTS * SLOT_BYTES
-    return {"batch": batch, "slots": slots, "rows": rows, "sparsity": sparsity, "us": us,
-            "cache_bytes": read, "bytes_per_s": read / (us * 1e-6)}
+    out = []
+    for r in rows:
+        n = torch.tensor([[slots - r + 1 + j for j in range(r)]] * batch,
+                         dtype=torch.int32, device="cuda")
+        q = torch.randn(batch * r, 64, 128, generator=gen, device="cuda").to(torch.float8_e4m3fn)
+        w = torch.randn(batch * r, 64, generator=gen, device="cuda") * 0.1
+        run = lambda: ops.indexer_logits(q, cache, w, n, table, ids, cnt)
+        for _ in range(3):
+            run()
+        us = statistics.median(event_us(run, iters) for _ in range(5))
+        read = batch * keep * BLOCK_SLOTS * SLOT_BYTES
+        out.append({"batch": batch, "slots": slots, "rows": r, "sparsity": sparsity, "us": us,
+                    "cache_bytes": read, "bytes_per_s": read / (us * 1e-6)})
+    return out
 
 
 def main() -> int:
@@ -74,9 +78,9 @@ def main() -> int:
             batch, slots = (int(x) for x in shape.split("x"))
         except ValueError:
             raise SpinError(f"--shapes {shape!r}: use BATCHxSLOTS") from None
-        for r in args.rows:
-            row = case(batch, slots, r, args.sparsity, args.iters)
+        for row in cases(batch, slots, args.rows, args.sparsity, args.iters):
             rows.append(row)
+            r = row["rows"]
             share = f", {row['bytes_per_s'] / limit:.0%} of HBM" if limit else ""
             print(f"{name}: {batch} x {slots} slots, rows {r}, sparsity {args.sparsity}: "
                   f"{row['us']:.1f} us, {row['bytes_per_s'] / 1e12:.2f} TB/s of K cache{share}")

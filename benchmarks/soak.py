@@ -3,6 +3,7 @@
     python benchmarks/soak.py [--device cpu|cuda[:N]] [--requests N] [--json OUT]
                               [--checkpoint CKPT | --random-weights] [--max-batch B]
                               [--max-context T] [--max-new-tokens M] [--mtp D] [--seed S]
+                              [--jobs N]
 
 Half the requests go to an engine without MTP, half to one with MTP (depth --mtp). Prompts are
 slices of the Python standard library's source with random lengths (log-uniform, a third in
@@ -28,8 +29,13 @@ checkpoint on CUDA, tiny() with random weights on the CPU. Checks, printed and i
   steps     no step raised and every request finished with the tokens it asked for;
   switch    both SPIN and all-keep steps ran in each engine;
   longest   a prompt one token longer than the longest one served is refused.
-Throughput (requests/s) counts the first pass (without the leakage reruns). Exit code 1 when a
-check fails, 2 on bad arguments.
+--jobs N runs the soak's runs (each engine's first pass and its leakage rerun) in up to N
+spawned processes at once, each loading the model itself (the soak is bound by Python host work,
+on CUDA too); their results are merged as those of --jobs 1 (the default), which runs them one
+after the other in this process. Throughput (requests/s) counts the first pass (without the
+leakage reruns): its runs' requests over the sum of their own serve times ("seconds"), whatever
+--jobs; "wall_seconds" is the wall time of all runs together. Exit code 1 when a check fails, 2
+on bad arguments.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ import hashlib
 import inspect
 import json
 import math
+import multiprocessing
 import random
 import sys
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -83,6 +91,7 @@ class SoakOptions:
     max_drift_mib: float = 16.0
     leakage: bool = True
     progress: bool = True
+    jobs: int = 1                          # runs at once, each in a spawned process (1: here)
 
 
 # ---- the model and the engines ------------------------------------------------------------
@@ -385,10 +394,112 @@ def check_longest(engine: Engine, spec: Spec, text: bytes) -> bool:
     return False
 
 
+def engine_plan(base_cfg: DsaLiteConfig, opts: SoakOptions, depth: int, device: torch.device,
+                text: bytes):
+    """The engine of MTP depth `depth` (depth 0 also serves the odd one of an odd --requests):
+    (its config, workload, SpinConfig, cost model, the factor its fixed costs are divided by);
+    deterministic from opts, so that each run (each process) computes the same."""
+    cfg = base_cfg.with_overrides(mtp_depth=depth)
+    n = opts.requests // 2 + (0 if depth else opts.requests % 2) if opts.mtp \
+        else opts.requests
+    specs = workload(n, cfg, opts, text, opts.seed * 1000 + (1 if depth else 0))
+    spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1,
+                      seed=opts.seed)
+    lengths = [s.lengths[0] + s.new // 2 for s in specs if s.new > 1]
+    cost_model, factor = switch_costs(cfg, spin, opts.max_batch, lengths, device, opts.seed)
+    return cfg, specs, spin, cost_model, factor
+
+
+def run_label(depth: int, replaced: bool) -> str:
+    return f"mtp {depth}" + (", replaced" if replaced else "")
+
+
+def run_one(opts: SoakOptions, depth: int, replaced: bool, threads: Optional[int] = None,
+            loaded: Optional[tuple[DsaLiteConfig, dict]] = None) -> tuple[Run, Optional[bool]]:
+    """One run of the soak: a fresh engine of MTP depth `depth` serves its workload (with the
+    odd requests' text replaced when `replaced`). (The Run, whether the longest prompt's
+    check passed: None on the replaced run, which does not check it.) `opts` as run_soak
+    resolved them; `loaded` the (config without MTP, weights) of model(), loaded here when
+    None (in a --jobs worker process, with torch's `threads`)."""
+    if threads:
+        torch.set_num_threads(threads)
+    device = resolve_device(opts.device)
+    base_cfg, weights = loaded if loaded is not None else model(opts, device)[:2]
+    text = corpus()
+    cfg, specs, spin, cost_model, _ = engine_plan(base_cfg, opts, depth, device, text)
+    drafter = scripted_drafter(specs, text, replaced, cfg.vocab_size) if depth else None
+    engine = build_engine(cfg, weights, spin, device, opts.max_batch, cost_model, drafter)
+    longest = None if replaced else check_longest(engine, specs[0], text)
+    run = Run(run_label(depth, replaced))
+    serve(engine, specs, text, replaced, run, opts)
+    print(f"{run.label}: {run.requests} requests in {run.seconds:.1f} s: prefill "
+          f"{run.prefill_seconds:.1f} s, {run.decode_steps} decode steps "
+          f"{run.decode_seconds:.1f} s ({run.capture_steps} captured into graphs "
+          f"{run.capture_seconds:.1f} s)", file=sys.stderr, flush=True)
+    del engine
+    gc.collect()
+    return run, longest
+
+
+# a --jobs worker's initializer (exec'd there: a function of this module could not be found
+# before it): this module under the name it has here, when spawn did not load it (it does as
+# __main__; tests load it from its path under another name)
+_LOAD_MODULE = """
+import importlib.util, sys
+if NAME not in sys.modules:
+    spec = importlib.util.spec_from_file_location(NAME, PATH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[NAME] = mod
+    spec.loader.exec_module(mod)
+"""
+
+
+def run_all(opts: SoakOptions, tasks: list[tuple[int, bool]],
+            loaded: Optional[tuple[DsaLiteConfig, dict]]) -> list[tuple[Run, Optional[bool]]]:
+    """run_one of each (depth, replaced) in `tasks`, in their order: here one after the other
+    with --jobs 1, else in up to opts.jobs spawned processes (CUDA cannot be forked), without
+    progress bars. A run that raises is a Run with the traceback as its error."""
+    def failed(task: tuple[int, bool], err: BaseException) -> tuple[Run, None]:
+        text = "".join(traceback.format_exception(err, limit=8)).rstrip()
+        return Run(run_label(*task), error=text), None
+
+    if opts.jobs == 1:
+        out = []
+        for task in tasks:
+            try:
+                out.append(run_one(opts, *task, loaded=loaded))
+            except Exception as err:
+                out.append(failed(task, err))
+            gc.collect()
+        return out
+    worker_opts = replace(opts, progress=False)
+    workers = min(opts.jobs, len(tasks))
+    # the workers share the CPU threads (--threads) this process has: more contend (on a 2-core
+    # machine two workers of two threads each took 35x longer per run)
+    threads = max(1, torch.get_num_threads() // workers)
+    with ProcessPoolExecutor(max_workers=workers,
+                             mp_context=multiprocessing.get_context("spawn"),
+                             initializer=exec,
+                             initargs=(_LOAD_MODULE, {"NAME": __name__,
+                                                      "PATH": str(Path(__file__).resolve())})
+                             ) as pool:
+        futures = [pool.submit(run_one, worker_opts, *task, threads) for task in tasks]
+        out = []
+        for task, fut in zip(tasks, futures):
+            try:
+                out.append(fut.result())
+            except Exception as err:        # raised there (or the worker died)
+                # its traceback there is its cause; the one here only says fut.result()
+                out.append(failed(task, err.with_traceback(None)))
+        return out
+
+
 def run_soak(opts: SoakOptions) -> dict:
     device = resolve_device(opts.device)
     if opts.requests < 2:
         raise SpinError(f"--requests must be >= 2, got {opts.requests}")
+    if opts.jobs < 1:
+        raise SpinError(f"--jobs must be >= 1, got {opts.jobs}")
     cuda = device.type == "cuda"
     max_batch = opts.max_batch or (32 if cuda else 8)
     opts = replace(opts, max_batch=max_batch,
@@ -405,35 +516,25 @@ def run_soak(opts: SoakOptions) -> dict:
                     "config": {"max_batch": max_batch, "max_context": base_cfg.max_context,
                                "max_new_tokens": opts.max_new_tokens, "mtp": opts.mtp,
                                "index_topk": base_cfg.index_topk, "dtype": base_cfg.dtype,
-                               "seed": opts.seed},
+                               "seed": opts.seed, "jobs": opts.jobs},
                     "engines": []}
+    depths = (0, opts.mtp) if opts.mtp else (0,)
+    plans = [engine_plan(base_cfg, opts, depth, device, text) for depth in depths]
+    tasks = [(depth, replaced) for depth in depths
+             for replaced in ((False, True) if opts.leakage else (False,))]
+    loaded = (base_cfg, weights) if opts.jobs == 1 else None   # --jobs workers load their own
+    del weights
+    t0 = time.perf_counter()
+    done = run_all(opts, tasks, loaded)
+    wall = time.perf_counter() - t0
+    del loaded
     first_pass, reruns = [], []
     leak = {"compared": 0, "token_mismatches": 0, "block_mismatches": 0, "schedules_same": True}
-    longest_ok = True
-    for e, depth in enumerate((0, opts.mtp) if opts.mtp else (0,)):
-        cfg = base_cfg.with_overrides(mtp_depth=depth)
-        n = opts.requests // 2 + (opts.requests % 2 if e == 0 else 0) if opts.mtp \
-            else opts.requests
-        specs = workload(n, cfg, opts, text, opts.seed * 1000 + e)
-        spin = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1,
-                          seed=opts.seed)
-        lengths = [s.lengths[0] + s.new // 2 for s in specs if s.new > 1]
-        cost_model, factor = switch_costs(cfg, spin, max_batch, lengths, device, opts.seed)
-        runs = []
-        for replaced in ((False, True) if opts.leakage else (False,)):
-            drafter = scripted_drafter(specs, text, replaced, cfg.vocab_size) if depth else None
-            engine = build_engine(cfg, weights, spin, device, max_batch, cost_model, drafter)
-            if not replaced:
-                longest_ok &= check_longest(engine, specs[0], text)
-            run = Run(f"mtp {depth}" + (", replaced" if replaced else ""))
-            serve(engine, specs, text, replaced, run, opts)
-            print(f"{run.label}: {run.requests} requests in {run.seconds:.1f} s: prefill "
-                  f"{run.prefill_seconds:.1f} s, {run.decode_steps} decode steps "
-                  f"{run.decode_seconds:.1f} s ({run.capture_steps} captured into graphs "
-                  f"{run.capture_seconds:.1f} s)", file=sys.stderr, flush=True)
-            runs.append(run)
-            del engine
-            gc.collect()
+    # a first run that raised before its check has not shown the longest prompt refused
+    longest_ok = all(longest is True for (_, replaced), (_, longest) in zip(tasks, done)
+                     if not replaced)
+    for depth, (_, specs, _, _, factor) in zip(depths, plans):
+        runs = [run for (d, _), (run, _) in zip(tasks, done) if d == depth]
         first_pass.append(runs[0])
         reruns += runs[1:]
         if len(runs) == 2:
@@ -441,9 +542,9 @@ def run_soak(opts: SoakOptions) -> dict:
             kept = [s.index for s in specs if s.index % 2 == 0]
             leak["compared"] += len(kept)
             leak["token_mismatches"] += sum(a.outputs.get(i) != b.outputs.get(i) for i in kept)
-            leak["block_mismatches"] += sum(a.blocks[i] != b.blocks[i] for i in kept)
+            leak["block_mismatches"] += sum(a.blocks.get(i) != b.blocks.get(i) for i in kept)
             leak["schedules_same"] &= a.schedule == b.schedule
-        result["engines"].append({"mtp_depth": depth, "requests": n, "multi_turn":
+        result["engines"].append({"mtp_depth": depth, "requests": len(specs), "multi_turn":
                                   sum(len(s.lengths) > 1 for s in specs),
                                   "one_token_prompts": sum(s.lengths[0] == 1 for s in specs),
                                   "longest_prompts": sum(s.index % 20 == 0 for s in specs),
@@ -461,7 +562,7 @@ def run_soak(opts: SoakOptions) -> dict:
         "slots": all(r.pool_full and r.pages_full for r in runs),
         "switch": all(r.spin_steps > 0 and r.all_keep_steps > 0 for r in first_pass),
         "leakage": leak["ok"] if opts.leakage else None,
-        "memory": (max(drifts) <= opts.max_drift_mib * MIB and
+        "memory": (bool(drifts) and max(drifts) <= opts.max_drift_mib * MIB and
                    all(r.memory_samples >= 2 for r in runs)) if cuda else None,
         "longest_prompt": longest_ok,
     }
@@ -469,6 +570,7 @@ def run_soak(opts: SoakOptions) -> dict:
         "requests": sum(r.requests for r in first_pass),
         "requests_per_s": sum(r.requests for r in first_pass) / seconds if seconds else None,
         "seconds": seconds,
+        "wall_seconds": wall,
         "memory_drift_bytes": max(drifts) if drifts else None,
         "join_share": sum(r.join_steps for r in runs) / max(1, sum(r.steps for r in runs)),
         "leave_share": sum(r.leave_steps for r in runs) / max(1, sum(r.steps for r in runs)),
@@ -491,11 +593,15 @@ def report(r: dict) -> str:
     c = r["checks"]
     mark = lambda v: "n/a" if v is None else ("ok" if v else "FAILED")
     leak = r["leakage"]
+    jobs = r["config"]["jobs"]
+    rate = "n/a" if r["requests_per_s"] is None else f"{r['requests_per_s']:.2f}"
     drift = "n/a (CPU)" if r["memory_drift_bytes"] is None else f"{r['memory_drift_bytes']:,} B"
     lines = [f"dsa-lite soak on {r['device']}: {r['model']}, {r['requests']} requests "
              f"(MTP {', '.join(str(e['mtp_depth']) for e in r['engines'])}), "
              f"batch {r['config']['max_batch']}, max_context {r['config']['max_context']}",
-             f"  requests/s           {r['requests_per_s']:.2f} ({r['seconds']:.1f} s)",
+             f"  requests/s           {rate} ({r['seconds']:.1f} s)",
+             f"  wall time            {r['wall_seconds']:.1f} s with {jobs} "
+             f"job{'s' if jobs != 1 else ''}",
              f"  memory drift (max)   {drift}: {mark(c['memory'])}",
              f"  state slots          {mark(c['slots'])}",
              f"  leakage              {leak['compared']} requests compared, "
@@ -529,7 +635,11 @@ def main() -> int:
     ap.add_argument("--sample-every", type=int, default=10)
     ap.add_argument("--max-drift-mib", type=float, default=16.0)
     ap.add_argument("--no-leakage", action="store_true", help="skip the second runs")
-    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--threads", type=int,
+                    help="torch CPU threads (shared out among the --jobs processes)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once, each in its own process (default 1: one after the "
+                         "other here)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -545,7 +655,7 @@ def main() -> int:
                        checkpoint=args.checkpoint, random_weights=args.random_weights,
                        seed=args.seed, sample_every=args.sample_every,
                        max_drift_mib=args.max_drift_mib, leakage=not args.no_leakage,
-                       progress=not args.quiet)
+                       progress=not args.quiet, jobs=args.jobs)
     result = run_soak(opts)
     print(report(result))
     if args.json:

@@ -5,11 +5,13 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from spin_trtllm.errors import SpinError
 from spin_trtllm.state import StatePool
 
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
@@ -91,6 +93,46 @@ def test_a_slot_never_given_back_is_caught(soak, one_thread, monkeypatch):
     assert r["checks"]["slots"] is False and not r["ok"]
 
 
+def timeless(r):
+    """The result without what depends on time or --jobs."""
+    if isinstance(r, dict):
+        return {k: timeless(v) for k, v in r.items()
+                if "seconds" not in k and k not in ("requests_per_s", "jobs")}
+    return [timeless(v) for v in r] if isinstance(r, list) else r
+
+
+def test_jobs_run_the_runs_in_processes_with_the_same_results(soak, one_thread, monkeypatch):
+    """--jobs 2: the four runs (two engines, each with its leakage rerun) in two spawned
+    processes give the tokens, block digests, schedules and checks of --jobs 1, merged in the
+    same order; a run that raises (here or in a worker) is that run's error, not a hang."""
+    run_all, done = soak.run_all, {}
+
+    def with_a_failing_run(opts, tasks, loaded):
+        *out, (bad, longest) = run_all(opts, tasks + [(-1, False)], loaded)  # no MTP depth -1
+        assert bad.label == "mtp -1" and "mtp_depth" in bad.error and longest is None
+        done[opts.jobs] = out
+        return out
+
+    monkeypatch.setattr(soak, "run_all", with_a_failing_run)
+    opts = soak.SoakOptions(requests=8, max_batch=4, max_context=128, max_new_tokens=4,
+                            progress=False)
+    r = {jobs: soak.run_soak(replace(opts, jobs=jobs)) for jobs in (1, 2)}
+    assert [run.label for run, _ in done[2]] == ["mtp 0", "mtp 0, replaced", "mtp 1",
+                                                "mtp 1, replaced"]
+    for (one, longest1), (two, longest2) in zip(done[1], done[2]):
+        assert one.label == two.label and longest1 == longest2
+        assert one.outputs == two.outputs and len(one.outputs) == one.requests
+        assert one.blocks == two.blocks and one.schedule == two.schedule
+    assert r[2]["config"]["jobs"] == 2 and r[2]["wall_seconds"] > 0
+    assert r[1]["errors"] == r[2]["errors"] == []
+    assert r[1]["checks"] == r[2]["checks"] and r[2]["checks"]["leakage"]
+    assert r[2]["leakage"]["compared"] == 4
+    assert timeless(r[1]) == timeless(r[2])
+    assert "wall time" in soak.report(r[2]) and "with 2 jobs" in soak.report(r[2])
+    with pytest.raises(SpinError, match="--jobs must be >= 1"):
+        soak.run_soak(replace(opts, jobs=0))
+
+
 @pytest.mark.slow
 def test_command_line_prints_the_checks_and_writes_json(tmp_path):
     out = tmp_path / "soak.json"
@@ -110,8 +152,8 @@ def test_command_line_prints_the_checks_and_writes_json(tmp_path):
 @pytest.mark.large  # the engine's kernels run under the sanitizers in tests/test_harness_gpu.py
 def test_gpu_soak_with_the_shipped_model(soak):
     """The shipped checkpoint, CUDA graphs, 1,000 requests (benchmarks/soak.py --device cuda
-    serves 5,000)."""
-    r = soak.run_soak(soak.SoakOptions(device="cuda", requests=1000, progress=False))
+    serves 5,000), its four runs in four processes."""
+    r = soak.run_soak(soak.SoakOptions(device="cuda", requests=1000, progress=False, jobs=4))
     assert_clean(r)
     assert r["memory_drift_bytes"] is not None
     assert all(run["memory_samples"] >= 2 for e in r["engines"] for run in e["runs"])

@@ -9,9 +9,11 @@ SLOT_BYTES = HEAD_DIM + 4          # 128 fp8 key bytes and a 4-byte fp32 scale
 
 def random_fp8_keys(num_pages: int, gen: torch.Generator, slots: int = 64):
     """fp8 key rows [num_pages, slots, 128] (randn x 2) and fp32 scales [num_pages, slots] in
-    [0.005, 0.025), drawn from `gen` in that order."""
-    rows = (torch.randn(num_pages, slots * HEAD_DIM, generator=gen) * 2).to(torch.float8_e4m3fn)
-    scales = torch.rand(num_pages, slots, generator=gen) * 0.02 + 0.005
+    [0.005, 0.025), drawn from `gen` in that order, on gen's device."""
+    dev = gen.device
+    rows = (torch.randn(num_pages, slots * HEAD_DIM, generator=gen, device=dev) * 2).to(
+        torch.float8_e4m3fn)
+    scales = torch.rand(num_pages, slots, generator=gen, device=dev) * 0.02 + 0.005
     return rows.view(num_pages, slots, HEAD_DIM), scales
 
 
