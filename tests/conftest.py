@@ -1,9 +1,11 @@
-"""Suite-wide: @pytest.mark.gpu skips without CUDA, and the fixtures several test modules share.
-Helpers that tests import live in spin_trtllm.testing (no test module imports another)."""
+"""Suite-wide: @pytest.mark.gpu skips without CUDA, SPIN_SHARD=I/N runs one shard of the tests,
+and the fixtures several test modules share. Helpers that tests import live in
+spin_trtllm.testing (no test module imports another)."""
 
 import importlib
 import json
 import os
+import zlib
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,27 @@ from spin_trtllm.testing.traces import make_trace
 STANDIN = Path(__file__).resolve().parent / "trtllm_standin"
 
 
+def shard_of(spec: str) -> tuple[int, int]:
+    """(i, n) of SPIN_SHARD=I/N, 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"SPIN_SHARD={spec!r}: use I/N, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"SPIN_SHARD={spec!r}: needs 0 <= I < N")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu are skipped where no CUDA device is present (the one place that says
-    so: no module keeps its own CUDA skipif)."""
+    """SPIN_SHARD=I/N keeps the tests whose node id hashes to shard I of N (a test's shard does
+    not depend on which others are selected; the sanitizer runs split the GPU tests so). Tests
+    marked gpu are skipped where no CUDA device is present (the one place that says so: no
+    module keeps its own CUDA skipif)."""
+    if os.environ.get("SPIN_SHARD"):
+        i, n = shard_of(os.environ["SPIN_SHARD"])
+        keep = [t for t in items if zlib.crc32(t.nodeid.encode()) % n == i]
+        config.hook.pytest_deselected(items=[t for t in items if t not in keep])
+        items[:] = keep
     if torch.cuda.is_available():
         return
     # a skipif placed first, so this reason shows before any other condition of the test

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Every GPU test on a CUDA machine, then under compute-sanitizer: builds the native library and
-# DeepGEMM (the TensorRT-LLM stand-in's engine loop), runs every test marked `gpu` (the engine
-# loop on CUDA included) and lists which of the library's kernels they launched, then runs every
-# GPU test except the `large` shapes (each has a smaller case on the same path) under memcheck,
-# racecheck, synccheck and initcheck, side by side, each tool in two shards (the op tests, the
-# rest) with a limit of SANITIZER_LIMIT seconds (default 420). racecheck and synccheck check the
-# kernels of namespace spin only (DeepGEMM's and torch's are upstream's); memcheck and initcheck
-# check every kernel. Logs go to ${OUT:-/tmp/spin-gpu}.
-#   bash tests/gpu/device_check.sh [quick]        (quick: no sanitizers)
+# Every GPU test on a CUDA machine, plain and under compute-sanitizer, in steps that each fit one
+# 10-minute device call:
+#   bash tests/gpu/device_check.sh plain              every test marked gpu (the TensorRT-LLM
+#       stand-in's engine loop on DeepGEMM included), then the library's kernels they launched
+#       (SPIN_KERNEL_LOG, tests/gpu/kernel_coverage.py)
+#   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
+#       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
+#       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS shards (default 4,
+#       SPIN_SHARD in tests/conftest.py) with a limit of SANITIZER_LIMIT seconds (default 480)
+#   bash tests/gpu/device_check.sh                    both
+# racecheck and synccheck check the kernels of namespace spin only (DeepGEMM's and torch's are
+# upstream's); memcheck and initcheck check every kernel. Only the test process is sanitized:
+# the second processes some tests start run the same kernels. Both steps build the native
+# library and DeepGEMM first. Logs go to ${OUT:-/tmp/spin-gpu}.
 # Needs third_party/deepgemm.tar.gz (tests/gpu/deepgemm_env.sh) and .whl/ where pydantic is missing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+step=${1:-all}; [ $# -gt 0 ] && shift
+case $step in plain|sanitize|all) ;; *) echo "usage: $0 [plain | sanitize [TOOL...]]"; exit 2;; esac
 out=${OUT:-/tmp/spin-gpu}; mkdir -p "$out"
 export SPIN_REQUIRE_NATIVE=1 TRTLLM_STANDIN_DEVICE=cuda TRTLLM_STANDIN_DEEPGEMM=real
 source tests/gpu/device_env.sh
@@ -22,38 +29,42 @@ wait $dg || { echo "DeepGEMM build failed"; exit 1; }
 export PYTHONPATH="$DG_SRC:$PYTHONPATH"
 pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
 
-# The plain run first: it also compiles DeepGEMM's kernels once for the sanitizer runs.
-SPIN_KERNEL_LOG="$out/kernels.json" "${pytest[@]}" -m gpu tests/ > "$out/gpu_tests.log" 2>&1
-tail -1 "$out/gpu_tests.log"
-python3 tests/gpu/kernel_coverage.py "$out/kernels.json" spin_trtllm/libspin_native.so \
-  > "$out/kernel_coverage.txt" 2>&1
-tail -1 "$out/kernel_coverage.txt"
-[ "${1:-}" = "quick" ] && exit 0
+if [ "$step" != sanitize ]; then
+  start=$SECONDS
+  SPIN_KERNEL_LOG="$out/kernels.json" timeout "${PLAIN_LIMIT:-540}" "${pytest[@]}" -m gpu \
+    --durations=15 tests/ > "$out/gpu_tests.log" 2>&1
+  echo "plain: $(grep -E "passed|failed" "$out/gpu_tests.log" | tail -1) ($((SECONDS - start)) s)"
+  python3 tests/gpu/kernel_coverage.py "$out/kernels.json" spin_trtllm/libspin_native.so \
+    > "$out/kernel_coverage.txt" 2>&1
+  tail -1 "$out/kernel_coverage.txt"
+fi
+[ "$step" = plain ] && exit 0
 
+tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck initcheck)
 only_spin="--kernel-name kns=spin"
 compute-sanitizer --help | grep -q -- "--kernel-name" || only_spin="--filter kns=spin"
-limit=${SANITIZER_LIMIT:-420}
-shards=("tests/test_ops_*.py" "tests/ --ignore-glob=tests/test_ops_*.py")
-sanitize() {  # TOOL [options]: both shards side by side; one log per shard
-  local tool=$1 i; shift
-  for i in 0 1; do
+limit=${SANITIZER_LIMIT:-480} shards=${SANITIZER_SHARDS:-4}
+# DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
+timeout 240 "${pytest[@]}" -m "gpu and not large" tests/test_logits_backends.py \
+  tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
+start=$SECONDS
+for tool in "${tools[@]}"; do
+  opts=(); case $tool in racecheck|synccheck) read -ra opts <<< "$only_spin";; esac
+  for ((i = 0; i < shards; i++)); do
     (
-      # shellcheck disable=SC2086  # the shard's words split on purpose
-      timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$@" \
-        "${pytest[@]}" -m "gpu and not large" ${shards[$i]} > "$out/${tool}_$i.log" 2>&1
-      echo "$tool shard $i: rc=$? (9: errors found, 124: over ${limit}s)" >> "$out/${tool}_$i.log"
+      SPIN_SHARD="$i/$shards" timeout "$limit" compute-sanitizer --tool "$tool" \
+        --target-processes application-only --error-exitcode 9 --print-limit 20 "${opts[@]}" \
+        "${pytest[@]}" -m "gpu and not large" tests/ > "$out/${tool}_$i.log" 2>&1
+      echo "$tool shard $i/$shards: rc=$? (9: errors found, 124: over ${limit}s)" \
+        >> "$out/${tool}_$i.log"
     ) &
   done
-}
-start=$SECONDS
-sanitize memcheck
-sanitize racecheck $only_spin
-sanitize synccheck $only_spin
-sanitize initcheck
+done
 wait
 echo "sanitizers: $((SECONDS - start)) s"
-# one summary per sanitized process (the tests' own subprocesses included)
-for log in "$out"/{memcheck,racecheck,synccheck,initcheck}_[01].log; do
-  echo "== $(basename "$log"): $(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
-  grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | sed 's/^=* *//' | sort | uniq -c
+for tool in "${tools[@]}"; do
+  for log in "$out/${tool}"_*.log; do
+    echo "== $(basename "$log"): $(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
+  done
+  grep -hE "(ERROR|RACECHECK) SUMMARY" "$out/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
 done
