@@ -108,13 +108,16 @@ class SpinIndexer:
     def __init__(self, cfg: SpinConfig, pool: StatePool, max_batch: int, next_n: int,
                  max_context_len: int, options: IndexerOptions = IndexerOptions(), *,
                  logits_backend: "Optional[logits_backends.LogitsBackend]" = None,
-                 logits_storage: Optional[torch.Tensor] = None):
+                 logits_storage: Optional[torch.Tensor] = None,
+                 summaries_of: "Optional[SpinIndexer]" = None):
         """options (spin_trtllm.options.IndexerOptions, validated when made): the logits
         backend, predictor, overlaps and page size. logits_backend: that backend already
         resolved by the caller (an engine resolves it once for all its indexers), else
         options.logits_backend is resolved here.
         logits_storage: fp32 memory the compact-logits buffer is carved from (indexers of
         several draft lengths share one allocation).
+        summaries_of: an indexer over the same K caches whose summary tables this one shares
+        (indexers of several draft lengths: a page summarized by one is current for all).
         predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
         with the current query (64-slot pages only; summary tables kept in self.summaries);
         "hybrid" by both (the max of their rank shares; max_context_len <= 512K slots).
@@ -202,6 +205,8 @@ class SpinIndexer:
         # next_n <= 64), -1 padded, and their fill; the block scores of one layer
         self.summaries: dict[int, torch.Tensor] = {}
         self._summary_cache: dict[int, tuple] = {}
+        if summaries_of is not None:
+            self.summaries, self._summary_cache = summaries_of.summaries, summaries_of._summary_cache
         if self.query_aware:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
@@ -284,15 +289,16 @@ class SpinIndexer:
         return table
 
     def summarize_context(self, layer: int, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                          context_lens) -> None:
-        """predictor="probe" or "hybrid": build the summaries of every visible page of some
+                          context_lens, start=None) -> None:
+        """predictor="probe" or "hybrid": build the summaries of the visible pages of some
         requests in layer `layer`'s table, from their keys in kv_cache. block_table int32
         [N, pages] (or one request's row [pages]); context_lens [N] visible indexer slots per
-        request. Call it
-        after prefill writes a request's keys, and whenever a request's cache was written
-        while this indexer did not run (dense steps, a restart): decode steps only re-summarize
-        the pages of their newest slots. Eager, outside CUDA graphs (the lengths are read on
-        the host). Does nothing with predictor="spin"."""
+        request; start [N] (default 0): the first slot whose page is summarized again (pages
+        below it are summarized already). Call it after prefill writes a request's keys, and
+        whenever a request's cache was written while this indexer did not run (dense steps, a
+        restart): decode steps only re-summarize the pages of their newest slots. Eager,
+        outside CUDA graphs (the lengths are read on the host). Does nothing with
+        predictor="spin"."""
         if not self.query_aware:
             return
         table = self.summary_table(layer, kv_cache)
@@ -301,12 +307,22 @@ class SpinIndexer:
         if n.numel() != rows.shape[0]:
             raise SpinError(f"SpinIndexer.summarize_context: {rows.shape[0]} block-table rows "
                             f"but {n.numel()} context lengths")
-        width = min(-(-int(n.max()) // BLOCK_SLOTS), rows.shape[1]) if n.numel() else 0
-        if width == 0:
+        first = torch.zeros_like(n) if start is None else \
+            torch.as_tensor(start).to("cpu", torch.int64).view(-1).clamp(min=0) // BLOCK_SLOTS
+        if first.numel() != n.numel():
+            raise SpinError(f"SpinIndexer.summarize_context: {n.numel()} context lengths but "
+                            f"{first.numel()} start slots")
+        last = torch.minimum(-(-n // BLOCK_SLOTS), torch.full_like(n, rows.shape[1]))  # excl.
+        width = int((last - first).max()) if n.numel() else 0
+        if width <= 0:
             return
-        fill = (n.unsqueeze(1) - torch.arange(width) * BLOCK_SLOTS).clamp(0, BLOCK_SLOTS)
-        fill = fill.to(kv_cache.device, torch.int32)
-        pages = torch.where(fill > 0, rows[:, :width].to(kv_cache.device, torch.int32), -1)
+        cols = first.unsqueeze(1) + torch.arange(width)                              # [N, W]
+        fill = (n.unsqueeze(1) - cols * BLOCK_SLOTS).clamp(0, BLOCK_SLOTS)
+        fill = torch.where(cols < last.unsqueeze(1), fill, 0)
+        dev = kv_cache.device
+        page_of = rows.to(dev, torch.int64).gather(1, cols.clamp(max=rows.shape[1] - 1).to(dev))
+        fill = fill.to(dev, torch.int32)
+        pages = torch.where(fill > 0, page_of, -1).to(torch.int32)
         ops.summarize(kv_cache, pages.reshape(-1).contiguous(), fill.reshape(-1).contiguous(),
                       table)
 
@@ -372,6 +388,8 @@ class SpinIndexer:
         if self.keep_all:
             return
         scores = self.block_scores[:B * R]
+        if q.dim() == 4:        # TensorRT-LLM's decode q: [B, R, H, D] or [B * R, 1, H, D]
+            q = q.reshape(-1, *q.shape[2:])
         ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
                   out=scores)
         self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),

@@ -112,14 +112,19 @@ def reference_logits(keys, pages, n, q, w):
 class Loop:
     MAX_TOKENS = 16384
     def __init__(self, trt, patch, next_n: int, graphs: bool, overlap: bool, seed: int,
-                 v4: bool = False, tokens_per_block: int = PAGE):
+                 v4: bool = False, tokens_per_block: int = PAGE, predictor: str = "spin"):
         llm_args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
         runner_mod = importlib.import_module(
             "tensorrt_llm._torch.pyexecutor.engine.runners.decoder.runner")
         mtp = importlib.import_module("tensorrt_llm._torch.speculative.mtp")
         self.patch, self.R = patch, next_n
         self.device = torch.device(os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu"))
-        cfg = sparse_config(v4, spin={"target_sparsity": 0.5, "exploration": 0.1})
+        self.predictor = predictor
+        # the probe's ranking is checked without exploration's random blocks
+        spin = {"target_sparsity": 0.5, "exploration": 0.0 if predictor == "probe" else 0.1}
+        if predictor != "spin":
+            spin["predictor"] = predictor
+        cfg = sparse_config(v4, spin=spin)
         self.batch, self.ratio = 4, 4 if v4 else 1
         ckpt = V4_CKPT if v4 else CKPT
         self.mc, self.model, self.manager, self.md = build(
@@ -208,6 +213,8 @@ class Loop:
             if self.spec_md is not None:
                 self.spec_md.num_accepted_draft_tokens_cuda.zero_()
             self.runner.forward(None, md, self.spec_md)
+        rt = getattr(self.manager, self.patch._RUNTIME_ATTR, None)
+        self.tables_at_warmup = sorted(rt.adapter.indexer.summaries) if rt else []
 
     def step(self, contexts: dict[int, int], gens: list[int], accept: dict[int, int]):
         """contexts: new request -> prompt length; gens: requests decoding this step;
@@ -289,7 +296,36 @@ class Loop:
                                  f"layer {layer.layer_idx} request {rid} row {j}")
                     self.checked += 1
                     pruned += len(allowed) < n
+                    if self.predictor == "probe" and self.R == 1:
+                        self.check_probe_ranking(layer.layer_idx, pages, n, chosen,
+                                                 q[b], w[b], f"layer {layer.layer_idx} "
+                                                 f"request {rid}")
         self.pruned = getattr(self, "pruned", 0) + pruned
+
+    def check_probe_ranking(self, layer_idx, pages, n, chosen, q, w, where):
+        """predictor probe: every chosen block but the forced sink and newest scores at least
+        as high as every block left out, by block summaries made here from the page bytes
+        (the mean of the visible keys, re-quantized e4m3 with scale amax / 448, as the summary
+        row format specifies), to a tolerance for fp8 rounding of the summaries."""
+        keys = self.keys[layer_idx]
+        blocks = (n + PAGE - 1) // PAGE
+        score = []
+        for j in range(blocks):
+            mean = keys[pages[j], :min(n - j * PAGE, PAGE)].mean(0)
+            scale = max(float(mean.abs().max()) / 448.0, 1e-12)
+            summary = (mean / scale).float().to(torch.float8_e4m3fn).double() * scale
+            score.append(float((torch.relu(q.double() @ summary) * w.double()).sum()))
+        score = torch.tensor(score)
+        picked = set(chosen.tolist())
+        ranked = [j for j in picked if j not in (0, blocks - 1)]
+        left = [j for j in range(blocks) if j not in picked]
+        if not ranked or not left:
+            return
+        tol = 0.02 * float(score.abs().max())
+        worst, best = min(score[ranked]), max(score[left])
+        assert worst >= best - tol, (f"{where}: the probe chose a block scoring {worst:.4g} "
+                                     f"and left one scoring {best:.4g}")
+        self.ranked = getattr(self, "ranked", 0) + 1
 
 
 def acceptance(rng, gens, R, step):
@@ -302,8 +338,8 @@ def acceptance(rng, gens, R, step):
 
 
 def run_loop(trt, patch, next_n, graphs, overlap, seed=0, steps=14, v4=False,
-             tokens_per_block=PAGE):
-    loop = Loop(trt, patch, next_n, graphs, overlap, seed, v4, tokens_per_block)
+             tokens_per_block=PAGE, predictor="spin"):
+    loop = Loop(trt, patch, next_n, graphs, overlap, seed, v4, tokens_per_block, predictor)
     loop.warmup()
     rng = random.Random(seed)
     scale = loop.ratio                # V4: 4 tokens per indexer slot
@@ -347,6 +383,29 @@ def test_engine_loop_v4_rows_are_the_topk_of_the_selected_blocks(env, tokens_per
                     tokens_per_block=tokens_per_block)
     assert loop.checked >= 60 * next_n and loop.pruned > 0
     assert loop.keys[loop.layers[0].layer_idx].shape[1] == tokens_per_block // 4
+
+
+@pytest.mark.parametrize("predictor,v4,next_n", [("probe", False, 1), ("probe", True, 1),
+                                                 ("probe", False, 3), ("hybrid", False, 1),
+                                                 ("hybrid", True, 2)])
+def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n):
+    """spin.predictor probe / hybrid in the YAML: every decode row is the top-K of exactly the
+    blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
+    here from the page bytes, so the prompt pages were summarized before the first decode
+    step and every newer page since."""
+    trt, patch = env
+    loop = run_loop(trt, patch, next_n, graphs=True, overlap=next_n > 1, v4=v4,
+                    tokens_per_block=256 if v4 else PAGE, predictor=predictor)
+    adapter = loop.manager._spin_trtllm_runtime.adapter
+    assert adapter.options.predictor == predictor and adapter.query_aware
+    # made before the first capture (one made inside it would be zeroed at every replay)
+    assert loop.tables_at_warmup == list(range(len(loop.layers)))
+    tables = sum(t.nbytes for t in adapter.indexer.summaries.values())
+    assert tables == len(loop.layers) * loop.manager.get_indexer_k_cache_buffers(
+        loop.layers[0].layer_idx).shape[0] * 144 and adapter.nbytes() > tables
+    assert loop.checked >= 60 * next_n and loop.pruned > 0
+    if predictor == "probe" and next_n == 1:
+        assert loop.ranked >= 20
 
 
 @pytest.mark.skipif(not GPU, reason="on the CPU a replay re-runs the forward in Python")

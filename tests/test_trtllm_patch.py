@@ -92,13 +92,41 @@ def test_spin_block_reaches_every_indexer_layer(env, v4, tpb, fp4, k):
     mc, model, _, _ = build(trt, ckpt, sparse_config(v4, fp4, spin={}), tpb, next_n=2)
     assert mc.sparse_attention_config.spin is not None     # survived from_pretrained's rebuild
     assert sorted(patch._LAYERS) == ([1, 3] if v4 else [0, 1])
-    assert {c.index_topk for c in patch._LAYERS.values()} == {k}    # K from the checkpoint
-    assert {c.target_sparsity for c in patch._LAYERS.values()} == {0.5}
+    assert {s.config.index_topk for s in patch._LAYERS.values()} == {k}    # K from the checkpoint
+    assert {s.config.target_sparsity for s in patch._LAYERS.values()} == {0.5}
     indexers = [layer.self_attn.indexer for layer in model.model.layers]
     if not v4:        # V3.2's one-model MTP layer builds a full indexer: it stays dense
         assert indexers[2].layer_idx == 2 and indexers[2]._spin is None
     assert all(ix._spin is not None for ix in indexers if ix is not None and ix.layer_idx in
                patch._LAYERS)
+
+
+@pytest.mark.parametrize("v4", [False, True])
+def test_the_predictor_in_the_spin_block_reaches_every_layer(env, v4):
+    trt, patch = env
+    ckpt = dict(V4_CKPT if v4 else V32_CKPT, index_topk=512)
+    build(trt, ckpt, sparse_config(v4, spin={"predictor": "hybrid"}), 256 if v4 else 64,
+          next_n=1)
+    assert sorted(patch._LAYERS) == ([1, 3] if v4 else [0, 1])
+    assert {s.predictor for s in patch._LAYERS.values()} == {"hybrid"}
+    assert {s.config.index_topk for s in patch._LAYERS.values()} == {512}
+
+
+def test_a_bad_predictor_is_refused_by_name(env):
+    trt, patch = env
+    with pytest.raises(Exception, match="predictor"):
+        sparse_config(False, spin={"predictor": "gauss"})       # replay only: no kernels
+    block = {"algorithm": "dsa", "spin": {"predictor": "quest"}}
+    with pytest.raises(patch.SpinError, match=r"sparse_attention_config\.spin\.predictor: "
+                                              r"must be one of spin, probe, hybrid"):
+        patch.spin_settings_of(block)
+
+
+def test_the_probe_on_fp4_keys_is_refused_at_model_construction(env):
+    trt, patch = env
+    with pytest.raises(patch.SpinError, match="FP4 keys"):
+        build(trt, dict(V32_CKPT, index_topk=512),
+              sparse_config(False, fp4=True, spin={"predictor": "probe"}), 64, next_n=1)
 
 
 SCENARIOS = [  # (v4, tokens_per_block, fp4, next_n, cuda-graph padding)
@@ -261,7 +289,7 @@ def test_release_1_2_layout():
         draft = Indexer(None, None, None, False, cfg, None, layer_idx=1)
         assert draft._spin is None and 1 not in patch._LAYERS
         ix = Indexer(None, None, None, False, cfg, None, layer_idx=0)
-        assert patch._LAYERS[0].index_topk == 2048 and list(patch._LAYERS) == [0]
+        assert patch._LAYERS[0].config.index_topk == 2048 and list(patch._LAYERS) == [0]
         manager = DSACacheManager(num_layers=1, tokens_per_block=64, max_seq_len=8192,
                                   max_batch_size=2, sparse_attention_config=cfg)
         pages = manager.get_indexer_k_cache_buffers(0).view(manager.num_blocks, -1)

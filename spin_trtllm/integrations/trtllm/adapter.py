@@ -66,6 +66,9 @@ class DecodeBatch:
                   which grow by accepted + 1 from one step to the next
     prefill_ids   requests (re)starting their context in this step (context phase: a new
                   request, a new turn, a resume after preemption): their state starts over
+    kv_caches     each SPIN layer's indexer K cache, in SPIN's layer order (predictor probe or
+                  hybrid: the pages written since a request's last step, its prompt's at its
+                  first, are summarized from them before the step)
     """
 
     request_ids: Sequence[int]
@@ -73,6 +76,7 @@ class DecodeBatch:
     block_table: torch.Tensor
     accepted: Optional[Mapping[int, int]] = None
     prefill_ids: Sequence[int] = ()
+    kv_caches: Optional[Sequence[torch.Tensor]] = None
 
 
 class SpinDecodeAdapter:
@@ -80,7 +84,8 @@ class SpinDecodeAdapter:
                  max_tokens: int, compress_ratio: int = 1,
                  device: torch.device | str = "cuda", max_requests: Optional[int] = None,
                  initial_capacity: int = 4096, logits_backend: Any = "native",
-                 page_slots: int = BLOCK_SLOTS, max_next_n: Optional[int] = None):
+                 page_slots: int = BLOCK_SLOTS, max_next_n: Optional[int] = None,
+                 predictor: str = "spin"):
         """num_layers: indexer layers (V3.2: every layer; V4: the ratio-4 layers).
         max_tokens: the longest sequence (max_seq_len); compress_ratio: tokens per indexer slot
         (1 for DeepSeek-V3.2, 4 for DeepSeek-V4's C4A layers). next_n: the first step's draft
@@ -88,7 +93,8 @@ class SpinDecodeAdapter:
         step buffers over the one per-request state, its MTP logits carved from one allocation
         sized for max_next_n (the largest draft length + 1; default next_n), made up front so
         a new draft length mid-serving allocates no large buffer. page_slots: slots per
-        K-cache page.
+        K-cache page. predictor: what ranks the blocks (spin_trtllm.predictors: spin, probe,
+        hybrid); probe and hybrid summarize pages from DecodeBatch.kv_caches.
 
         A request keeps its state while it sits out steps (pipeline micro-batches, partial
         scheduling); it starts over when it (re)starts its context (prefill_ids), when its
@@ -101,7 +107,7 @@ class SpinDecodeAdapter:
         self.max_batch, self.page_slots = max_batch, page_slots
         # a backend name is checked here and resolved by each indexer; an object is used as is
         named = isinstance(logits_backend, str)
-        self.options = IndexerOptions(page_slots=page_slots, **(
+        self.options = IndexerOptions(page_slots=page_slots, predictor=predictor, **(
             {"logits_backend": logits_backend} if named else {}))
         self.logits_backend = None if named else logits_backend
         self.max_slots = max_tokens // compress_ratio + 1
@@ -125,17 +131,20 @@ class SpinDecodeAdapter:
         self._pending_open = False
         self._last_cached: dict[int, int] = {}
         self._last_seen: dict[int, int] = {}           # request -> step it was last in a batch
+        self._summarized: dict[int, int] = {}          # request -> slots summarized (probe)
         self._clock = 0
 
     @classmethod
     def for_engine(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
                    compress_ratio: int, page_slots: int, max_next_n: int,
-                   device: torch.device | str, logits_backend: Any) -> "SpinDecodeAdapter":
+                   device: torch.device | str, logits_backend: Any,
+                   predictor: str = "spin") -> "SpinDecodeAdapter":
         """Sized once for an engine's limits (max batch, max sequence length, largest draft
         length + 1): the state never grows, so captured CUDA graphs stay valid."""
         return cls(cfg, num_layers, max_batch, max_next_n, max_tokens, compress_ratio,
                    device=device, logits_backend=logits_backend, page_slots=page_slots,
-                   max_next_n=max_next_n, initial_capacity=max_tokens // compress_ratio + 9)
+                   max_next_n=max_next_n, initial_capacity=max_tokens // compress_ratio + 9,
+                   predictor=predictor)
 
     @classmethod
     def planned_bytes(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
@@ -154,11 +163,17 @@ class SpinDecodeAdapter:
             if storage is not None and storage.numel() < self.pool.num_layers * self.max_batch \
                     * next_n * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS:
                 storage = None          # longer than planned: its own buffer
+            first = next(iter(self._indexers.values()), None)
             self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
                                                  self.max_slots, self.options,
                                                  logits_backend=self.logits_backend,
-                                                 logits_storage=storage)
+                                                 logits_storage=storage, summaries_of=first)
         return self._indexers[next_n]
+
+    @property
+    def query_aware(self) -> bool:
+        """The predictor scores block summaries (probe, hybrid): DecodeBatch.kv_caches needed."""
+        return self.options.block_predictor.query
 
     @property
     def generation(self) -> int:
@@ -210,12 +225,50 @@ class SpinDecodeAdapter:
         query = torch.where(padded, 0, (tokens - 1) // self.ratio).to(torch.int32)
         steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
         self.indexer.prepare(ids, context, query, steps, batch.block_table, state_slots=slots)
+        if self.query_aware:
+            self._summarize_written(batch, ids, pad, kv - R)
         if select:
             self.indexer.select(keep_all=dense)
         for rid in real:
             self._steps[rid] += 1
         self._pending = (self.indexer, ids, pad) if R > 1 else None
         self._pending_open = self._pending is not None
+
+    def make_summaries(self, caches: Sequence[torch.Tensor]) -> int:
+        """Probe: the summary table of each SPIN layer's K cache (SPIN's layer order), made now
+        (zeroed; a table made inside CUDA-graph capture would be zeroed again at every
+        replay). Returns their bytes."""
+        if len(caches) != self.pool.num_layers:
+            raise SpinError(f"SpinDecodeAdapter.make_summaries: {len(caches)} K caches for "
+                            f"{self.pool.num_layers} SPIN layers")
+        return sum(self.indexer.summary_table(layer, kv).nbytes for layer, kv in enumerate(caches))
+
+    def _summarize_written(self, batch: DecodeBatch, ids: list[int], pad: list[bool],
+                           cached: torch.Tensor) -> None:
+        """Probe: summarize, in every layer, the pages written since each request's last step
+        (the prompt's at its first; a step SPIN did not run also counts), up to the slots of
+        its tokens before this step (`cached`); the step's own newest pages are summarized
+        by each layer as it runs."""
+        caches = batch.kv_caches
+        if caches is None or len(caches) != self.pool.num_layers:
+            raise SpinError(f"SpinDecodeAdapter: predictor {self.options.predictor!r} needs "
+                            f"DecodeBatch.kv_caches, one K cache per SPIN layer "
+                            f"({self.pool.num_layers}), got "
+                            f"{'none' if caches is None else len(caches)}")
+        self.make_summaries(caches)
+        upto = (cached // self.ratio).tolist()
+        rows = [b for b, (rid, p) in enumerate(zip(ids, pad))
+                if not p and upto[b] > 0 and self._summarized.get(rid, 0) <= upto[b]]
+        if not rows:
+            return
+        start = [self._summarized.get(ids[b], 0) for b in rows]
+        n = [upto[b] for b in rows]
+        table = torch.as_tensor(batch.block_table)[rows]
+        for layer, kv_cache in enumerate(caches):
+            self.indexer.summarize_context(layer, kv_cache, table, n, start=start)
+        for b in rows:
+            # the newest page is summarized again next step: this step's layers may not run
+            self._summarized[ids[b]] = upto[b]
 
     def select_on_device(self, kv_lens: torch.Tensor) -> None:
         """Inside the step (CUDA-graph capturable: no host read, no allocation): each row's
@@ -277,12 +330,17 @@ class SpinDecodeAdapter:
         """This step's MTP updates wait for its acceptance."""
         return self._pending is not None and self._pending_open
 
-    def reset(self) -> None:
-        """Every request gives its state back (the engine rebuilt its KV cache)."""
+    def reset(self, new_cache: bool = False) -> None:
+        """Every request gives its state back (new_cache: the engine rebuilt its KV cache, so
+        the probe's summary tables are made again for the new one)."""
         for rid in list(self.pool.request_ids()):
             self.release(rid)
         self._pending, self._pending_open = None, False
         self._last_cached.clear()
+        self._summarized.clear()
+        if new_cache:
+            self.indexer.summaries.clear()
+            self.indexer._summary_cache.clear()
 
     def follow(self, request_ids: Sequence[int], cached: Mapping[int, int],
                prefill_ids: Sequence[int] = (), accepted: Optional[Mapping[int, int]] = None
@@ -332,7 +390,7 @@ class SpinDecodeAdapter:
         """A finished (or preempted) request gives its state back."""
         if self.pool.slot_of(request_id) is not None:
             self.pool.release(request_id)
-        for book in (self._steps, self._last_seen, self._last_cached):
+        for book in (self._steps, self._last_seen, self._last_cached, self._summarized):
             book.pop(request_id, None)
 
     def _replay_deferred(self, accepted: Optional[Mapping[int, int]]) -> None:
@@ -346,14 +404,14 @@ class SpinDecodeAdapter:
         self._pending = None
 
     def nbytes(self) -> int:
-        """Device bytes SPIN holds: the state pool, the MTP logits and every draft length's step
-        buffers (each allocation counted once)."""
+        """Device bytes SPIN holds: the state pool, the MTP logits, every draft length's step
+        buffers and the probe's summary tables (each allocation counted once)."""
         seen, total = set(), 0
         tensors = list(self.pool.state.tensors()) + [
             t for t in vars(self).values() if torch.is_tensor(t)]
         for ix in self._indexers.values():
             tensors += [t for t in vars(ix).values() if torch.is_tensor(t)]
-            tensors += [ix._meta.buffer]
+            tensors += [ix._meta.buffer] + list(ix.summaries.values())
         for t in tensors:
             storage = t.untyped_storage()
             # meta storages have no address: their C++ handle tells views apart

@@ -8,15 +8,28 @@ the union.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from pydantic.fields import FieldInfo
 
+from ... import predictors
 from ...config import SpinConfig
 from ..._inputs import shown
 from ...errors import SpinConfigError, SpinError
 
 FIELD = "spin"
+# the one key of the `spin:` block that is the engine's choice, not a SpinConfig field
+PREDICTOR = "predictor"
+
+
+@dataclass(frozen=True)
+class SpinSettings:
+    """What a `spin:` block sets: the SpinConfig and the block predictor (spin_trtllm.predictors:
+    spin, probe or hybrid)."""
+
+    config: SpinConfig
+    predictor: str = "spin"
 
 
 def add_spin_field(config_classes: Sequence[type], parent_classes: Sequence[type],
@@ -44,9 +57,10 @@ def add_spin_field(config_classes: Sequence[type], parent_classes: Sequence[type
     return changed
 
 
-def spin_config_of(block: Any) -> Optional[SpinConfig]:
-    """The effective SpinConfig of a sparse_attention_config object (or mapping), with
-    index_topk taken from the block; None when it has no `spin:` sub-block."""
+def spin_settings_of(block: Any) -> Optional[SpinSettings]:
+    """The effective settings of a sparse_attention_config object (or mapping): its SpinConfig,
+    with index_topk taken from the block, and its predictor; None when it has no `spin:`
+    sub-block."""
     if block is None:
         return None
     get = block.get if isinstance(block, dict) else (lambda k, d=None: getattr(block, k, d))
@@ -57,7 +71,18 @@ def spin_config_of(block: Any) -> Optional[SpinConfig]:
         raise SpinConfigError(f"sparse_attention_config.{FIELD} must be a mapping of SPIN "
                               f"settings, got {shown(spin)}")
     fields = spin.model_dump(exclude_unset=True) if isinstance(spin, SpinConfig) else dict(spin)
+    predictor = fields.pop(PREDICTOR, "spin")
+    if predictor not in predictors.ENGINE_PREDICTORS:
+        raise SpinConfigError(f"sparse_attention_config.{FIELD}.{PREDICTOR}: must be one of "
+                              f"{', '.join(predictors.ENGINE_PREDICTORS)}, got "
+                              f"{shown(predictor, 60)}")
     outer = {"algorithm": get("algorithm"), "spin": fields}
     if get("index_topk") is not None:
         outer["index_topk"] = get("index_topk")
-    return SpinConfig.from_trtllm(outer)
+    return SpinSettings(SpinConfig.from_trtllm(outer), predictor)
+
+
+def spin_config_of(block: Any) -> Optional[SpinConfig]:
+    """The SpinConfig of spin_settings_of(block), or None."""
+    settings = spin_settings_of(block)
+    return None if settings is None else settings.config

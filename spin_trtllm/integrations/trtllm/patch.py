@@ -38,7 +38,7 @@ import importlib
 import inspect
 import logging
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
@@ -53,9 +53,10 @@ except ImportError as err:  # one clear error instead of an AttributeError later
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...logits.deepgemm import SCHEDULE_FN, compact_paged_logits
+from ...predictors import ENGINE_PREDICTORS
 from .runtime import (_BASE_LAYERS, _LAYERS, _RUNTIME_ATTR, _SPEC_WORKERS, SPEC_MODULES,  # noqa: F401
                       _Runtime, _runtime, _warn_once)
-from .config_ext import FIELD, add_spin_field, spin_config_of
+from .config_ext import FIELD, SpinSettings, add_spin_field, spin_settings_of
 
 log = logging.getLogger("spin_trtllm")
 MIN_VERSION = (1, 2)
@@ -66,8 +67,11 @@ V41_MODULE = "tensorrt_llm._torch.models.modeling_deepseekv41"
 
 
 class SpinBlock(SpinConfig):
-    """The `spin:` field type. Unpickling it (e.g. in TensorRT-LLM's worker processes) imports
-    this module, which activates SPIN there too."""
+    """The `spin:` field type: SpinConfig's fields and the block predictor (spin, probe or
+    hybrid; spin_settings_of splits them). Unpickling it (e.g. in TensorRT-LLM's worker
+    processes) imports this module, which activates SPIN there too."""
+
+    predictor: Literal[ENGINE_PREDICTORS] = "spin"
 
 
 def _version() -> tuple[int, ...]:
@@ -229,9 +233,10 @@ def _patch_config(found: dict[str, Any]) -> list[str]:
 
         def to_sparse_params(self, *args, _original=original, **kwargs):
             params = _original(self, *args, **kwargs)
-            spin = spin_config_of(self)
-            if spin is None:
+            settings = spin_settings_of(self)
+            if settings is None:
                 return params
+            spin = settings.config
             pretrained = kwargs.get("pretrained_config")
             base_layers = getattr(pretrained, "num_hidden_layers", _BASE_LAYERS.get(id(self)))
             layer_idx = kwargs.get("layer_idx")
@@ -240,7 +245,7 @@ def _patch_config(found: dict[str, Any]) -> list[str]:
             k = getattr(params, "index_topk", None)
             if k is not None and k != spin.index_topk:
                 spin = spin.with_overrides(index_topk=int(k))     # K from the checkpoint
-            object.__setattr__(params, "spin", spin)
+            object.__setattr__(params, "spin", SpinSettings(spin, settings.predictor))
             return params
 
         cls.to_sparse_params = to_sparse_params
@@ -292,22 +297,27 @@ def _patch_indexer(found: dict[str, Any]) -> None:
         original_init(self, *args, **kwargs)
         bound = init_sig.bind(self, *args, **kwargs).arguments
         params = bound.get("sparse_params", bound.get("sparse_attention_config"))
-        spin = getattr(params, "spin", None)
-        if spin is not None and legacy:
-            spin = spin_config_of(params)            # 1.2 passes the pydantic config itself
+        settings = getattr(params, "spin", None)
+        if settings is not None and legacy:
+            settings = spin_settings_of(params)      # 1.2 passes the pydantic config itself
             base_layers = _BASE_LAYERS.get(id(params))
             if base_layers is not None and int(getattr(self, "layer_idx", 0)) >= base_layers:
-                spin = None     # an MTP draft layer (1.2 builds it from the same config): dense
+                settings = None  # an MTP draft layer (1.2 builds it from the same config): dense
         k = getattr(self, "index_topk", None)
-        if spin is not None and k is not None and k != spin.index_topk:
-            spin = spin.with_overrides(index_topk=int(k))           # the layer's resolved K
-        if spin is not None and getattr(self, "use_cute_dsl_paged_mqa_logits", False):
+        if settings is not None and k is not None and k != settings.config.index_topk:
+            settings = SpinSettings(settings.config.with_overrides(index_topk=int(k)),
+                                    settings.predictor)              # the layer's resolved K
+        if settings is not None and getattr(self, "use_cute_dsl_paged_mqa_logits", False):
             _warn_once("dsl", f"indexer layer {self.layer_idx} uses the CuTe DSL paged logits, "
                               f"which SPIN cannot drive; it runs the dense indexer")
-            spin = None
-        object.__setattr__(self, "_spin", spin)
-        if spin is not None:
-            _LAYERS[int(self.layer_idx)] = spin
+            settings = None
+        if settings is not None and settings.predictor != "spin" and getattr(self, "use_fp4", False):
+            raise SpinError(f"indexer layer {self.layer_idx}: spin.predictor "
+                            f"{settings.predictor!r} scores FP8 keys; this model's indexer "
+                            f"keeps FP4 keys (use predictor: spin)")
+        object.__setattr__(self, "_spin", settings)
+        if settings is not None:
+            _LAYERS[int(self.layer_idx)] = settings
 
     def sparse_attn_indexer(self, *args, **kwargs):
         if getattr(self, "_spin", None) is None:

@@ -10,15 +10,16 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...config import SpinConfig
 from ...errors import SpinError
+from ...limits import SUMMARY_BYTES
 from .adapter import DecodeBatch, EngineKernel, SpinDecodeAdapter
+from .config_ext import SpinSettings
 
 log = logging.getLogger("spin_trtllm")
 SPEC_MODULES = ("tensorrt_llm._torch.speculative.mtp", "tensorrt_llm._torch.speculative.eagle3")
 _SPEC_WORKERS: list[str] = []     # the speculative workers whose acceptance SPIN hooks
 
-_LAYERS: dict[int, SpinConfig] = {}       # layer_idx -> SpinConfig of the SPIN indexer layers
+_LAYERS: dict[int, SpinSettings] = {}     # layer_idx -> settings of the SPIN indexer layers
 _BASE_LAYERS: dict[int, int] = {}         # id(sparse config) -> the model's num_hidden_layers
 _WARNED: set[str] = set()
 
@@ -50,27 +51,43 @@ class _Runtime:
         self.graph_finishes: set[tuple[int, int]] = set()
 
     def _create(self, md: Any, geometry: dict[str, int]) -> SpinDecodeAdapter:
-        cfgs = set(_LAYERS.values())
-        if len(cfgs) != 1:
-            raise SpinError(f"SPIN layers of one model must share one SpinConfig, got {len(cfgs)}")
+        settings = set(_LAYERS.values())
+        if len(settings) != 1:
+            raise SpinError(f"SPIN layers of one model must share one spin block, got "
+                            f"{len(settings)}")
+        one = next(iter(settings))
         adapter = SpinDecodeAdapter.for_engine(
-            next(iter(cfgs)), len(self.layer_index), geometry["max_batch"],
+            one.config, len(self.layer_index), geometry["max_batch"],
             geometry["max_tokens"], self.ratio, geometry["page_slots"], geometry["max_next_n"],
-            md.indexer_k_cache_block_offsets.device, EngineKernel(geometry["page_slots"]))
-        log.info("spin_trtllm: SPIN on %d indexer layers (compress ratio %d, %d-slot pages, "
-                 "K %d, up to %d requests), %.1f MB of state and step buffers",
-                 len(self.layer_index), self.ratio, geometry["page_slots"],
+            md.indexer_k_cache_block_offsets.device, EngineKernel(geometry["page_slots"]),
+            predictor=one.predictor)
+        log.info("spin_trtllm: SPIN (predictor %s) on %d indexer layers (compress ratio %d, "
+                 "%d-slot pages, K %d, up to %d requests), %.1f MB of state and step buffers",
+                 one.predictor, len(self.layer_index), self.ratio, geometry["page_slots"],
                  adapter.cfg.index_topk, geometry["max_batch"], adapter.nbytes() / 2**20)
         return adapter
+
+    def _caches(self, md: Any) -> Optional[list]:
+        """Each SPIN layer's indexer K cache, in SPIN's layer order (what the probe
+        summarizes); None with predictor spin."""
+        if not self.adapter.query_aware:
+            return None
+        manager = md.kv_cache_manager
+        return [manager.get_indexer_k_cache_buffers(idx) for idx in sorted(self.layer_index)]
 
     def attach(self, md: Any, geometry: dict[str, int]) -> None:
         manager = md.kv_cache_manager
         if self.adapter is None:
             self.adapter = self._create(md, geometry)
         elif self.manager_ref() is not manager:
-            self.adapter.reset()              # a rebuilt KV cache: no request carries over
+            self.adapter.reset(new_cache=True)  # a rebuilt KV cache: no request carries over
             self.graph_finishes.clear()
         self.manager_ref = weakref.ref(manager)
+        caches = self._caches(md)
+        if caches is not None:      # made now, before any CUDA-graph capture of the probe
+            made = self.adapter.make_summaries(caches)
+            log.info("spin_trtllm: %.1f MB of probe summary tables (%d B per indexer page per "
+                     "layer)", made / 2**20, SUMMARY_BYTES)
 
     def _settle_previous(self) -> None:
         """Did the last step's MTP updates run inside its forward? (Then the host must not
@@ -117,7 +134,8 @@ class _Runtime:
                                "scheduler counts every draft accepted")
         self.adapter.begin_step(DecodeBatch(ids, cached + next_n,
                                             md.indexer_k_cache_block_offsets[nc:nc + ng],
-                                            prefill_ids=prefill), next_n=next_n, select=False)
+                                            prefill_ids=prefill, kv_caches=self._caches(md)),
+                                next_n=next_n, select=False)
         self.active = True
         self.step_key = (next_n, ng)
 
