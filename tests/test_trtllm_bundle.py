@@ -10,7 +10,7 @@ import yaml
 
 from spin_trtllm import SpinConfig
 from spin_trtllm.cli import main
-from spin_trtllm.integrations.trtllm.config_ext import spin_config_of
+from spin_trtllm.integrations.trtllm.config_ext import spin_config_of, spin_settings_of
 from spin_trtllm.integrations.trtllm.serve import serve_options
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -137,6 +137,35 @@ def test_serve_options_merge_the_spin_block(tmp_path):
     cfg.write_text("- not a mapping\n")
     with pytest.raises(Exception, match="expected a mapping"):
         serve_options(str(cfg), SpinConfig(), None)
+
+
+def test_build_and_serve_write_the_predictor(tmp_path, capsys):
+    rc, out, _ = build(tmp_path, "--predictor", "probe")
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "predictor probe: summary tables of 144 B per indexer K-cache page" in printed
+    block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
+    assert block["spin"]["predictor"] == "probe"
+    assert spin_settings_of(block).predictor == "probe"
+    (tmp_path / "plain").mkdir()
+    rc, out, _ = build(tmp_path / "plain")
+    printed = capsys.readouterr().out
+    assert rc == 0 and "summary tables" not in printed
+    block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
+    assert "predictor" not in block["spin"]          # spin, the default, is not written
+
+    opts = serve_options(None, SpinConfig(), "dsa", "hybrid")
+    assert spin_settings_of(opts["sparse_attention_config"]).predictor == "hybrid"
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("sparse_attention_config:\n  algorithm: dsa\n  spin: {predictor: probe}\n")
+    assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None)[
+        "sparse_attention_config"]).predictor == "probe"
+    with pytest.raises(Exception, match="--predictor hybrid conflicts with the --config's "
+                                        "sparse_attention_config.spin.predictor 'probe'"):
+        serve_options(str(cfg), SpinConfig(), None, "hybrid")
+    cfg.write_text("sparse_attention_config:\n  algorithm: dsa\n")
+    assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None, "probe")[
+        "sparse_attention_config"]).predictor == "probe"
 
 
 def test_the_example_bundle_is_what_build_writes(tmp_path):

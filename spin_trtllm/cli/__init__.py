@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                           _add_device, _add_traces, _int, _Parser, _rule, _Version, or_config,
                           state_defaults)
     from .deploy import cmd_build, cmd_serve
+    DEPLOY_PREDICTOR_HELP = ("what ranks the blocks in TensorRT-LLM (spin.predictor): spin (V/D "
+                             "history), probe or hybrid (block summaries scored with the query; "
+                             "64-slot FP8 pages)")
     from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
 
     cmd_replay, cmd_ablate, cmd_compare_predictors, cmd_synth, cmd_info = (
@@ -277,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                               f"loads (default: found next to an installed tensorrt_llm, else "
                               f"{LLMAPI_MODEL_ENV} must name it where tritonserver runs)"),
           "in", _inputs.CONFIG_MAX_BYTES)
+    p.add_argument("--predictor", choices=ENGINE_PREDICTORS, default="spin",
+                   help=DEPLOY_PREDICTOR_HELP)
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty OUTPUT")
     _add_config_flags(p)
     p.set_defaults(func=cmd_build, spec_=p)
@@ -303,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{or_config(DEFAULT_EXPLORATION, spin_config)}")
     p.add_argument("--seed", type=int,
                    help=f"exploration RNG seed {or_config(DEFAULT_SEED, spin_config)}")
+    p.add_argument("--predictor", choices=ENGINE_PREDICTORS,
+                   help=DEPLOY_PREDICTOR_HELP + " (default: --config's spin block, else spin)")
     p.set_defaults(func=cmd_serve, spec_=p, passthrough=True)
     state_defaults(parser)
     return parser

@@ -42,7 +42,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     opts = BundleOptions(model=model, algorithm=args.algorithm, index_topk=args.index_topk,
                          tensor_parallel_size=args.tp, max_batch_size=args.max_batch_size,
                          max_seq_len=args.max_seq_len, mtp_depth=args.mtp, name=args.name,
-                         llmapi_model=args.llmapi_model)
+                         llmapi_model=args.llmapi_model, predictor=args.predictor)
     spin = _spin_for_deploy(args)
     inputs = [("--config", args.config), ("--llmapi-model", args.llmapi_model)]
     if Path(model).is_dir():
@@ -73,5 +73,6 @@ def _model_files(folder: Path, limit: int = 10_000) -> list[Path]:
 def cmd_serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from ..integrations.trtllm.serve import run_trtllm_serve, serve_options
 
-    options = serve_options(args.config_yaml, _spin_for_deploy(args), args.algorithm)
+    options = serve_options(args.config_yaml, _spin_for_deploy(args), args.algorithm,
+                            args.predictor)
     return run_trtllm_serve(args.model, options, extra)

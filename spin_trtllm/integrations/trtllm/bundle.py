@@ -19,12 +19,14 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from ... import __version__
+from ... import __version__, predictors
 from ...config import TRTLLM_ALGORITHM_TOPK, SpinConfig
 from ..._inputs import one_line
 from ..._outputs import check_plan, write_output
 from ...errors import SpinError
-from ...limits import LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH
+from ...limits import (BLOCK_SLOTS, LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, SLOT_BYTES,
+                       SUMMARY_BYTES)
+from .config_ext import PREDICTOR, spin_settings_of
 
 
 @dataclass
@@ -38,14 +40,17 @@ class BundleOptions:
     mtp_depth: int = 0
     name: str = "spin_llm"
     llmapi_model: Optional[str] = None
+    predictor: str = "spin"
 
 
 def sparse_attention_block(spin: SpinConfig, algorithm: str,
-                           index_topk: Optional[int] = None) -> dict[str, Any]:
+                           index_topk: Optional[int] = None,
+                           predictor: str = "spin") -> dict[str, Any]:
     """sparse_attention_config with a `spin:` sub-block: only the SPIN fields set explicitly
-    (so TensorRT-LLM's YAML stays short), and K at the outer level only when the user asked
-    for one: TensorRT-LLM keeps an explicitly set index_topk over the checkpoint's (V4-Flash
-    512, V4-Pro 1024, V3.2 2048), so writing a default would change the model."""
+    (so TensorRT-LLM's YAML stays short) and the predictor unless it is spin, and K at the
+    outer level only when the user asked for one: TensorRT-LLM keeps an explicitly set
+    index_topk over the checkpoint's (V4-Flash 512, V4-Pro 1024, V3.2 2048), so writing a
+    default would change the model."""
     if algorithm not in TRTLLM_ALGORITHM_TOPK:
         raise SpinError(f"algorithm must be one of {sorted(TRTLLM_ALGORITHM_TOPK)}, got {algorithm!r}")
     k = index_topk if index_topk is not None else (
@@ -55,14 +60,17 @@ def sparse_attention_block(spin: SpinConfig, algorithm: str,
     block: dict[str, Any] = {"algorithm": algorithm}
     if k is not None:
         block["index_topk"] = k
+    if predictor != "spin":
+        fields[PREDICTOR] = predictor
     block["spin"] = fields
-    SpinConfig.from_trtllm(block)            # the runtime will accept what we write
+    spin_settings_of(block)                  # the runtime will accept what we write
     return block
 
 
 def llm_api_options(spin: SpinConfig, opts: BundleOptions) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "sparse_attention_config": sparse_attention_block(spin, opts.algorithm, opts.index_topk)}
+        "sparse_attention_config": sparse_attention_block(spin, opts.algorithm, opts.index_topk,
+                                                          opts.predictor)}
     if opts.tensor_parallel_size != 1:
         out["tensor_parallel_size"] = opts.tensor_parallel_size
     if opts.max_batch_size:
@@ -135,6 +143,10 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"{spin.state_dtype}) + step buffers {(total - state) / 2**30:.2f} GiB"
             f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
+    if predictors.get(opts.predictor, engine=True).query:
+        line += (f"; predictor {opts.predictor}: summary tables of {SUMMARY_BYTES} B per "
+                 f"indexer K-cache page per SPIN layer ({SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES):.1%} "
+                 f"of the indexer K cache), made when TensorRT-LLM builds its KV cache")
     if assumed:
         line += f" [assumed, no config.json: {', '.join(assumed)}]"
     return line

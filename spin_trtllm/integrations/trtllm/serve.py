@@ -12,12 +12,14 @@ from ..._inputs import load_yaml_file, one_line, shown
 from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from .bundle import sparse_attention_block
-from .config_ext import spin_config_of
+from .config_ext import spin_settings_of
 
 
-def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[str]) -> dict[str, Any]:
+def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[str],
+                  predictor: Optional[str] = None) -> dict[str, Any]:
     """The LLM-API options trtllm-serve gets: the user's YAML with a `spin:` block in its
-    sparse_attention_config (added from the SPIN flags when it has none)."""
+    sparse_attention_config (added from the SPIN flags and `predictor` when it has none; a
+    `predictor` other than the block's is refused)."""
     data: dict[str, Any] = {}
     if config is not None:
         where = f"--config {one_line(config, 300)}"
@@ -29,7 +31,7 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
         if algorithm is None:
             raise SpinConfigError("no sparse_attention_config in --config: pass --algorithm "
                                   "dsa|deepseek_v4 or add the block")
-        block = sparse_attention_block(spin, algorithm)
+        block = sparse_attention_block(spin, algorithm, predictor=predictor or "spin")
     elif not isinstance(block, dict):
         raise SpinConfigError("sparse_attention_config must be a mapping")
     else:
@@ -42,8 +44,12 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
                                   f"{block.get('algorithm')!r}")
         if "spin" not in block:
             block["spin"] = sparse_attention_block(spin, block.get("algorithm", "dsa"),
-                                                   block.get("index_topk"))["spin"]
-    spin_config_of(block)              # validate now, not inside a worker process
+                                                   block.get("index_topk"),
+                                                   predictor or "spin")["spin"]
+    settings = spin_settings_of(block)       # validate now, not inside a worker process
+    if predictor is not None and settings.predictor != predictor:
+        raise SpinConfigError(f"--predictor {predictor} conflicts with the --config's "
+                              f"sparse_attention_config.spin.predictor {settings.predictor!r}")
     data["sparse_attention_config"] = block
     return data
 
