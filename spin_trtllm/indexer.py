@@ -13,9 +13,9 @@ captured in a CUDA graph per batch size. It takes the metadata TensorRT-LLM's in
 indexer-slot lengths per MTP row, query positions, the indexer K-cache block table, request ids
 and accepted draft counts.
 
-predictor="probe" ranks each layer's blocks by their summaries (mean key per 64-slot page, one
-144-byte row per page beside the K cache) scored with the current query, instead of SPIN's V/D
-history: layer() then summarizes the pages of this step's newest slots, probes and selects that
+predictor="probe" ranks each layer's blocks by their summaries (mean key per page, one 144-byte
+row per page beside the K cache; a block of two 32-slot pages scores as its best page) scored
+with the current query, instead of SPIN's V/D history: layer() then summarizes the pages of this step's newest slots, probes and selects that
 layer itself; select() only acts for keep_all steps. The V/D update still runs (warm-up and
 exploration ages come from it). The caller builds the summaries of prompt pages with
 summarize_context() after prefill (see its docstring). predictor="hybrid" does the same and
@@ -32,6 +32,7 @@ import torch
 
 from . import logits as logits_backends
 from . import ops
+from . import reference as ref
 from .config import SpinConfig
 from .errors import SpinError
 from .limits import BLOCK_SLOTS, MAX_NEXT_N
@@ -119,7 +120,8 @@ class SpinIndexer:
         summaries_of: an indexer over the same K caches whose summary tables this one shares
         (indexers of several draft lengths: a page summarized by one is current for all).
         predictor: "spin" ranks blocks by the V/D history; "probe" by block summaries scored
-        with the current query (64-slot pages only; summary tables kept in self.summaries);
+        with the current query (summary tables kept in self.summaries; with 32-slot pages a
+        block scores as its best page);
         "hybrid" by both (the max of their rank shares; max_context_len <= 512K slots).
         overlap_update: without MTP, let a layer's EMA update run beside its top-K (both only
         read the logits; CUDA sm_90+, ops.update's beside_previous): the update fills the SMs
@@ -211,6 +213,9 @@ class SpinIndexer:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
             self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
+            # 32-slot pages: the probe scores pages, a block takes its best page's score
+            self.page_scores = None if page_slots == BLOCK_SLOTS else torch.full(
+                (rows, self.block_table.shape[1]), float("-inf"), device=dev)
 
     @property
     def query_aware(self) -> bool:
@@ -254,14 +259,14 @@ class SpinIndexer:
         length (with a compress ratio the last row may also write slot n, a partial group no
         row sees yet: it is summarized once it is visible). Fill = slots below n in the page;
         the earlier rows share the page's summary (the newest block is forced anyway)."""
-        R = self.next_n
+        R, S = self.next_n, self.page_slots
         # computed where the caller's metadata lives (the CPU, normally): no device work here
         table = block_table.to(torch.int64)
         n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context_len)
-        first = (n - R).clamp(min=0) // BLOCK_SLOTS
-        last = (n - 1).clamp(min=0) // BLOCK_SLOTS
+        first = (n - R).clamp(min=0) // S              # R <= 8 slots: at most two pages
+        last = (n - 1).clamp(min=0) // S
         cols = torch.stack([first, last], 1)                                  # [B, 2]
-        fill = (n.unsqueeze(1) - cols * BLOCK_SLOTS).clamp(max=BLOCK_SLOTS)
+        fill = (n.unsqueeze(1) - cols * S).clamp(max=S)
         width = min(table.shape[1], self.block_table.shape[1])   # the columns prepare() keeps
         use = torch.stack([n > 0, (n > 0) & (last > first)], 1) & (cols < width)
         pages = torch.full_like(cols, -1)
@@ -293,7 +298,8 @@ class SpinIndexer:
         """predictor="probe" or "hybrid": build the summaries of the visible pages of some
         requests in layer `layer`'s table, from their keys in kv_cache. block_table int32
         [N, pages] (or one request's row [pages]); context_lens [N] visible indexer slots per
-        request; start [N] (default 0): the first slot whose page is summarized again (pages
+        request; start [N] (default 0): the first slot whose page is summarized again (pages,
+        of page_slots slots,
         below it are summarized already). Call it after prefill writes a request's keys, and
         whenever a request's cache was written while this indexer did not run (dense steps, a
         restart): decode steps only re-summarize the pages of their newest slots. Eager,
@@ -302,22 +308,23 @@ class SpinIndexer:
         if not self.query_aware:
             return
         table = self.summary_table(layer, kv_cache)
+        S = self.page_slots
         rows = block_table.view(1, -1) if block_table.dim() == 1 else block_table
         n = torch.as_tensor(context_lens).to("cpu", torch.int64).view(-1).clamp(min=0)
         if n.numel() != rows.shape[0]:
             raise SpinError(f"SpinIndexer.summarize_context: {rows.shape[0]} block-table rows "
                             f"but {n.numel()} context lengths")
         first = torch.zeros_like(n) if start is None else \
-            torch.as_tensor(start).to("cpu", torch.int64).view(-1).clamp(min=0) // BLOCK_SLOTS
+            torch.as_tensor(start).to("cpu", torch.int64).view(-1).clamp(min=0) // S
         if first.numel() != n.numel():
             raise SpinError(f"SpinIndexer.summarize_context: {n.numel()} context lengths but "
                             f"{first.numel()} start slots")
-        last = torch.minimum(-(-n // BLOCK_SLOTS), torch.full_like(n, rows.shape[1]))  # excl.
+        last = torch.minimum(-(-n // S), torch.full_like(n, rows.shape[1]))          # excl.
         width = int((last - first).max()) if n.numel() else 0
         if width <= 0:
             return
         cols = first.unsqueeze(1) + torch.arange(width)                              # [N, W]
-        fill = (n.unsqueeze(1) - cols * BLOCK_SLOTS).clamp(0, BLOCK_SLOTS)
+        fill = (n.unsqueeze(1) - cols * S).clamp(0, S)
         fill = torch.where(cols < last.unsqueeze(1), fill, 0)
         dev = kv_cache.device
         page_of = rows.to(dev, torch.int64).gather(1, cols.clamp(max=rows.shape[1] - 1).to(dev))
@@ -390,8 +397,14 @@ class SpinIndexer:
         scores = self.block_scores[:B * R]
         if q.dim() == 4:        # TensorRT-LLM's decode q: [B, R, H, D] or [B * R, 1, H, D]
             q = q.reshape(-1, *q.shape[2:])
-        ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
-                  out=scores)
+        if self.page_scores is None:
+            ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
+                      out=scores)
+        else:
+            pages = self.page_scores[:B * R]
+            ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B],
+                      pages.shape[1], out=pages, page_slots=self.page_slots)
+            ref.block_scores(pages, self.page_slots, out=scores)
         self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),
                      merge_history=self.predictor.merges)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import predictors
 from .errors import SpinError
-from .limits import BLOCK_SLOTS, PAGE_SIZES
+from .limits import BLOCK_SLOTS, PAGE_SIZES  # noqa: F401  (BLOCK_SLOTS: the default)
 
 LOGITS_BACKENDS = ("native", "deepgemm", "reference")   # spin_trtllm.logits.BACKENDS
 SWITCHES = ("auto", "spin", "dense")
@@ -41,11 +41,7 @@ class IndexerOptions:
             if getattr(self, name) not in choices:
                 shown = ", ".join(str(c) for c in choices if c is not None)
                 raise SpinError(f"{name} must be one of {shown}, got {getattr(self, name)!r}")
-        chosen = predictors.get(self.predictor, engine=True)
-        if chosen.query and self.page_slots != BLOCK_SLOTS:
-            # a summary row belongs to one page; a 64-slot block of two pages has no single row
-            raise SpinError(f"predictor={self.predictor!r} needs {BLOCK_SLOTS}-slot pages, got "
-                            f"page_slots={self.page_slots}")
+        predictors.get(self.predictor, engine=True)
         for name in ("overlap_update", "overlap_select"):
             if not isinstance(getattr(self, name), bool):
                 raise SpinError(f"{name} must be true or false, got {getattr(self, name)!r}")

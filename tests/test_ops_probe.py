@@ -79,6 +79,63 @@ def test_probe_reference_matches_a_loop():
                 assert abs(float(row) - want) <= 1e-4 * (1 + abs(want)), (b, r, j)
 
 
+def split_pages(cache: torch.Tensor) -> torch.Tensor:
+    """64-slot pages [P, 64, 1, 132] -> 32-slot pages [2P, 32, 1, 132]: page 2i holds slots
+    0..31 of page i, page 2i + 1 slots 32..63 (each half's key rows, then its scales)."""
+    P = cache.shape[0]
+    flat = cache.reshape(P, -1)
+    keys = flat[:, :64 * 128].reshape(P, 2, 32 * 128)
+    scales = flat[:, 64 * 128:].reshape(P, 2, 32 * 4)
+    return torch.cat([keys, scales], -1).reshape(2 * P, 32, 1, 132).contiguous()
+
+
+def test_summaries_of_32_slot_pages_are_their_mean_keys():
+    gen = torch.Generator().manual_seed(11)
+    cache64 = make_cache(5, gen)
+    cache = split_pages(cache64)
+    fills = torch.tensor([(0, 1, 17, 31, 32, 40, -2)[i % 7] for i in range(10)], dtype=torch.int32)
+    S, _ = _summaries(cache, gen, fills)
+    keys = ref.dequantize_pages(cache64).double().reshape(10, 32, 128)    # by half page
+    got = ref.dequantize_summaries(S).double()
+    for p in range(10):
+        f = min(max(int(fills[p]), 0), 32)
+        mean = keys[p, :f].mean(0) if f else torch.zeros(128, dtype=torch.float64)
+        amax = float(mean.abs().max())
+        tol = torch.maximum(mean.abs() / 16, torch.full_like(mean, amax / 448 * 2 ** -9)) + 1e-12
+        assert bool(((got[p] - mean).abs() <= tol).all()), p
+    with pytest.raises(SpinError, match="pages of 32 or 64 x 132 bytes"):
+        ops.summarize(cache.view(20, 16, 1, 132), torch.zeros(1, dtype=torch.int32),
+                      torch.ones(1, dtype=torch.int32), ops.summaries_like(cache.view(20, 16, 1, 132)))
+
+
+def test_probe_of_32_slot_pages_scores_page_columns_and_blocks_take_the_best():
+    gen = torch.Generator().manual_seed(12)
+    P, B, R = 12, 2, 2
+    cache = split_pages(make_cache(P // 2, gen))
+    S, _ = _summaries(cache, gen, torch.full((P,), 32, dtype=torch.int32))
+    table = torch.tensor([[3, 1, 7, -1, 0, 2], [0, 11, 2, 5, 9, 8]], dtype=torch.int32)
+    ctx = torch.tensor([[95, 96], [1, 33]], dtype=torch.int32)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen)
+    got = ops.probe(q, S, w, ctx, table, 6, page_slots=32)
+    keys = ref.dequantize_summaries(S).double()
+    for b in range(B):
+        for r in range(R):
+            for j in range(6):
+                page, row = int(table[b, j]), got[b * R + r, j]
+                if page < 0 or 32 * j >= int(ctx[b, r]):
+                    assert row == float("-inf"), (b, r, j)
+                    continue
+                dots = q[b * R + r].double() @ keys[page]
+                want = float((dots.relu() * w[b * R + r].double()).sum())
+                assert abs(float(row) - want) <= 1e-4 * (1 + abs(want)), (b, r, j)
+    blocks = ref.block_scores(got, 32)
+    assert blocks.shape == (B * R, 3)
+    assert torch.equal(blocks, torch.maximum(got[:, 0::2], got[:, 1::2]))
+    with pytest.raises(SpinError, match="page_slots must be one of 32, 64, got 16"):
+        ops.probe(q, S, w, ctx, table, 6, page_slots=16)
+
+
 def test_select_with_spins_own_scores_equals_select():
     """Given SPIN's own V/D block prediction as block_scores, one layer's selection must be
     what the all-layer select chose for it (same budget, forced blocks, exploration, MTP)."""
@@ -209,6 +266,37 @@ def test_gpu_summarize_equals_reference_bytes():
     S_cpu, fills = _summaries(cache, gen)
     S_gpu, _ = _summaries(cache.cuda(), gen, fills)
     assert torch.equal(S_gpu.cpu(), S_cpu)
+
+
+@pytest.mark.gpu
+def test_gpu_summarize_32_slot_pages_equals_reference_bytes():
+    gen = torch.Generator().manual_seed(16)
+    cache = split_pages(make_cache(20, gen))
+    fills = torch.tensor([(0, 1, 17, 31, 32, 40, -2)[i % 7] for i in range(40)], dtype=torch.int32)
+    S_cpu, _ = _summaries(cache, gen, fills)
+    S_gpu, _ = _summaries(cache.cuda(), gen, fills)
+    assert torch.equal(S_gpu.cpu(), S_cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,page_slots", [(1, 32), (3, 32)])
+def test_gpu_probe_of_32_slot_pages_matches_reference(R, page_slots):
+    gen = torch.Generator().manual_seed(17 + R)
+    B, P = 3, 180
+    cache = split_pages(make_cache(P // 2, gen))
+    S, _ = _summaries(cache, gen, torch.full((P,), 32, dtype=torch.int32))
+    ctx = torch.tensor([[l + r for r in range(R)] for l in (1, 2000, 4100)], dtype=torch.int32)
+    table = torch.randint(-1, P + 2, (B, 140), generator=gen, dtype=torch.int32)
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen)
+    want = ops.probe(q, S, w, ctx, table, 150, page_slots=page_slots)
+    got = ops.probe(q.cuda(), S.cuda(), w.cuda(), ctx.cuda(), table.cuda(), 150,
+                    page_slots=page_slots).cpu()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert int(fin.sum()) > 100
+    err = (got[fin].double() - want[fin].double()).norm() / want[fin].double().norm()
+    assert err < 5e-4, err
 
 
 @pytest.mark.gpu

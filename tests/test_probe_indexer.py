@@ -230,10 +230,6 @@ def test_bad_predictor_and_page_size():
     pool = StatePool(L, max_requests=2, cfg=cfg)
     with pytest.raises(SpinError, match="predictor must be one of spin, probe"):
         SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="quest"))
-    with pytest.raises(SpinError, match="needs 64-slot pages"):
-        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(page_slots=32, predictor="probe"))
-    with pytest.raises(SpinError, match="predictor='hybrid' needs 64-slot pages"):
-        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(page_slots=32, predictor="hybrid"))
     with pytest.raises(SpinError, match="ranks at most 524288 slots"):
         SpinIndexer(cfg, pool, 1, 1, 524289, IndexerOptions(predictor="hybrid"))
     idx = SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="probe"))

@@ -304,17 +304,22 @@ class Loop:
 
     def check_probe_ranking(self, layer_idx, pages, n, chosen, q, w, where):
         """predictor probe: every chosen block but the forced sink and newest scores at least
-        as high as every block left out, by block summaries made here from the page bytes
-        (the mean of the visible keys, re-quantized e4m3 with scale amax / 448, as the summary
-        row format specifies), to a tolerance for fp8 rounding of the summaries."""
+        as high as every block left out, by page summaries made here from the page bytes (the
+        mean of a page's visible keys, re-quantized e4m3 with scale amax / 448, as the summary
+        row format specifies; a block of two 32-slot pages scores as its best page), to a
+        tolerance for fp8 rounding of the summaries."""
         keys = self.keys[layer_idx]
+        S = keys.shape[1]                     # slots per page: 64, or 32 (two pages a block)
         blocks = (n + PAGE - 1) // PAGE
         score = []
         for j in range(blocks):
-            mean = keys[pages[j], :min(n - j * PAGE, PAGE)].mean(0)
-            scale = max(float(mean.abs().max()) / 448.0, 1e-12)
-            summary = (mean / scale).float().to(torch.float8_e4m3fn).double() * scale
-            score.append(float((torch.relu(q.double() @ summary) * w.double()).sum()))
+            best = float("-inf")
+            for c in range(j * PAGE // S, min((j + 1) * PAGE // S, (n + S - 1) // S)):
+                mean = keys[pages[c], :min(n - c * S, S)].mean(0)
+                scale = max(float(mean.abs().max()) / 448.0, 1e-12)
+                summary = (mean / scale).float().to(torch.float8_e4m3fn).double() * scale
+                best = max(best, float((torch.relu(q.double() @ summary) * w.double()).sum()))
+            score.append(best)
         score = torch.tensor(score)
         picked = set(chosen.tolist())
         ranked = [j for j in picked if j not in (0, blocks - 1)]
@@ -385,17 +390,22 @@ def test_engine_loop_v4_rows_are_the_topk_of_the_selected_blocks(env, tokens_per
     assert loop.keys[loop.layers[0].layer_idx].shape[1] == tokens_per_block // 4
 
 
-@pytest.mark.parametrize("predictor,v4,next_n", [("probe", False, 1), ("probe", True, 1),
-                                                 ("probe", False, 3), ("hybrid", False, 1),
-                                                 ("hybrid", True, 2)])
-def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n):
+# (predictor, v4, next_n, tokens_per_block): V4 with 128 has 32-slot pages (two a block),
+# which DeepGEMM's SM90 kernel does not take: CPU only
+PROBE_CASES = [("probe", False, 1, PAGE), ("probe", True, 1, 256), ("probe", False, 3, PAGE),
+               ("hybrid", False, 1, PAGE), ("hybrid", True, 2, 256)] + \
+    ([] if GPU else [("probe", True, 1, 128), ("hybrid", True, 3, 128)])
+
+
+@pytest.mark.parametrize("predictor,v4,next_n,tokens_per_block", PROBE_CASES)
+def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_block):
     """spin.predictor probe / hybrid in the YAML: every decode row is the top-K of exactly the
     blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
     here from the page bytes, so the prompt pages were summarized before the first decode
     step and every newer page since."""
     trt, patch = env
     loop = run_loop(trt, patch, next_n, graphs=True, overlap=next_n > 1, v4=v4,
-                    tokens_per_block=256 if v4 else PAGE, predictor=predictor)
+                    tokens_per_block=tokens_per_block, predictor=predictor)
     adapter = loop.manager._spin_trtllm_runtime.adapter
     assert adapter.options.predictor == predictor and adapter.query_aware
     # made before the first capture (one made inside it would be zeroed at every replay)

@@ -1,7 +1,7 @@
 // spin::summarize and spin::probe: query-aware block scores from per-page summaries.
 // summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
 // reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row.
-// probe: one CTA (one warpgroup) per (request, 64 consecutive blocks): the blocks' summary rows,
+// probe: one CTA (one warpgroup) per (request, 64 consecutive page columns): their summary rows,
 // gathered through the block table with cp.async, make one 64-row tile that goes through the
 // indexer's tile product (indexer_tile.cuh: same MMA and epilogue as a K-cache page).
 #include "indexer_tile.cuh"
@@ -9,15 +9,16 @@
 namespace spin {
 namespace {
 
-// One CTA per listed page, thread d = key dim d: the mean in the reference's arithmetic (fp32
-// products fp8 * scale, summed in fp64), amax over the 128 dims, re-quantized to e4m3.
+// One CTA per listed page (of page_slots slots), thread d = key dim d: the mean in the
+// reference's arithmetic (fp32 products fp8 * scale, summed in fp64), amax over the 128 dims,
+// re-quantized to e4m3.
 __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
   const int64_t page = p.pages[blockIdx.x];
   if (page < 0 || page >= p.num_pages) return;
-  const int fill = min(max(p.fill[blockIdx.x], 0), kBlockSize);
+  const int fill = min(max(p.fill[blockIdx.x], 0), p.page_slots);
   const int d = threadIdx.x;
-  const uint8_t* src = p.kv_cache + page * kBlockSize * kSlotBytes;
-  const float* scales = reinterpret_cast<const float*>(src + kPageKeyBytes);
+  const uint8_t* src = p.kv_cache + page * p.page_slots * kSlotBytes;
+  const float* scales = reinterpret_cast<const float*>(src + p.page_slots * kHeadDim);
   double total = 0.0;
   for (int s = 0; s < fill; ++s) {
     const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
@@ -58,7 +59,8 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
   // a row is read only for a block someone sees, inside the table and the summaries
   auto page_of = [&](int i) -> int64_t {
     const int j = j0 + i;
-    if (j >= p.num_blocks || j >= p.max_pages || static_cast<int64_t>(j) * kBlockSize >= max_ctx)
+    if (j >= p.num_blocks || j >= p.max_pages ||
+        static_cast<int64_t>(j) * p.page_slots >= max_ctx)
       return -1;
     const int64_t page = p.block_table[b * p.table_stride + j];
     return page >= 0 && page < p.num_pages ? page : -1;
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
                 [&](int r, float z) {
                   if (j >= p.num_blocks) return;
                   const bool visible =
-                      valid_s[s_mine] && static_cast<int64_t>(j) * kBlockSize < ctx_s[r];
+                      valid_s[s_mine] && static_cast<int64_t>(j) * p.page_slots < ctx_s[r];
                   p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
                       visible ? z : -CUDART_INF_F;
                 });
@@ -124,6 +126,7 @@ cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
 
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
+  if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -131,6 +134,7 @@ cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
 cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
   if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
+  if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
   switch (group_for(p.rows)) {
     case 1: return launch_probe_as<1>(p, stream);
     case 2: return launch_probe_as<2>(p, stream);

@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                           state_defaults)
     from .deploy import cmd_build, cmd_serve
     DEPLOY_PREDICTOR_HELP = ("what ranks the blocks in TensorRT-LLM (spin.predictor): spin (V/D "
-                             "history), probe or hybrid (block summaries scored with the query; "
-                             "64-slot FP8 pages)")
+                             "history), probe or hybrid (page summaries scored with the query; "
+                             "FP8 keys)")
     from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
 
     cmd_replay, cmd_ablate, cmd_compare_predictors, cmd_synth, cmd_info = (

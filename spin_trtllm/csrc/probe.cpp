@@ -13,11 +13,12 @@ void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::
   p.count = static_cast<int>(pages.size(0));
   p.num_pages = kv_cache.size(0);
   p.summaries = summaries.data_ptr<uint8_t>();
+  p.page_slots = static_cast<int>(kv_cache[0].numel() / spin::kSlotBytes);
   spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), "summarize");
 }
 
 void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
-                at::Tensor block_table, at::Tensor out) {
+                at::Tensor block_table, int64_t page_slots, at::Tensor out) {
   const c10::cuda::CUDAGuard guard(q.device());
   spin::ProbeParams p;
   p.q = static_cast<const uint8_t*>(q.data_ptr());
@@ -32,6 +33,7 @@ void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
   p.num_pages = summaries.size(0);
   p.table_stride = block_table.stride(0);
   p.out = out.data_ptr<float>();
+  p.page_slots = static_cast<int>(page_slots);
   spin_native::check(spin::launch_probe(p, c10::cuda::getCurrentCUDAStream()), "probe");
 }
 
@@ -40,7 +42,7 @@ void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
 TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
   m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
-        "Tensor(a!) out) -> ()");
+        "int page_slots, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {

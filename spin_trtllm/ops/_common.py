@@ -167,13 +167,18 @@ def check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[in
     return B, R
 
 
-def check_cache(op: str, kv_cache, dev) -> None:
+def check_cache(op: str, kv_cache, dev, page_slots: tuple[int, ...] = (BLOCK_SLOTS,)) -> None:
+    """uint8 pages [num_pages >= 1, S, 1, 132] with S in page_slots (or [P, S * 132])."""
     ndim = kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2
     check_tensor(op, "kv_cache", kv_cache, (torch.uint8,), ndim, dev, contiguous=True)
-    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or \
-            kv_cache[0].numel() != BLOCK_SLOTS * SLOT_BYTES:
-        fail(op, f"kv_cache must be uint8 pages of {BLOCK_SLOTS} x {SLOT_BYTES} bytes "
-                 f"(e.g. [num_pages >= 1, 64, 1, 132]), got shape {list(kv_cache.shape)}")
+    S = kv_cache.shape[1] if kv_cache.dim() > 2 else \
+        (kv_cache.shape[1] // SLOT_BYTES if kv_cache.dim() == 2 else 0)
+    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or S not in page_slots or \
+            kv_cache[0].numel() != S * SLOT_BYTES:
+        sizes = " or ".join(str(n) for n in page_slots)
+        fail(op, f"kv_cache must be uint8 pages of {sizes} x {SLOT_BYTES} bytes "
+                 f"(e.g. [num_pages >= 1, {page_slots[0]}, 1, {SLOT_BYTES}]), got shape "
+                 f"{list(kv_cache.shape)}")
 
 
 # ---- state ---------------------------------------------------------------------------------

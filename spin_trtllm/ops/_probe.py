@@ -1,14 +1,17 @@
 """spin::summarize and spin::probe: the probe predictor's per-page key summaries and the
 query-aware block scores computed from them.
 
-summarize: kv_cache as indexer_logits reads it, pages int32 [P], fill int32 [P] -> summaries
-uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding), row pages[i] =
-the mean of that page's first clamp(fill[i], 0, 64) dequantized keys, re-quantized e4m3 with
-scale amax / 448 (reference.summarize_pages; the kernel's bytes equal the reference's). Pages
-outside [0, num_pages) are skipped. Kept beside the K cache with the same page ids.
-probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries -> out fp32
-[B*R, num_blocks]: sum_h w_h ReLU(q_h . summary(block_table[b, j])) per block j, -inf where the
-block has no visible slot, is past the table or its page is outside the summaries.
+summarize: kv_cache as indexer_logits reads it (or of 32-slot pages), pages int32 [P], fill
+int32 [P] -> summaries uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale,
+padding), row pages[i] = the mean of that page's first clamp(fill[i], 0, S) dequantized keys
+(S slots per page), re-quantized e4m3 with scale amax / 448 (reference.summarize_pages; the
+kernel's bytes equal the reference's). Pages outside [0, num_pages) are skipped. Kept beside
+the K cache with the same page ids.
+probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries, the
+cache's page_slots -> out fp32 [B*R, columns]: sum_h w_h ReLU(q_h . summary(block_table[b, j]))
+per page column j, -inf where the page has no visible slot, is past the table or is outside
+the summaries. A 64-slot page is a block; with 32-slot pages reference.block_scores takes each
+block's best page.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import KEY_BYTES, SUMMARY_BYTES
+from ..limits import BLOCK_SLOTS, KEY_BYTES, PAGE_SIZES, SUMMARY_BYTES
 from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
                       device_of, fail, register)
 
 SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
 PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
-                "Tensor block_table, Tensor(a!) out) -> ()")
+                "Tensor block_table, int page_slots, Tensor(a!) out) -> ()")
 
 
 def _check_summaries(op: str, summaries, dev) -> None:
@@ -39,7 +42,7 @@ def _check_summaries(op: str, summaries, dev) -> None:
 def _validate_summarize(kv_cache, pages, fill, summaries) -> None:
     op = "summarize"
     dev = device_of(kv_cache)
-    check_cache(op, kv_cache, dev)
+    check_cache(op, kv_cache, dev, PAGE_SIZES)
     check_aligned16(op, kv_cache=kv_cache)
     check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
     check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
@@ -60,9 +63,11 @@ def _summarize_reference(kv_cache, pages, fill, summaries) -> None:
     summaries[at, KEY_BYTES:KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
 
 
-def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> None:
+def _validate_probe(q, summaries, weights, context_lens, block_table, page_slots, out) -> None:
     op = "probe"
     dev = device_of(q)
+    if page_slots not in PAGE_SIZES:
+        fail(op, f"page_slots must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_slots}")
     B, R = check_query(op, q, weights, context_lens, block_table, dev)
     _check_summaries(op, summaries, dev)
     check_tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
@@ -70,9 +75,9 @@ def _validate_probe(q, summaries, weights, context_lens, block_table, out) -> No
         fail(op, f"out must have shape [{B * R}, num_blocks >= 1], got {list(out.shape)}")
 
 
-def _probe_reference(q, summaries, weights, context_lens, block_table, out) -> None:
+def _probe_reference(q, summaries, weights, context_lens, block_table, page_slots, out) -> None:
     out.copy_(ref.probe_scores(q, summaries, weights, context_lens, block_table,
-                               out.shape[1]).float())
+                               out.shape[1], page_slots=page_slots).float())
 
 
 register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_reference)
@@ -92,9 +97,10 @@ def summarize(kv_cache, pages, fill, summaries) -> None:
 
 
 def probe(q, summaries, weights, context_lens, block_table, num_blocks: int,
-          out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """fp32 [B*R, num_blocks] query-aware block scores (reference.probe_scores)."""
+          out: Optional[torch.Tensor] = None, page_slots: int = BLOCK_SLOTS) -> torch.Tensor:
+    """fp32 [B*R, num_blocks] query-aware scores of the block table's first num_blocks page
+    columns (blocks, with 64-slot pages; reference.probe_scores)."""
     if out is None:
         out = torch.empty(q.shape[0], num_blocks, dtype=torch.float32, device=q.device)
-    torch.ops.spin.probe(q, summaries, weights, context_lens, block_table, out)
+    torch.ops.spin.probe(q, summaries, weights, context_lens, block_table, page_slots, out)
     return out

@@ -15,12 +15,18 @@ from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
 MAX_SLOT_ID = 2**31 - 1          # slot ids are int32
 
 
+def page_slots_of(kv_cache: torch.Tensor) -> int:
+    """Slots per page of uint8 pages [P, S, 1, 132] (or [P, S * 132])."""
+    return kv_cache.shape[1] if kv_cache.dim() > 2 else kv_cache.shape[1] // SLOT_BYTES
+
+
 def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
-    """uint8 pages (64 fp8 rows of 128 B, then 64 fp32 scales) -> float32 keys [P, 64, 128]."""
-    pages = kv_cache.reshape(kv_cache.shape[0], BLOCK_SLOTS * SLOT_BYTES)
-    rows = pages[:, :BLOCK_SLOTS * KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
-    scales = pages[:, BLOCK_SLOTS * KEY_BYTES:].contiguous().view(torch.float32)
-    return rows.view(-1, BLOCK_SLOTS, KEY_BYTES) * scales.unsqueeze(-1)
+    """uint8 pages (S fp8 rows of 128 B, then S fp32 scales) -> float32 keys [P, S, 128]."""
+    S = page_slots_of(kv_cache)
+    pages = kv_cache.reshape(kv_cache.shape[0], S * SLOT_BYTES)
+    rows = pages[:, :S * KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
+    scales = pages[:, S * KEY_BYTES:].contiguous().view(torch.float32)
+    return rows.view(-1, S, KEY_BYTES) * scales.unsqueeze(-1)
 
 
 # ---- block summaries and the probe (query-aware block scores) ----------------------------------
@@ -48,13 +54,14 @@ def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
                     fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summaries of K-cache pages: (fp8 e4m3 keys as uint8 [P, 128], fp32 scales [P]).
 
-    Page pages[i]'s summary is mean_{s < f} k_s over its first f = clamp(fill[i], 0, 64)
-    dequantized keys (the products fp8 * scale in fp32, summed in fp64, the mean cast to fp32),
-    quantized with scale = max(amax / 448, 1e-12) (fp32) and round-to-nearest e4m3; f = 0 gives
-    a zero key."""
+    Page pages[i]'s summary is mean_{s < f} k_s over its first f = clamp(fill[i], 0, S)
+    dequantized keys (S slots per page: 64 or 32; the products fp8 * scale in fp32, summed in
+    fp64, the mean cast to fp32), quantized with scale = max(amax / 448, 1e-12) (fp32) and
+    round-to-nearest e4m3; f = 0 gives a zero key."""
+    S = page_slots_of(kv_cache)
     keys = dequantize_pages(kv_cache[pages.long().clamp(0, kv_cache.shape[0] - 1)])
-    f = fill.long().clamp(0, BLOCK_SLOTS)
-    valid = torch.arange(BLOCK_SLOTS, device=keys.device) < f.unsqueeze(-1)
+    f = fill.long().clamp(0, S)
+    valid = torch.arange(S, device=keys.device) < f.unsqueeze(-1)
     total = torch.where(valid.unsqueeze(-1), keys.double(), 0.0).sum(1)
     mean = (total / f.clamp(min=1).unsqueeze(-1).double()).float()
     scale = (mean.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
@@ -71,11 +78,13 @@ def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
 
 def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
-                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """P[b*R + r, j] = sum_h w_h ReLU(q_h . s_j) for blocks j < num_blocks, s_j the summary of
-    page block_table[b, j] (the block's mean key, scored like a slot). -inf where block j has
-    no visible slot (64 j >= context_lens[b, r]), is past the block table, or its page is
-    outside the summaries (never read). [B*R, num_blocks]."""
+                 dtype: torch.dtype = torch.float64, page_slots: int = BLOCK_SLOTS) -> torch.Tensor:
+    """P[b*R + r, j] = sum_h w_h ReLU(q_h . s_j) for page columns j < num_blocks of the block
+    table (blocks, with 64-slot pages), s_j the summary of page block_table[b, j] (its mean
+    key, scored like a slot). -inf where column j has no visible slot (page_slots * j >=
+    context_lens[b, r]), is past the block table, or its page is outside the summaries (never
+    read). [B*R, num_blocks]. With 32-slot pages a block's score is the max of its two
+    columns' (block_scores)."""
     B, R = context_lens.shape
     qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
     w = weights.to(dtype).view(B, R, -1)
@@ -83,8 +92,18 @@ def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
     keys = dequantize_summaries(summaries)[pages].to(dtype)                        # [B, J, 128]
     z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
-    visible = live.unsqueeze(1) & (j * BLOCK_SLOTS < context_lens.to(torch.int64).unsqueeze(-1))
+    visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
     return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+
+
+def block_scores(page_scores: torch.Tensor, page_slots: int,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Block scores [rows, blocks] from the probe's page-column scores [rows, blocks * (64 /
+    page_slots)]: each block's best page (the max over its pages' summaries); into `out` when
+    given (no allocation: CUDA-graph capturable)."""
+    per = BLOCK_SLOTS // page_slots
+    pages = page_scores.view(page_scores.shape[0], -1, per)
+    return pages.amax(-1) if out is None else torch.amax(pages, -1, out=out)
 
 
 def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,

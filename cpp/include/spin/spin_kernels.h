@@ -113,17 +113,19 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
 // Block summaries: summaries[pages[i]] = the mean of page pages[i]'s first fill[i] keys,
 // re-quantized (reference.summarize_pages); pages outside [0, num_pages) are skipped.
 struct SummarizeParams {
-  const uint8_t* kv_cache;     // [num_pages, 64 * 132]
+  const uint8_t* kv_cache;     // [num_pages, page_slots * 132]
   const int32_t* pages;        // [count]
   const int32_t* fill;         // [count]
   int count;
   int64_t num_pages;
   uint8_t* summaries;          // [num_pages, kSummaryBytes]
+  int page_slots = 64;         // slots per page: 64 or 32
 };
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
 
-// The probe: out[b*R + r, j] = sum_h w_h ReLU(q_h . summary(block_table[b, j])) for blocks j
-// with a visible slot (64 j < context_lens[b, r]) and a page inside the summaries, else -inf.
+// The probe: out[b*R + r, j] = sum_h w_h ReLU(q_h . summary(block_table[b, j])) for page
+// columns j with a visible slot (page_slots * j < context_lens[b, r]) and a page inside the
+// summaries, else -inf.
 struct ProbeParams {
   const uint8_t* q;            // fp8 e4m3 [B*R, 64, 128]
   const uint8_t* summaries;    // [num_pages, kSummaryBytes]
@@ -133,6 +135,7 @@ struct ProbeParams {
   int batch, rows, num_blocks, max_pages;
   int64_t num_pages, table_stride;
   float* out;                  // [B*R, num_blocks]
+  int page_slots = 64;         // slots per page: 64 or 32
 };
 cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream);
 
