@@ -27,14 +27,12 @@ def _summaries(cache, gen, fills=None):
 
 
 # ---- CPU: the reference against brute force --------------------------------------------------
-def test_summary_is_the_mean_key_requantized():
-    gen = torch.Generator().manual_seed(0)
-    cache = make_cache(9, gen)
-    S, fills = _summaries(cache, gen)
-    keys = ref.dequantize_pages(cache).double()
+def assert_mean_keys(S, keys, fills, page_slots):
+    """Each summary row (dequantized) is the mean of its page's first fill keys (float64
+    [P, page_slots, 128]), re-quantized e4m3, and its padding is untouched."""
     got = ref.dequantize_summaries(S).double()
-    for p in range(9):
-        f = min(max(int(fills[p]), 0), 64)
+    for p in range(S.shape[0]):
+        f = min(max(int(fills[p]), 0), page_slots)
         mean = keys[p, :f].mean(0) if f else torch.zeros(128, dtype=torch.float64)
         amax = float(mean.abs().max())
         # e4m3 keeps 3 mantissa bits: each entry within half a step (1/16 relative) of the mean,
@@ -42,6 +40,13 @@ def test_summary_is_the_mean_key_requantized():
         tol = torch.maximum(mean.abs() / 16, torch.full_like(mean, amax / 448 * 2 ** -9)) + 1e-12
         assert bool(((got[p] - mean).abs() <= tol).all()), p
         assert int(S[p, 132:].count_nonzero()) == 0          # padding untouched (zeroed table)
+
+
+def test_summary_is_the_mean_key_requantized():
+    gen = torch.Generator().manual_seed(0)
+    cache = make_cache(9, gen)
+    S, fills = _summaries(cache, gen)
+    assert_mean_keys(S, ref.dequantize_pages(cache).double(), fills, 64)
 
 
 def test_summarize_skips_pages_outside_the_cache():
@@ -95,14 +100,8 @@ def test_summaries_of_32_slot_pages_are_their_mean_keys():
     cache = split_pages(cache64)
     fills = torch.tensor([(0, 1, 17, 31, 32, 40, -2)[i % 7] for i in range(10)], dtype=torch.int32)
     S, _ = _summaries(cache, gen, fills)
-    keys = ref.dequantize_pages(cache64).double().reshape(10, 32, 128)    # by half page
-    got = ref.dequantize_summaries(S).double()
-    for p in range(10):
-        f = min(max(int(fills[p]), 0), 32)
-        mean = keys[p, :f].mean(0) if f else torch.zeros(128, dtype=torch.float64)
-        amax = float(mean.abs().max())
-        tol = torch.maximum(mean.abs() / 16, torch.full_like(mean, amax / 448 * 2 ** -9)) + 1e-12
-        assert bool(((got[p] - mean).abs() <= tol).all()), p
+    halves = ref.dequantize_pages(cache64).double().reshape(10, 32, 128)  # keys by half page
+    assert_mean_keys(S, halves, fills, 32)
     with pytest.raises(SpinError, match="pages of 32 or 64 x 132 bytes"):
         ops.summarize(cache.view(20, 16, 1, 132), torch.zeros(1, dtype=torch.int32),
                       torch.ones(1, dtype=torch.int32), ops.summaries_like(cache.view(20, 16, 1, 132)))
