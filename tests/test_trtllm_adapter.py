@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from spin_trtllm import SpinConfig, SpinError
+from spin_trtllm import reference as ref
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.integrations.trtllm.adapter import DecodeBatch, SpinDecodeAdapter
+from spin_trtllm.testing.pages import make_cache
 
 TEXT = ("for i in range(10):\n    total += values[i] * weights[i]\n" * 60).encode()
 
@@ -199,3 +201,44 @@ def test_dense_step_selects_every_block():
     assert _blocks_seen(a, 1) < 47
     a.begin_step(DecodeBatch([1], torch.tensor([3003]), table), dense=True)
     assert _blocks_seen(a, 1) == 47
+
+
+def test_probe_summaries_follow_the_written_pages():
+    """predictor probe: the first step summarizes the prompt's pages; a step's layer
+    summarizes its newest page; once a SPIN layer ran dense (layers_skipped), prepare()
+    summarizes the pages written since the request's last step itself."""
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    a = SpinDecodeAdapter(spin, num_layers=1, max_batch=1, next_n=1, max_tokens=2048,
+                          device="cpu", predictor="probe")
+    gen = torch.Generator().manual_seed(3)
+    cache = make_cache(16, gen)
+    table = torch.tensor([[5, 9, 2, 7, 11]], dtype=torch.int32)
+
+    def want(page, fill):
+        rows, scale = ref.summarize_pages(cache, torch.tensor([page]), torch.tensor([fill]))
+        return torch.cat([rows[0], scale.view(torch.uint8)])
+
+    def row(page):
+        return a.indexer.summaries[0][page, :132]
+
+    def step(kv):
+        a.begin_step(DecodeBatch([4], torch.tensor([kv]), table, kv_caches=[cache]))
+
+    def rewrite(page):            # new keys land in the page (the engine writes the cache)
+        cache[page] = make_cache(1, gen)[0]
+
+    step(130)                     # 129 prompt slots: pages 5 and 9 full, page 2 holds one
+    assert torch.equal(row(5), want(5, 64)) and torch.equal(row(9), want(9, 64))
+    assert torch.equal(row(2), want(2, 1)) and int(row(7).count_nonzero()) == 0
+    q = torch.randn(1, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    a.layer(0, q, torch.randn(1, 64, generator=gen), cache)
+    assert torch.equal(row(2), want(2, 2))        # the layer: its newest slot's page
+    rewrite(2)
+    step(131)                     # the layer ran last step: nothing left for prepare()
+    assert not torch.equal(row(2), want(2, 2))
+    a.layers_skipped()            # a SPIN layer ran dense in this step: its page is stale
+    rewrite(2)
+    step(132)
+    assert torch.equal(row(2), want(2, 3)) and not a.trust_layers
+    with pytest.raises(SpinError, match="needs DecodeBatch.kv_caches, one K cache per SPIN"):
+        a.begin_step(DecodeBatch([4], torch.tensor([133]), table))

@@ -132,6 +132,7 @@ class SpinDecodeAdapter:
         self._last_cached: dict[int, int] = {}
         self._last_seen: dict[int, int] = {}           # request -> step it was last in a batch
         self._summarized: dict[int, int] = {}          # request -> slots summarized (probe)
+        self.trust_layers = True        # each step's SPIN layers summarize its newest pages
         self._clock = 0
 
     @classmethod
@@ -226,7 +227,7 @@ class SpinDecodeAdapter:
         steps = [0 if p else self._steps[rid] for rid, p in zip(ids, pad)]
         self.indexer.prepare(ids, context, query, steps, batch.block_table, state_slots=slots)
         if self.query_aware:
-            self._summarize_written(batch, ids, pad, kv - R)
+            self._summarize_written(batch, ids, pad, kv, R)
         if select:
             self.indexer.select(keep_all=dense)
         for rid in real:
@@ -244,11 +245,12 @@ class SpinDecodeAdapter:
         return sum(self.indexer.summary_table(layer, kv).nbytes for layer, kv in enumerate(caches))
 
     def _summarize_written(self, batch: DecodeBatch, ids: list[int], pad: list[bool],
-                           cached: torch.Tensor) -> None:
+                           kv: torch.Tensor, R: int) -> None:
         """Probe: summarize, in every layer, the pages written since each request's last step
-        (the prompt's at its first; a step SPIN did not run also counts), up to the slots of
-        its tokens before this step (`cached`); the step's own newest pages are summarized
-        by each layer as it runs."""
+        (the prompt's at its first), up to the slots of its tokens before this step's R rows
+        (kv - R tokens). The step's own newest pages are summarized by each layer as it runs, so a
+        request is then summarized through its last row's slots; once a SPIN layer has run
+        dense (layers_skipped), the newest page is summarized here again at every step."""
         caches = batch.kv_caches
         if caches is None or len(caches) != self.pool.num_layers:
             raise SpinError(f"SpinDecodeAdapter: predictor {self.options.predictor!r} needs "
@@ -256,19 +258,27 @@ class SpinDecodeAdapter:
                             f"({self.pool.num_layers}), got "
                             f"{'none' if caches is None else len(caches)}")
         self.make_summaries(caches)
-        upto = (cached // self.ratio).tolist()
+        upto = ((kv - R) // self.ratio).tolist()
         rows = [b for b, (rid, p) in enumerate(zip(ids, pad))
-                if not p and upto[b] > 0 and self._summarized.get(rid, 0) <= upto[b]]
-        if not rows:
-            return
-        start = [self._summarized.get(ids[b], 0) for b in rows]
-        n = [upto[b] for b in rows]
-        table = torch.as_tensor(batch.block_table)[rows]
-        for layer, kv_cache in enumerate(caches):
-            self.indexer.summarize_context(layer, kv_cache, table, n, start=start)
-        for b in rows:
-            # the newest page is summarized again next step: this step's layers may not run
-            self._summarized[ids[b]] = upto[b]
+                if not p and self._summarized.get(rid, 0) < upto[b]]
+        if rows:
+            start = [self._summarized.get(ids[b], 0) for b in rows]
+            n = [upto[b] for b in rows]
+            table = torch.as_tensor(batch.block_table)[rows]
+            for layer, kv_cache in enumerate(caches):
+                self.indexer.summarize_context(layer, kv_cache, table, n, start=start)
+        last = (kv // self.ratio).tolist()                         # the last row's slots
+        for b, (rid, p) in enumerate(zip(ids, pad)):
+            if not p:
+                self._summarized[rid] = last[b] if self.trust_layers else upto[b]
+
+    def layers_skipped(self) -> None:
+        """A SPIN layer ran the dense indexer in a step (its newest pages were not summarized):
+        from now on prepare() summarizes each request's newest page itself at every step."""
+        self.trust_layers = False
+        for rid in self._summarized:
+            self._summarized[rid] = min(self._summarized[rid], self._last_cached.get(rid, 0)
+                                        // self.ratio)
 
     def select_on_device(self, kv_lens: torch.Tensor) -> None:
         """Inside the step (CUDA-graph capturable: no host read, no allocation): each row's

@@ -193,10 +193,12 @@ class _LayerCall:
             _warn_once("rows", f"indexer layer {self.layer_idx}: query rows {list(shape)} are not "
                                f"the prepared batch ({B} requests x next_n {R}); this call runs "
                                f"the dense indexer")
+            self.rt.adapter.layers_skipped()
             return None
         if kv_cache.shape[1] != self.ix.page_slots:
             _warn_once("pages", f"indexer K cache pages of {kv_cache.shape[1]} slots, SPIN "
                                 f"prepared {self.ix.page_slots}; this call runs the dense indexer")
+            self.rt.adapter.layers_skipped()
             return None
         module = self.found["indexer_module"]
         block_kv = int(getattr(module, "_DG_SCHEDULE_BLOCK_KV", 0) or kv_cache.shape[1])
@@ -331,6 +333,7 @@ def _patch_indexer(found: dict[str, Any]) -> None:
             if legacy and not bound.get("use_custom_topk", True):
                 _warn_once("custom_topk", "use_custom_topk=False: SPIN needs the custom decode "
                                           "top-K; these calls run the dense indexer")
+                rt.adapter.layers_skipped()
             elif int(self.layer_idx) not in rt.layer_index:
                 _warn_once("late", f"indexer layer {self.layer_idx} registered after the model's "
                                    f"SPIN state was made (one SPIN model per process); it runs "
