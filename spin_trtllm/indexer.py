@@ -15,12 +15,13 @@ and accepted draft counts.
 
 predictor="probe" ranks each layer's blocks by their summaries (mean key per page, one 144-byte
 row per page beside the K cache; a block of two 32-slot pages scores as its best page) scored
-with the current query, instead of SPIN's V/D history: layer() then summarizes the pages of this step's newest slots, probes and selects that
-layer itself; select() only acts for keep_all steps. The V/D update still runs (warm-up and
-exploration ages come from it). The caller builds the summaries of prompt pages with
-summarize_context() after prefill (see its docstring). predictor="hybrid" does the same and
-ranks by the max of the rank shares of the probe's scores and of SPIN's history prediction
-(reference.hybrid_scores; select(merge_history=True), contexts up to 512K slots).
+with the current query, instead of SPIN's V/D history: layer() then summarizes the pages of this
+step's newest slots, probes and selects that layer itself; select() only acts for keep_all
+steps. The V/D update still runs (warm-up and exploration ages come from it). The caller
+builds the summaries of prompt pages with summarize_context() after prefill (see its
+docstring). predictor="hybrid" does the same and ranks by the max of the rank shares of the
+probe's scores and of SPIN's history prediction (reference.hybrid_scores;
+select(merge_history=True), contexts up to 512K slots).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class SpinIndexer:
         self.summaries: dict[int, torch.Tensor] = {}
         self._summary_cache: dict[int, tuple] = {}
         if summaries_of is not None:
-            self.summaries, self._summary_cache = summaries_of.summaries, summaries_of._summary_cache
+            self.summaries = summaries_of.summaries
+            self._summary_cache = summaries_of._summary_cache
         if self.query_aware:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)

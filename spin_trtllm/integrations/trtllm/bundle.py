@@ -144,9 +144,10 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     if predictors.get(opts.predictor, engine=True).query:
+        share = SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES)
         line += (f"; predictor {opts.predictor}: summary tables of {SUMMARY_BYTES} B per "
-                 f"indexer K-cache page per SPIN layer ({SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES):.1%} "
-                 f"of the indexer K cache), made when TensorRT-LLM builds its KV cache")
+                 f"indexer K-cache page per SPIN layer ({share:.1%} of the indexer K cache), "
+                 f"made when TensorRT-LLM builds its KV cache")
     if assumed:
         line += f" [assumed, no config.json: {', '.join(assumed)}]"
     return line

@@ -313,7 +313,8 @@ def _patch_indexer(found: dict[str, Any]) -> None:
             _warn_once("dsl", f"indexer layer {self.layer_idx} uses the CuTe DSL paged logits, "
                               f"which SPIN cannot drive; it runs the dense indexer")
             settings = None
-        if settings is not None and settings.predictor != "spin" and getattr(self, "use_fp4", False):
+        if settings is not None and settings.predictor != "spin" and \
+                getattr(self, "use_fp4", False):
             raise SpinError(f"indexer layer {self.layer_idx}: spin.predictor "
                             f"{settings.predictor!r} scores FP8 keys; this model's indexer "
                             f"keeps FP4 keys (use predictor: spin)")
