@@ -113,6 +113,8 @@ class CostModel:
             raise ValueError(f"CostModel: unknown predictor {predictor!r} (one of "
                              f"{', '.join(ENGINE_PREDICTORS)})")
         chosen = REGISTRY[predictor]
+        if not chosen.cuda:
+            raise ValueError(f"CostModel: predictor {predictor!r} has no CUDA kernels to price")
         if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
         longest = max(_block_slots([s]) for s in visible_slots)
@@ -194,8 +196,8 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     slot and reads its fp32 logit, 2 x 2 s + 4 bytes. Blocks count whole (a partial newest
     block as 64 slots); one update pass per step (MTP rows up to the accepted draft share it);
     the logits and top-K traffic that SPIN and all-keep both have is not counted.
-    A query-aware predictor ("probe", "hybrid") adds one summary row (SUMMARY_BYTES) per
-    visible block to the K-cache figure; select reads V/D only for one that ranks by history
+    A query-aware predictor adds its summary rows (SUMMARY_BYTES each: one for "probe" and
+    "hybrid", two for "gauss", the mean and the std) per visible block to the K-cache figure; select reads V/D only for one that ranks by history
     ("spin", "hybrid"); update reads and writes them for every predictor."""
 
     k_cache = selected_blocks * BLOCK_SLOTS * SLOT_BYTES
@@ -205,7 +207,7 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
     chosen = REGISTRY[predictor]
     if chosen.query:
-        k_cache += visible_blocks * SUMMARY_BYTES
+        k_cache += visible_blocks * SUMMARY_BYTES * chosen.summary_rows_per_block
     if chosen.history:
         state += visible_blocks * BLOCK_SLOTS * 2 * s
     return k_cache, state

@@ -21,7 +21,9 @@ steps. The V/D update still runs (warm-up and exploration ages come from it). Th
 builds the summaries of prompt pages with summarize_context() after prefill (see its
 docstring). predictor="hybrid" does the same and ranks by the max of the rank shares of the
 probe's scores and of SPIN's history prediction (reference.hybrid_scores;
-select(merge_history=True), contexts up to 512K slots).
+select(merge_history=True), contexts up to 512K slots). predictor="gauss" (CPU only, no CUDA
+kernels yet) keeps each page's mean and per-dimension std and ranks by the expected ReLU score
+(reference.gauss_scores, the replay's gauss).
 """
 
 from __future__ import annotations
@@ -150,8 +152,16 @@ class SpinIndexer:
             raise SpinError(f"SpinIndexer: predictor={chosen.name!r} ranks at most "
                             f"{chosen.max_context_len} slots, got max_context_len="
                             f"{max_context_len} (use 'probe')")
+        if not chosen.cuda and pool.device.type == "cuda":
+            raise SpinError(f"SpinIndexer: predictor={chosen.name!r} has no CUDA kernels yet; "
+                            f"it runs on the CPU (use probe on CUDA)")
         self.options = options
         self.predictor = chosen
+        # the summary ops of a query-aware predictor: gauss rows hold the mean and the std
+        gauss = chosen.name == "gauss"
+        self._summaries_like = ops.gauss_summaries_like if gauss else ops.summaries_like
+        self._summarize = ops.summarize_gauss if gauss else ops.summarize
+        self._score_pages = ops.gauss if gauss else ops.probe
         self.cfg, self.pool = cfg, pool
         # where the update really runs beside the top-K (the cost model prices it so)
         sm90 = pool.device.type == "cuda" and torch.cuda.get_device_capability(pool.device)[0] >= 9
@@ -288,7 +298,7 @@ class SpinIndexer:
             if not 0 <= layer < self.pool.num_layers:
                 raise SpinError(f"SpinIndexer: layer {layer} outside [0, "
                                 f"{self.pool.num_layers})")
-            table = self.summaries[layer] = ops.summaries_like(kv_cache)
+            table = self.summaries[layer] = self._summaries_like(kv_cache)
             self._summary_cache[layer] = key
         elif self._summary_cache[layer] != key:
             raise SpinError(f"SpinIndexer: layer {layer}'s K cache changed (pointer or page "
@@ -332,7 +342,7 @@ class SpinIndexer:
         page_of = rows.to(dev, torch.int64).gather(1, cols.clamp(max=rows.shape[1] - 1).to(dev))
         fill = fill.to(dev, torch.int32)
         pages = torch.where(fill > 0, page_of, -1).to(torch.int32)
-        ops.summarize(kv_cache, pages.reshape(-1).contiguous(), fill.reshape(-1).contiguous(),
+        self._summarize(kv_cache, pages.reshape(-1).contiguous(), fill.reshape(-1).contiguous(),
                       table)
 
     def select(self, keep_all: bool = False) -> None:
@@ -393,19 +403,19 @@ class SpinIndexer:
         then the layer's blocks ranked by their probe scores (keep_all: select() chose all)."""
         B, R = self.batch, self.next_n
         table = self.summary_table(layer, kv_cache)
-        ops.summarize(kv_cache, self.new_pages[:2 * B], self.new_fill[:2 * B], table)
+        self._summarize(kv_cache, self.new_pages[:2 * B], self.new_fill[:2 * B], table)
         if self.keep_all:
             return
         scores = self.block_scores[:B * R]
         if q.dim() == 4:        # TensorRT-LLM's decode q: [B, R, H, D] or [B * R, 1, H, D]
             q = q.reshape(-1, *q.shape[2:])
         if self.page_scores is None:
-            ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B], self.m_cap,
-                      out=scores)
+            self._score_pages(q, table, weights, self.context_lens[:B], self.block_table[:B],
+                              self.m_cap, out=scores)
         else:
             pages = self.page_scores[:B * R]
-            ops.probe(q, table, weights, self.context_lens[:B], self.block_table[:B],
-                      pages.shape[1], out=pages, page_slots=self.page_slots)
+            self._score_pages(q, table, weights, self.context_lens[:B], self.block_table[:B],
+                              pages.shape[1], out=pages, page_slots=self.page_slots)
             ref.block_scores(pages, self.page_slots, out=scores)
         self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),
                      merge_history=self.predictor.merges)

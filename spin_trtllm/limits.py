@@ -17,6 +17,7 @@ HEAD_DIM = 128            # indexer key/query dimension (fp8 bytes per key)
 KEY_BYTES = HEAD_DIM
 SLOT_BYTES = KEY_BYTES + 4    # fp8 key + its fp32 scale
 SUMMARY_BYTES = 144       # a page's probe summary: 128 fp8 bytes, fp32 scale, padding
+GAUSS_SUMMARY_BYTES = 2 * SUMMARY_BYTES   # gauss: the mean row, then the per-dim std row
 MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row
 MAX_HYBRID_BLOCKS = 8192  # select(merge_history=True) sorts a row's blocks in shared memory
 MAX_M_CAP = 33554431      # m_cap * 64 must fit the kernels' int row width

@@ -1,8 +1,9 @@
 """The block predictors: what each one ranks blocks by, what it needs, and where it runs.
 
 Torch-free, so the CLI reads its choices from here. The engine (SpinIndexer, the cost model,
-dsa-lite) runs spin, probe and hybrid; the replay evaluator also runs quest and gauss, which
-need a trace v2 (queries and keys) and have no kernels.
+dsa-lite) runs spin, probe and hybrid, and gauss on the CPU (its ops run the reference; no CUDA
+kernels yet); the replay evaluator also runs quest, which needs a trace v2 (queries and keys)
+and has no kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Predictor:
     mean_keys: bool = False       # its summaries are mean keys (replay: `summaries` per block)
     max_context_len: Optional[int] = None   # longest context its select step ranks
     summary: str = ""
+    cuda: bool = True             # engine predictors: its ops have CUDA kernels
 
     @property
     def merges(self) -> bool:
@@ -41,10 +43,14 @@ REGISTRY: dict[str, Predictor] = {p.name: p for p in (
               summary="max of the rank shares of spin's and probe's scores"),
     Predictor("quest", history=False, query=True, engine=False, summary_rows_per_block=2,
               summary="upper bound from per-channel key min/max (Quest)"),
-    Predictor("gauss", history=False, query=True, engine=False, summary_rows_per_block=2,
-              summary="expected ReLU score under a per-channel Gaussian of the keys"),
+    Predictor("gauss", history=False, query=True, engine=True, summary_rows_per_block=2,
+              cuda=False,
+              summary="expected ReLU score under a per-channel Gaussian of the keys (CPU: its "
+                      "ops have no CUDA kernels yet)"),
 )}
 ENGINE_PREDICTORS = tuple(name for name, p in REGISTRY.items() if p.engine)
+# what TensorRT-LLM (CUDA only) can run
+CUDA_PREDICTORS = tuple(name for name in ENGINE_PREDICTORS if REGISTRY[name].cuda)
 # replay: how the per-step block budget is spread over layers (replay.probe.AdaptiveBudget)
 BUDGETS = ("uniform", "adaptive")
 REPLAY_PREDICTORS = tuple(REGISTRY)

@@ -10,6 +10,7 @@ import torch
 from spin_trtllm import SpinConfig, ops
 from spin_trtllm import reference as ref
 from spin_trtllm.errors import SpinError
+from spin_trtllm.replay.probe import BlockSummaries, gauss_scores
 from spin_trtllm.testing.pages import make_cache
 from spin_trtllm.testing.problems import Problem, integer_state
 
@@ -133,6 +134,54 @@ def test_probe_of_32_slot_pages_scores_page_columns_and_blocks_take_the_best():
     assert torch.equal(blocks, torch.maximum(got[:, 0::2], got[:, 1::2]))
     with pytest.raises(SpinError, match="page_slots must be one of 32, 64, got 16"):
         ops.probe(q, S, w, ctx, table, 6, page_slots=16)
+
+
+@pytest.mark.parametrize("page_slots", [64, 32])
+def test_gauss_summaries_are_mean_and_std_and_scores_match_the_replay(page_slots):
+    """gauss rows: the mean row of summarize and the per-dimension std row, each within e4m3
+    of the brute-force value; gauss scores equal the expected-ReLU formula on the dequantized
+    rows (a loop) and the replay's gauss (replay.probe.gauss_scores on the raw keys) within the
+    rows' fp8 rounding."""
+    gen = torch.Generator().manual_seed(21)
+    cache64 = make_cache(6, gen)
+    cache = cache64 if page_slots == 64 else split_pages(cache64)
+    P = cache.shape[0]
+    keys = ref.dequantize_pages(cache64).double().reshape(P, page_slots, 128)
+    fills = torch.tensor([(page_slots, 1, 17, page_slots, 0, 30)[i % 6] for i in range(P)],
+                         dtype=torch.int32)
+    G = ops.gauss_summaries_like(cache)
+    ops.summarize_gauss(cache, torch.arange(P, dtype=torch.int32), fills, G)
+    assert G.shape == (P, 288)
+    assert torch.equal(G[:, :144], _summaries(cache, gen, fills)[0])     # the probe's mean row
+    std = torch.stack([keys[p, :max(int(f), 1)].std(0, unbiased=False) if int(f) else
+                       torch.zeros(128, dtype=torch.float64) for p, f in enumerate(fills)])
+    got = ref.dequantize_summaries(G[:, 144:]).double()
+    tol = std.abs() / 16 + std.abs().amax(1, keepdim=True) / 448 * 2 ** -9 + 1e-12
+    assert bool(((got - std).abs() <= tol).all())
+
+    # one request over every page in order, full pages, so the replay sees the same keys
+    full = torch.full((P,), page_slots, dtype=torch.int32)
+    ops.summarize_gauss(cache, torch.arange(P, dtype=torch.int32), full, G)
+    n = P * page_slots - 5                                  # the newest page partial
+    ops.summarize_gauss(cache, torch.tensor([P - 1], dtype=torch.int32),
+                        torch.tensor([page_slots - 5], dtype=torch.int32), G)
+    q = torch.randn(1, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.rand(1, 64, generator=gen)
+    table = torch.arange(P, dtype=torch.int32).view(1, P)
+    ctx = torch.tensor([[n]], dtype=torch.int32)
+    z = ops.gauss(q, G, w, ctx, table, P, page_slots=page_slots)
+    mean, sd = ref.dequantize_summaries(G[:, :144]).double(), ref.dequantize_summaries(G[:, 144:])
+    for j in range(P):
+        mu = q[0].double() @ mean[j]
+        s = ((q[0].double() ** 2) @ (sd[j].double() ** 2)).sqrt()
+        a = mu / s
+        e = mu * 0.5 * (1 + torch.erf(a / math.sqrt(2))) + s * torch.exp(-a * a / 2) / math.sqrt(
+            2 * math.pi)
+        assert abs(float(z[0, j]) - float((e * w[0].double()).sum())) <= 1e-4 * abs(float(z[0, j]))
+    flat = keys.reshape(1, -1, 128)[:, :n].float()
+    replay = gauss_scores(q.float().view(1, 1, 64, 128), w.view(1, 1, 64),
+                          BlockSummaries(flat, page_slots), torch.tensor([[n]]), P)[0, 0]
+    assert torch.allclose(z[0], replay, rtol=0.02), (z[0], replay)     # 0.3-0.5% seen
 
 
 def test_select_with_spins_own_scores_equals_select():

@@ -44,35 +44,46 @@ def write_slots(kv, table_row, slots, g):
         flat[page, base:base + 4] = scales[i]
 
 
-def expected_summary(kv, page, fill):
-    """The summary row of one page, from the dequantized keys: mean of the first `fill` keys
-    (fp64 sum, mean cast to fp32), then e4m3 with scale max(amax / 448, 1e-12)."""
-    keys = ref.dequantize_pages(kv[page:page + 1])[0, :fill]           # fp32 products
-    mean = (keys.double().sum(0) / fill).float()
-    scale = (mean.abs().amax() / 448.0).clamp(min=1e-12)
+def summary_row(x):
+    """A summary row of fp32 values x [128]: e4m3 with scale max(amax / 448, 1e-12)."""
+    scale = (x.abs().amax() / 448.0).clamp(min=1e-12)
     row = torch.zeros(SUMMARY_BYTES, dtype=torch.uint8)
-    row[:KEY_BYTES] = (mean / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+    row[:KEY_BYTES] = (x / scale).to(torch.float8_e4m3fn).view(torch.uint8)
     row[KEY_BYTES:KEY_BYTES + 4] = scale.view(1).view(torch.uint8)
     return row
 
 
-def expected_table(kv, tables, lens):
+def expected_summary(kv, page, fill, gauss=False):
+    """The summary row of one page, from the dequantized keys: mean of the first `fill` keys
+    (fp64 sum, mean cast to fp32) as a summary row; gauss: then their per-dimension
+    population std (fp64) as a second row."""
+    keys = ref.dequantize_pages(kv[page:page + 1])[0, :fill].double()  # fp32 products
+    row = summary_row((keys.sum(0) / fill).float())
+    if not gauss:
+        return row
+    std = (keys - keys.sum(0) / fill).square().mean(0).sqrt().float()
+    return torch.cat([row, summary_row(std)])
+
+
+def expected_table(kv, tables, lens, gauss=False):
     """From scratch: every visible page of every request (block_table rows, lengths)."""
-    out = torch.zeros(kv.shape[0], SUMMARY_BYTES, dtype=torch.uint8)
+    out = torch.zeros(kv.shape[0], SUMMARY_BYTES * (2 if gauss else 1), dtype=torch.uint8)
     for row, n in zip(tables, lens):
         for j in range(math.ceil(int(n) / 64)):
-            out[int(row[j])] = expected_summary(kv, int(row[j]), min(int(n) - 64 * j, 64))
+            out[int(row[j])] = expected_summary(kv, int(row[j]), min(int(n) - 64 * j, 64), gauss)
     return out
 
 
 def check_table(table, kv, tables, lens):
-    want = expected_table(kv, tables, lens)
+    gauss = table.shape[1] == 2 * SUMMARY_BYTES
+    want = expected_table(kv, tables, lens, gauss)
     # the building block agrees with the independent reference (one call over every page)
-    scratch = ops.summaries_like(kv)
+    scratch = (ops.gauss_summaries_like if gauss else ops.summaries_like)(kv)
     pages = torch.cat([row[:math.ceil(int(n) / 64)] for row, n in zip(tables, lens)])
     fill = torch.cat([(int(n) - 64 * torch.arange(math.ceil(int(n) / 64))).clamp(max=64)
                       for n in lens]).to(torch.int32)
-    ops.summarize(kv, pages.contiguous(), fill.contiguous(), scratch)
+    (ops.summarize_gauss if gauss else ops.summarize)(kv, pages.contiguous(),
+                                                      fill.contiguous(), scratch)
     used = pages.long()
     assert torch.equal(scratch[used], want[used])
     assert torch.equal(table[used], want[used]), "a visible page's summary is stale"
@@ -155,7 +166,7 @@ def test_summaries_follow_the_cache_through_decode(R):
 
 
 @pytest.mark.parametrize("R,predictor", [(1, "probe"), (2, "probe"), (1, "hybrid"),
-                                         (2, "hybrid")])
+                                         (2, "hybrid"), (1, "gauss"), (2, "gauss")])
 def test_probe_layer_selects_by_the_probe_scores(R, predictor):
     cfg = spin_cfg(exploration=0.25)
     sim = Sim(R, {1: 400, 2: 260, 3: 470}, cfg, seed=3, predictor=predictor)
@@ -167,8 +178,10 @@ def test_probe_layer_selects_by_the_probe_scores(R, predictor):
         # select on a copy of the state as it is before the layer runs
         B = len(batch)
         lens = [int(n[b, -1]) for b in range(B)]
-        summaries = expected_table(sim.kv[l], list(table), lens)
-        scores = ref.probe_scores(q, summaries, w, n, table, idx.m_cap).float()
+        gauss = predictor == "gauss"
+        summaries = expected_table(sim.kv[l], list(table), lens, gauss)
+        score = ref.gauss_scores if gauss else ref.probe_scores
+        scores = score(q, summaries, w, n, table, idx.m_cap).float()
         state = ops.OpState(*(t.clone() for t in sim.pool.state.tensors()))
         slots = sim.pool.slots(batch)
         req = torch.tensor(batch, dtype=torch.int64)
@@ -275,12 +288,14 @@ def selections(cfg, w, predictor, **kw):
 
 
 @pytest.mark.slow
-def test_engine_probe_decodes_and_selects_differently():
+@pytest.mark.parametrize("predictor", ["probe", "gauss"])
+def test_engine_probe_decodes_and_selects_differently(predictor):
     cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
     w = init_weights(cfg)
     spin, spin_picks, spin_tokens = selections(cfg, w, "spin")
-    probe, probe_picks, probe_tokens = selections(cfg, w, "probe")
-    assert probe.spin_indexer.predictor.name == "probe" and spin.spin_indexer.predictor.name == "spin"
+    probe, probe_picks, probe_tokens = selections(cfg, w, predictor)
+    assert probe.spin_indexer.predictor.name == predictor
+    assert spin.spin_indexer.predictor.name == "spin"
     assert sorted(probe_tokens) == [1, 2]
     assert len(probe_tokens[1]) == 10 and len(probe_tokens[2]) == 7
     assert any(s.selected_blocks < s.visible_blocks for s in probe.history)

@@ -1,5 +1,6 @@
 """SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap,
-summarize, probe}, one module per op with its schema, checks, reference and wrapper.
+summarize, probe, summarize_gauss, gauss}, one module per op with its schema, checks, reference
+and wrapper (REFERENCE_ONLY: the ops that have no kernel yet, or need none).
 
 Every op validates its arguments in Python (shapes, dtypes, devices, contiguity, config ranges:
 clear errors before any launch), then runs the native kernels of cpp/ (libspin_native, built by
@@ -19,10 +20,10 @@ import torch
 from ..limits import (BLOCK_SLOTS, EXPLORATION_POLICY, HEAD_DIM, INDEX_HEADS, MAX_HYBRID_BLOCKS,
                       MAX_NEXT_N, MAX_SORTED_K, NATIVE_ABI, POOLING)
 from . import _native
-from ._common import SCHEMAS, STATE_TORCH_DTYPES, OpState, require_supported
+from ._common import REFERENCE_ONLY, SCHEMAS, STATE_TORCH_DTYPES, OpState, require_supported
 from ._compact import compact, remap
 from ._indexer_logits import indexer_logits
-from ._probe import probe, summaries_like, summarize
+from ._probe import gauss, gauss_summaries_like, probe, summaries_like, summarize, summarize_gauss
 from ._select import select
 from ._topk import (TOPK_BACKENDS, TOPK_RAGGED_MAX_ROWS, TOPK_SPIN_MAX_ROWS, TOPK_SPIN_MAX_WIDTH,
                     peer_available, set_topk_backend, spin_topk_is_faster, topk, topk_backend,
@@ -41,9 +42,10 @@ elif not NATIVE:
     log.info("spin_trtllm: no CUDA; spin ops run the reference implementation")
 
 __all__ = ["BLOCK_SLOTS", "EXPLORATION_POLICY", "HEAD_DIM", "INDEX_HEADS", "MAX_HYBRID_BLOCKS",
-           "MAX_NEXT_N", "MAX_SORTED_K", "NATIVE", "NATIVE_ABI", "OPS", "POOLING", "SCHEMAS",
+           "MAX_NEXT_N", "MAX_SORTED_K", "NATIVE", "NATIVE_ABI", "OPS", "POOLING", "REFERENCE_ONLY",
+           "SCHEMAS",
            "STATE_TORCH_DTYPES", "TOPK_BACKENDS", "TOPK_RAGGED_MAX_ROWS", "TOPK_SPIN_MAX_ROWS",
-           "TOPK_SPIN_MAX_WIDTH", "OpState", "compact", "indexer_logits", "peer_available",
-           "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
-           "spin_topk_is_faster", "summaries_like", "summarize", "topk", "topk_backend",
+           "TOPK_SPIN_MAX_WIDTH", "OpState", "compact", "gauss", "gauss_summaries_like",
+           "indexer_logits", "peer_available", "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
+           "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss", "topk", "topk_backend",
            "topk_peer", "update"]

@@ -219,6 +219,7 @@ def require_supported(cfg: SpinConfig) -> None:
 # ---- registration --------------------------------------------------------------------------
 LIBRARY = torch.library.Library("spin", "DEF")
 SCHEMAS: dict[str, str] = {}        # op name -> schema, in registration order
+REFERENCE_ONLY: set[str] = set()     # ops without a kernel: the reference on every device
 
 
 def _fake(op: str, *args, **kwargs) -> None:
@@ -243,6 +244,8 @@ def register(schema: str, validate, reference, native: bool = True) -> None:
             reference(*args, **kwargs)
 
     SCHEMAS[name] = schema
+    if not native:
+        REFERENCE_ONLY.add(name)
     LIBRARY.define(schema)
     LIBRARY.impl(name, impl, "CPU")
     LIBRARY.impl(name, impl, "CUDA")

@@ -16,12 +16,13 @@ block's best page.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, KEY_BYTES, PAGE_SIZES, SUMMARY_BYTES
+from ..limits import BLOCK_SLOTS, GAUSS_SUMMARY_BYTES, KEY_BYTES, PAGE_SIZES, SUMMARY_BYTES
 from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
                       device_of, fail, register)
 
@@ -29,18 +30,26 @@ SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
 PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
                 "Tensor block_table, int page_slots, Tensor(a!) out) -> ()")
+# gauss: the same arguments over rows of GAUSS_SUMMARY_BYTES (the mean row, then the std row);
+# no kernel yet, the reference on every device
+SUMMARIZE_GAUSS_SCHEMA = SUMMARIZE_SCHEMA.replace("summarize(", "summarize_gauss(")
+GAUSS_SCHEMA = PROBE_SCHEMA.replace("probe(", "gauss(")
+
+
+def _row_bytes(op: str) -> int:
+    return GAUSS_SUMMARY_BYTES if op in ("summarize_gauss", "gauss") else SUMMARY_BYTES
 
 
 def _check_summaries(op: str, summaries, dev) -> None:
     check_tensor(op, "summaries", summaries, (torch.uint8,), 2, dev, contiguous=True)
-    if summaries.shape[0] < 1 or summaries.shape[1] != SUMMARY_BYTES:
-        fail(op, f"summaries must be uint8 [num_pages >= 1, {SUMMARY_BYTES}] (one row per "
+    width = _row_bytes(op)
+    if summaries.shape[0] < 1 or summaries.shape[1] != width:
+        fail(op, f"summaries must be uint8 [num_pages >= 1, {width}] (one row per "
                  f"K-cache page), got shape {list(summaries.shape)}")
     check_aligned16(op, summaries=summaries)
 
 
-def _validate_summarize(kv_cache, pages, fill, summaries) -> None:
-    op = "summarize"
+def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize") -> None:
     dev = device_of(kv_cache)
     check_cache(op, kv_cache, dev, PAGE_SIZES)
     check_aligned16(op, kv_cache=kv_cache)
@@ -63,8 +72,15 @@ def _summarize_reference(kv_cache, pages, fill, summaries) -> None:
     summaries[at, KEY_BYTES:KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
 
 
-def _validate_probe(q, summaries, weights, context_lens, block_table, page_slots, out) -> None:
-    op = "probe"
+def _summarize_gauss_reference(kv_cache, pages, fill, summaries) -> None:
+    live = (pages >= 0) & (pages < summaries.shape[0])
+    if bool(live.any()):
+        summaries[pages[live].long()] = ref.summarize_pages_gauss(kv_cache, pages[live],
+                                                                  fill[live])
+
+
+def _validate_probe(q, summaries, weights, context_lens, block_table, page_slots, out,
+                    op="probe") -> None:
     dev = device_of(q)
     if page_slots not in PAGE_SIZES:
         fail(op, f"page_slots must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_slots}")
@@ -80,14 +96,45 @@ def _probe_reference(q, summaries, weights, context_lens, block_table, page_slot
                                out.shape[1], page_slots=page_slots).float())
 
 
+def _gauss_reference(q, summaries, weights, context_lens, block_table, page_slots, out) -> None:
+    out.copy_(ref.gauss_scores(q, summaries, weights, context_lens, block_table,
+                               out.shape[1], page_slots=page_slots).float())
+
+
 register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_reference)
 register(PROBE_SCHEMA, _validate_probe, _probe_reference)
+register(SUMMARIZE_GAUSS_SCHEMA, functools.partial(_validate_summarize, op="summarize_gauss"),
+         _summarize_gauss_reference, native=False)
+register(GAUSS_SCHEMA, functools.partial(_validate_probe, op="gauss"), _gauss_reference,
+         native=False)
 
 
 def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:
     """A zeroed summary table for kv_cache: one SUMMARY_BYTES row per page."""
     return torch.zeros(kv_cache.shape[0], SUMMARY_BYTES, dtype=torch.uint8,
                        device=kv_cache.device)
+
+
+def gauss_summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A zeroed gauss summary table for kv_cache: one GAUSS_SUMMARY_BYTES row per page."""
+    return torch.zeros(kv_cache.shape[0], GAUSS_SUMMARY_BYTES, dtype=torch.uint8,
+                       device=kv_cache.device)
+
+
+def summarize_gauss(kv_cache, pages, fill, summaries) -> None:
+    """summarize's gauss rows: each page's mean and per-dimension std
+    (reference.summarize_pages_gauss)."""
+    torch.ops.spin.summarize_gauss(kv_cache, pages, fill, summaries)
+
+
+def gauss(q, summaries, weights, context_lens, block_table, num_blocks: int,
+          out: Optional[torch.Tensor] = None, page_slots: int = BLOCK_SLOTS) -> torch.Tensor:
+    """fp32 [B*R, num_blocks] expected-ReLU scores of the page columns from gauss summaries
+    (reference.gauss_scores)."""
+    if out is None:
+        out = torch.empty(q.shape[0], num_blocks, dtype=torch.float32, device=q.device)
+    torch.ops.spin.gauss(q, summaries, weights, context_lens, block_table, page_slots, out)
+    return out
 
 
 def summarize(kv_cache, pages, fill, summaries) -> None:

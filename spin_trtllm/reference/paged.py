@@ -4,11 +4,12 @@ indexer K cache (uint8 pages of 64 fp8 keys of 128 B, then 64 fp32 scales)."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
+from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES as SUMMARY_ROW
 
 
 # ---- the paged FP8 indexer and top-K over compact logits (spec of the native ops) ------------
@@ -50,6 +51,23 @@ def table_pages(block_table: torch.Tensor, ids: torch.Tensor,
     return torch.where(live, pages, 0), live
 
 
+def _visible_keys(kv_cache: torch.Tensor, pages: torch.Tensor,
+                  fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keys float32 [P, S, 128], visible bool [P, S], count int64 [P]) of pages[i]'s first
+    clamp(fill[i], 0, S) slots."""
+    S = page_slots_of(kv_cache)
+    keys = dequantize_pages(kv_cache[pages.long().clamp(0, kv_cache.shape[0] - 1)])
+    f = fill.long().clamp(0, S)
+    return keys, torch.arange(S, device=keys.device) < f.unsqueeze(-1), f
+
+
+def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 rows [P, 128] -> (e4m3 as uint8 [P, 128], fp32 scale [P]): scale =
+    max(amax / 448, 1e-12), round-to-nearest."""
+    scale = (rows.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
+    return (rows / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8), scale
+
+
 def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
                     fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summaries of K-cache pages: (fp8 e4m3 keys as uint8 [P, 128], fp32 scales [P]).
@@ -58,15 +76,29 @@ def summarize_pages(kv_cache: torch.Tensor, pages: torch.Tensor,
     dequantized keys (S slots per page: 64 or 32; the products fp8 * scale in fp32, summed in
     fp64, the mean cast to fp32), quantized with scale = max(amax / 448, 1e-12) (fp32) and
     round-to-nearest e4m3; f = 0 gives a zero key."""
-    S = page_slots_of(kv_cache)
-    keys = dequantize_pages(kv_cache[pages.long().clamp(0, kv_cache.shape[0] - 1)])
-    f = fill.long().clamp(0, S)
-    valid = torch.arange(S, device=keys.device) < f.unsqueeze(-1)
+    keys, valid, f = _visible_keys(kv_cache, pages, fill)
     total = torch.where(valid.unsqueeze(-1), keys.double(), 0.0).sum(1)
     mean = (total / f.clamp(min=1).unsqueeze(-1).double()).float()
-    scale = (mean.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
-    rows = (mean / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
-    return rows, scale
+    return _quantized(mean)
+
+
+def summarize_pages_gauss(kv_cache: torch.Tensor, pages: torch.Tensor,
+                          fill: torch.Tensor) -> torch.Tensor:
+    """gauss summaries of K-cache pages: uint8 [P, 288], the mean row of summarize_pages, then
+    the per-dimension standard deviation of the same keys (population: sqrt of the mean
+    squared deviation, fp64, cast to fp32) in the same row format."""
+    keys, valid, f = _visible_keys(kv_cache, pages, fill)
+    k = torch.where(valid.unsqueeze(-1), keys.double(), 0.0)
+    count = f.clamp(min=1).unsqueeze(-1).double()
+    mean = k.sum(1) / count
+    dev = torch.where(valid.unsqueeze(-1), k - mean.unsqueeze(1), 0.0)
+    std = (dev.square().sum(1) / count).sqrt().float()
+    out = torch.zeros(len(f), 2 * SUMMARY_ROW, dtype=torch.uint8, device=keys.device)
+    for at, part in ((0, mean.float()), (SUMMARY_ROW, std)):
+        rows, scale = _quantized(part)
+        out[:, at:at + KEY_BYTES] = rows
+        out[:, at + KEY_BYTES:at + KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
+    return out
 
 
 def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
@@ -92,6 +124,31 @@ def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
     keys = dequantize_summaries(summaries)[pages].to(dtype)                        # [B, J, 128]
     z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
+    visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
+    return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+
+
+def gauss_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
+                 dtype: torch.dtype = torch.float64, page_slots: int = BLOCK_SLOTS) -> torch.Tensor:
+    """G[b*R + r, j] = sum_h w_h E[relu(X_h)], X_h ~ N(mu_h, sd_h^2) with mu_h = q_h . m_j and
+    sd_h^2 = sum_d q_hd^2 s_jd^2 (m_j, s_j the mean and std rows of page block_table[b, j]'s
+    gauss summary, uint8 [num_pages, 288]); E[relu(X)] = mu Phi(mu / sd) + sd phi(mu / sd),
+    relu(mu) where sd = 0. The replay's gauss (replay.probe.gauss_scores) on summary rows;
+    columns and -inf as probe_scores. [B*R, num_blocks]."""
+    B, R = context_lens.shape
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    j = torch.arange(num_blocks, device=q.device)
+    pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
+    mean = dequantize_summaries(summaries[:, :SUMMARY_ROW])[pages].to(dtype)      # [B, J, 128]
+    std = dequantize_summaries(summaries[:, SUMMARY_ROW:])[pages].to(dtype)
+    mu = torch.einsum("brhd,bjd->brjh", qf, mean)
+    sd = torch.einsum("brhd,bjd->brjh", qf * qf, std * std).clamp(min=0).sqrt()
+    a = mu / sd.clamp(min=1e-30)
+    expected = mu * torch.special.ndtr(a) + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+    expected = torch.where(sd > 0, expected, mu.relu())
+    z = (expected * w[:, :, None, :]).sum(-1)
     visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
     return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
 
