@@ -197,8 +197,9 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     block as 64 slots); one update pass per step (MTP rows up to the accepted draft share it);
     the logits and top-K traffic that SPIN and all-keep both have is not counted.
     A query-aware predictor adds its summary rows (SUMMARY_BYTES each: one for "probe" and
-    "hybrid", two for "gauss", the mean and the std) per visible block to the K-cache figure; select reads V/D only for one that ranks by history
-    ("spin", "hybrid"); update reads and writes them for every predictor."""
+    "hybrid", two for "gauss", the mean and the std) per visible block to the K-cache figure;
+    select reads V/D only for one that ranks by history ("spin", "hybrid"); update reads and
+    writes them for every predictor."""
 
     k_cache = selected_blocks * BLOCK_SLOTS * SLOT_BYTES
     if state_dtype is None:

@@ -42,10 +42,10 @@ elif not NATIVE:
     log.info("spin_trtllm: no CUDA; spin ops run the reference implementation")
 
 __all__ = ["BLOCK_SLOTS", "EXPLORATION_POLICY", "HEAD_DIM", "INDEX_HEADS", "MAX_HYBRID_BLOCKS",
-           "MAX_NEXT_N", "MAX_SORTED_K", "NATIVE", "NATIVE_ABI", "OPS", "POOLING", "REFERENCE_ONLY",
-           "SCHEMAS",
-           "STATE_TORCH_DTYPES", "TOPK_BACKENDS", "TOPK_RAGGED_MAX_ROWS", "TOPK_SPIN_MAX_ROWS",
-           "TOPK_SPIN_MAX_WIDTH", "OpState", "compact", "gauss", "gauss_summaries_like",
-           "indexer_logits", "peer_available", "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
-           "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss", "topk", "topk_backend",
-           "topk_peer", "update"]
+           "MAX_NEXT_N", "MAX_SORTED_K", "NATIVE", "NATIVE_ABI", "OPS", "POOLING",
+           "REFERENCE_ONLY", "SCHEMAS", "STATE_TORCH_DTYPES", "TOPK_BACKENDS",
+           "TOPK_RAGGED_MAX_ROWS", "TOPK_SPIN_MAX_ROWS", "TOPK_SPIN_MAX_WIDTH", "OpState",
+           "compact", "gauss", "gauss_summaries_like", "indexer_logits", "peer_available",
+           "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
+           "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss", "topk",
+           "topk_backend", "topk_peer", "update"]
