@@ -359,3 +359,11 @@ def test_engine_hybrid_decodes_and_selects_unlike_either_part():
     assert len(hybrid_picks) == len(spin_picks) == len(probe_picks) > 1
     assert any(not torch.equal(a, b) for a, b in zip(hybrid_picks, spin_picks))
     assert any(not torch.equal(a, b) for a, b in zip(hybrid_picks, probe_picks))
+
+
+@pytest.mark.gpu
+def test_gauss_is_refused_on_cuda_until_it_has_kernels():
+    cfg = spin_cfg()
+    pool = StatePool(L, max_requests=2, cfg=cfg, device="cuda")
+    with pytest.raises(SpinError, match="predictor='gauss' has no CUDA kernels yet"):
+        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="gauss"))
