@@ -310,9 +310,8 @@ class SpinIndexer:
         """predictor="probe" or "hybrid": build the summaries of the visible pages of some
         requests in layer `layer`'s table, from their keys in kv_cache. block_table int32
         [N, pages] (or one request's row [pages]); context_lens [N] visible indexer slots per
-        request; start [N] (default 0): the first slot whose page is summarized again (pages,
-        of page_slots slots,
-        below it are summarized already). Call it after prefill writes a request's keys, and
+        request; start [N] (default 0): the first slot whose page is summarized again (the
+        pages below it are summarized already). Call it after prefill writes a request's keys, and
         whenever a request's cache was written while this indexer did not run (dense steps, a
         restart): decode steps only re-summarize the pages of their newest slots. Eager,
         outside CUDA graphs (the lengths are read on the host). Does nothing with

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import predictors
 from .errors import SpinError
-from .limits import BLOCK_SLOTS, PAGE_SIZES  # noqa: F401  (BLOCK_SLOTS: the default)
+from .limits import BLOCK_SLOTS, PAGE_SIZES
 
 LOGITS_BACKENDS = ("native", "deepgemm", "reference")   # spin_trtllm.logits.BACKENDS
 SWITCHES = ("auto", "spin", "dense")

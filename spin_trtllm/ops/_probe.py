@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, GAUSS_SUMMARY_BYTES, KEY_BYTES, PAGE_SIZES, SUMMARY_BYTES
+from ..limits import BLOCK_SLOTS, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SUMMARY_BYTES
 from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
                       device_of, fail, register)
 
@@ -36,56 +36,51 @@ SUMMARIZE_GAUSS_SCHEMA = SUMMARIZE_SCHEMA.replace("summarize(", "summarize_gauss
 GAUSS_SCHEMA = PROBE_SCHEMA.replace("probe(", "gauss(")
 
 
-def _row_bytes(op: str) -> int:
-    return GAUSS_SUMMARY_BYTES if op in ("summarize_gauss", "gauss") else SUMMARY_BYTES
-
-
-def _check_summaries(op: str, summaries, dev) -> None:
+def _check_summaries(op: str, summaries, dev, width: int) -> None:
     check_tensor(op, "summaries", summaries, (torch.uint8,), 2, dev, contiguous=True)
-    width = _row_bytes(op)
     if summaries.shape[0] < 1 or summaries.shape[1] != width:
         fail(op, f"summaries must be uint8 [num_pages >= 1, {width}] (one row per "
                  f"K-cache page), got shape {list(summaries.shape)}")
     check_aligned16(op, summaries=summaries)
 
 
-def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize") -> None:
+def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize",
+                        width=SUMMARY_BYTES) -> None:
     dev = device_of(kv_cache)
     check_cache(op, kv_cache, dev, PAGE_SIZES)
     check_aligned16(op, kv_cache=kv_cache)
     check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
     check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
     check_shape(op, "fill", fill, tuple(pages.shape))
-    _check_summaries(op, summaries, dev)
+    _check_summaries(op, summaries, dev, width)
     if summaries.shape[0] != kv_cache.shape[0]:
         fail(op, f"summaries has {summaries.shape[0]} rows, the cache {kv_cache.shape[0]} pages: "
                  "one summary per page")
 
 
-def _summarize_reference(kv_cache, pages, fill, summaries) -> None:
-    live = (pages >= 0) & (pages < summaries.shape[0])
-    if not bool(live.any()):
-        return
-    rows, scale = ref.summarize_pages(kv_cache, pages[live], fill[live])
-    at = pages[live].long()
-    summaries[at, :KEY_BYTES] = rows
-    summaries[at, KEY_BYTES:KEY_BYTES + 4] = scale.view(-1, 1).view(torch.uint8)
+def _summarize_with(rows_of):
+    """The reference of a summarize op: rows_of(kv_cache, pages, fill) -> uint8 [P, width'] into
+    the leading bytes of each live page's row (pages outside the table are skipped)."""
+    def run(kv_cache, pages, fill, summaries) -> None:
+        live = (pages >= 0) & (pages < summaries.shape[0])
+        if bool(live.any()):
+            rows = rows_of(kv_cache, pages[live], fill[live])
+            summaries[pages[live].long(), :rows.shape[1]] = rows
+    return run
 
 
-def _summarize_gauss_reference(kv_cache, pages, fill, summaries) -> None:
-    live = (pages >= 0) & (pages < summaries.shape[0])
-    if bool(live.any()):
-        summaries[pages[live].long()] = ref.summarize_pages_gauss(kv_cache, pages[live],
-                                                                  fill[live])
+def _mean_rows(kv_cache, pages, fill) -> torch.Tensor:
+    rows, scale = ref.summarize_pages(kv_cache, pages, fill)
+    return torch.cat([rows, scale.view(-1, 1).view(torch.uint8)], 1)    # [P, 132]
 
 
 def _validate_probe(q, summaries, weights, context_lens, block_table, page_slots, out,
-                    op="probe") -> None:
+                    op="probe", width=SUMMARY_BYTES) -> None:
     dev = device_of(q)
     if page_slots not in PAGE_SIZES:
         fail(op, f"page_slots must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_slots}")
     B, R = check_query(op, q, weights, context_lens, block_table, dev)
-    _check_summaries(op, summaries, dev)
+    _check_summaries(op, summaries, dev, width)
     check_tensor(op, "out", out, (torch.float32,), 2, dev, contiguous=True)
     if out.shape[0] != B * R or out.shape[1] < 1:
         fail(op, f"out must have shape [{B * R}, num_blocks >= 1], got {list(out.shape)}")
@@ -101,12 +96,13 @@ def _gauss_reference(q, summaries, weights, context_lens, block_table, page_slot
                                out.shape[1], page_slots=page_slots).float())
 
 
-register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_reference)
+register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_with(_mean_rows))
 register(PROBE_SCHEMA, _validate_probe, _probe_reference)
-register(SUMMARIZE_GAUSS_SCHEMA, functools.partial(_validate_summarize, op="summarize_gauss"),
-         _summarize_gauss_reference, native=False)
-register(GAUSS_SCHEMA, functools.partial(_validate_probe, op="gauss"), _gauss_reference,
-         native=False)
+register(SUMMARIZE_GAUSS_SCHEMA, functools.partial(_validate_summarize, op="summarize_gauss",
+                                                   width=GAUSS_SUMMARY_BYTES),
+         _summarize_with(ref.summarize_pages_gauss), native=False)
+register(GAUSS_SCHEMA, functools.partial(_validate_probe, op="gauss", width=GAUSS_SUMMARY_BYTES),
+         _gauss_reference, native=False)
 
 
 def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:

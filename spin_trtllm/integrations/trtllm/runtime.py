@@ -42,6 +42,7 @@ class _Runtime:
         self.adapter: Optional[SpinDecodeAdapter] = None
         self.layer_index = {idx: i for i, idx in enumerate(sorted(_LAYERS))}
         self.manager_ref: Callable[[], Any] = lambda: None     # the KV-cache manager it serves
+        self.caches: Optional[list] = None       # its SPIN layers' K caches (probe, hybrid)
         self.active = False
         self.step_key: tuple[int, int] = (0, 0)      # (next_n, generation requests) of the step
         # the step's forward seen by Python (eager or CUDA-graph capture) and whether its MTP
@@ -83,7 +84,8 @@ class _Runtime:
             self.adapter.reset(new_cache=True)  # a rebuilt KV cache: no request carries over
             self.graph_finishes.clear()
         self.manager_ref = weakref.ref(manager)
-        caches = self._caches(md)
+        # looked up once per KV-cache manager, not at every step's prepare()
+        self.caches = caches = self._caches(md)
         if caches is not None:      # made now, before any CUDA-graph capture of the probe
             made = self.adapter.make_summaries(caches)
             log.info("spin_trtllm: %.1f MB of probe summary tables (%d B per indexer page per "
@@ -134,7 +136,7 @@ class _Runtime:
                                "scheduler counts every draft accepted")
         self.adapter.begin_step(DecodeBatch(ids, cached + next_n,
                                             md.indexer_k_cache_block_offsets[nc:nc + ng],
-                                            prefill_ids=prefill, kv_caches=self._caches(md)),
+                                            prefill_ids=prefill, kv_caches=self.caches),
                                 next_n=next_n, select=False)
         self.active = True
         self.step_key = (next_n, ng)
