@@ -11,22 +11,34 @@
 #   bash tests/gpu/device_check.sh                    both
 # Every tool checks the kernels of namespace spin only: DeepGEMM's and torch's are upstream's,
 # and left uninstrumented they run at full speed, which keeps the engine tests inside the limit.
-# Only the test process is sanitized: the second processes some tests start run the same kernels. Both steps build the native
-# library and DeepGEMM first. Logs go to ${OUT:-/tmp/spin-gpu}.
+# Only the test process is sanitized: the second processes some tests start run the same kernels.
+# The sanitizers run the stand-in's torch emulation of DeepGEMM (its kernels are not checked
+# anyway) unless SANITIZE_DEEPGEMM=real; the plain step always builds and runs DeepGEMM.
+# Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
+# skips that); plain also leaves it packed as $OUT/libspin_native.so.gz for a later call.
+# Logs go to ${OUT:-/tmp/spin-gpu}.
 # Needs third_party/deepgemm.tar.gz (tests/gpu/deepgemm_env.sh) and .whl/ where pydantic is missing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-all}; [ $# -gt 0 ] && shift
 case $step in plain|sanitize|all) ;; *) echo "usage: $0 [plain | sanitize [TOOL...]]"; exit 2;; esac
 out=${OUT:-/tmp/spin-gpu}; mkdir -p "$out"
-export SPIN_REQUIRE_NATIVE=1 TRTLLM_STANDIN_DEVICE=cuda TRTLLM_STANDIN_DEEPGEMM=real
+export SPIN_REQUIRE_NATIVE=1 TRTLLM_STANDIN_DEVICE=cuda
 source tests/gpu/device_env.sh
-source tests/gpu/deepgemm_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-build_deepgemm "$out/deepgemm_build.log" & dg=$!
+real_deepgemm=1
+[ "$step" = sanitize ] && [ "${SANITIZE_DEEPGEMM:-}" != real ] && real_deepgemm=0
+if [ $real_deepgemm = 1 ]; then
+  export TRTLLM_STANDIN_DEEPGEMM=real
+  source tests/gpu/deepgemm_env.sh
+  build_deepgemm "$out/deepgemm_build.log" & dg=$!
+fi
 build_native "$out/build.log"
-wait $dg || { echo "DeepGEMM build failed"; exit 1; }
-export PYTHONPATH="$DG_SRC:$PYTHONPATH"
+if [ $real_deepgemm = 1 ]; then
+  wait $dg || { echo "DeepGEMM build failed"; exit 1; }
+  export PYTHONPATH="$DG_SRC:$PYTHONPATH"
+fi
+[ "$step" = sanitize ] || gzip -c spin_trtllm/libspin_native.so > "$out/libspin_native.so.gz"
 pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
 
 if [ "$step" != sanitize ]; then
@@ -45,8 +57,8 @@ only_spin="--kernel-name kns=spin"
 compute-sanitizer --help | grep -q -- "--kernel-name" || only_spin="--filter kns=spin"
 limit=${SANITIZER_LIMIT:-480} shards=${SANITIZER_SHARDS:-4}
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
-timeout 240 "${pytest[@]}" -m "gpu and not large" tests/test_logits_backends.py \
-  tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
+[ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
+  tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
 start=$SECONDS
 read -ra opts <<< "$only_spin"
 for tool in "${tools[@]}"; do
