@@ -55,23 +55,34 @@ def pytest_configure(config):
 class KernelLog:
     """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests launched (torch.profiler, kernels inside
     CUDA graphs included) with the number of tests that launched it, written as JSON at the end
-    for tests/gpu/kernel_coverage.py."""
+    for tests/gpu/kernel_coverage.py. Each test's seconds are appended to FILE.times as it ends,
+    so a run cut off at its limit still shows where the time went."""
 
     def __init__(self, path: str):
         self.path, self.tests = path, {}
+        self.times = open(f"{path}.times", "a", buffering=1)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
+        import time
+
         from torch.profiler import ProfilerActivity, profile
 
+        start = time.perf_counter()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             yield
             torch.cuda.synchronize()
-        for name in {e.name for e in prof.events() if e.device_type.name == "CUDA"}:
+        # the raw events: prof.events() builds a Python tree of every launch, minutes for the
+        # engine tests' thousands of steps
+        cuda = torch.autograd.DeviceType.CUDA
+        for name in {e.name() for e in prof.profiler.kineto_results.events()
+                     if e.device_type() == cuda}:
             self.tests.setdefault(name, []).append(item.nodeid)
+        self.times.write(f"{time.perf_counter() - start:8.1f} s  {item.nodeid}\n")
 
     def pytest_sessionfinish(self, session):
         Path(self.path).write_text(json.dumps(self.tests, indent=1, sort_keys=True))
+        self.times.close()
 
 
 @pytest.fixture

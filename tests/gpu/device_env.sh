@@ -13,8 +13,9 @@ libstdcxx=$(ls /usr/lib/x86_64-linux-gnu/libstdc++.so.6 2>/dev/null) && export L
 # built from the same sources) is unpacked instead, to spend the call's time on the tests.
 build_native() {
   if [ -n "${SPIN_NATIVE_PREBUILT:-}" ]; then
-    gzip -dc "$SPIN_NATIVE_PREBUILT" > spin_trtllm/libspin_native.so && \
-      echo "native library: prebuilt $SPIN_NATIVE_PREBUILT" | tee "$1" && return 0
+    # a new file renamed into place: a process that has the old one loaded keeps it intact
+    gzip -dc "$SPIN_NATIVE_PREBUILT" > spin_trtllm/.libspin_native.so.$$ && \
+      mv spin_trtllm/.libspin_native.so.$$ spin_trtllm/libspin_native.so && echo "native library: prebuilt $SPIN_NATIVE_PREBUILT" | tee "$1" && return 0
     echo "cannot unpack SPIN_NATIVE_PREBUILT=$SPIN_NATIVE_PREBUILT"; exit 1
   fi
   python3 -m spin_trtllm._build > "$1" 2>&1 || { grep -m20 -E "error|Error" "$1"; exit 1; }
