@@ -3,7 +3,9 @@
 # cpp/src/indexer_logits.cu (in /tmp/before), runs the logits tests on the current kernel, plain
 # and under racecheck, synccheck and memcheck, then times both kernels with
 # benchmarks/bench_logits.py, alternating. Logs go to ${OUT:-/tmp/ab}.
-#   [ROUNDS=4] [CHECKS=0] bash tests/gpu/race_repro/logits_ab.sh BEFORE.cu
+#   [ROUNDS=4] [CHECKS=0] [BEFORE_PREBUILT=before.so.gz] bash tests/gpu/race_repro/logits_ab.sh BEFORE.cu
+# BEFORE_PREBUILT (and SPIN_NATIVE_PREBUILT for the current one, tests/gpu/device_env.sh) take
+# libraries built from the same sources by an earlier call instead of compiling them here.
 # CHECKS=0 skips the tests and sanitizers. With BEFORE.cu equal to the current kernel it
 # measures the noise of the comparison (A/A).
 set -uo pipefail
@@ -15,7 +17,12 @@ source tests/gpu/device_env.sh
 rm -rf /tmp/before && mkdir /tmp/before && cp -r spin_trtllm cpp benchmarks /tmp/before/
 cp "$before" /tmp/before/cpp/src/indexer_logits.cu
 rm -f /tmp/before/spin_trtllm/libspin_native*.so
-(cd /tmp/before && python3 -m spin_trtllm._build > "$out/build_before.log" 2>&1; echo "before: build rc=$?") &
+if [ -n "${BEFORE_PREBUILT:-}" ]; then   # BEFORE.cu's library, packed by an earlier call
+  gzip -dc "$BEFORE_PREBUILT" > /tmp/before/spin_trtllm/libspin_native.so; echo "before: prebuilt"
+else
+  (cd /tmp/before && python3 -m spin_trtllm._build > "$out/build_before.log" 2>&1
+   echo "before: build rc=$?") &
+fi
 build_native "$out/build.log"; echo "after: build rc=$?"
 wait
 if [ "${CHECKS:-1}" = 1 ]; then
