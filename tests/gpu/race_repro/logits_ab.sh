@@ -3,7 +3,8 @@
 # cpp/src/indexer_logits.cu (in /tmp/before), runs the logits tests on the current kernel, plain
 # and under racecheck, synccheck and memcheck, then times both kernels with
 # benchmarks/bench_logits.py, alternating. Logs go to ${OUT:-/tmp/ab}.
-#   [ROUNDS=4] [CHECKS=0] [BEFORE_PREBUILT=before.so.gz] bash tests/gpu/race_repro/logits_ab.sh BEFORE.cu
+#   [ROUNDS=4] [CHECKS=0] [BEFORE_PREBUILT=before.so.gz] \
+#     bash tests/gpu/race_repro/logits_ab.sh BEFORE.cu
 # BEFORE_PREBUILT (and SPIN_NATIVE_PREBUILT for the current one, tests/gpu/device_env.sh) take
 # libraries built from the same sources by an earlier call instead of compiling them here.
 # CHECKS=0 skips the tests and sanitizers. With BEFORE.cu equal to the current kernel it
