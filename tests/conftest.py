@@ -53,8 +53,9 @@ def pytest_configure(config):
 
 
 class KernelLog:
-    """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests launched (torch.profiler, kernels inside
-    CUDA graphs included) with the number of tests that launched it, written as JSON at the end
+    """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests not marked large (the ones
+    tests/gpu/device_check.sh sanitizes) launched (torch.profiler, kernels inside CUDA graphs
+    included) with the tests that launched it, written as JSON at the end
     for tests/gpu/kernel_coverage.py. Each test's seconds are appended to FILE.times as it ends,
     so a run cut off at its limit still shows where the time went."""
 
@@ -75,9 +76,11 @@ class KernelLog:
         # the raw events: prof.events() builds a Python tree of every launch, minutes for the
         # engine tests' thousands of steps
         cuda = torch.autograd.DeviceType.CUDA
-        for name in {e.name() for e in prof.profiler.kineto_results.events()
-                     if e.device_type() == cuda}:
-            self.tests.setdefault(name, []).append(item.nodeid)
+        # tests marked large are left out of the sanitizer runs, so out of this count too
+        if item.get_closest_marker("large") is None:
+            for name in {e.name() for e in prof.profiler.kineto_results.events()
+                         if e.device_type() == cuda}:
+                self.tests.setdefault(name, []).append(item.nodeid)
         self.times.write(f"{time.perf_counter() - start:8.1f} s  {item.nodeid}\n")
 
     def pytest_sessionfinish(self, session):

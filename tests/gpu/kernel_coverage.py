@@ -2,7 +2,8 @@
 
     python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json spin_trtllm/libspin_native.so
 
-KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set (tests/conftest.py). The
+KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set (tests/conftest.py): the tests
+that compute-sanitizer runs (all but those marked large). The
 library's kernels (every template instance) are the entry functions of its sm_90a code, read with
 cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
 launched."""
