@@ -70,14 +70,15 @@ class KernelLog:
         from torch.profiler import ProfilerActivity, profile
 
         start = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if item.get_closest_marker("large") is not None:   # not sanitized: not counted
             yield
-            torch.cuda.synchronize()
-        # the raw events: prof.events() builds a Python tree of every launch, minutes for the
-        # engine tests' thousands of steps
-        cuda = torch.autograd.DeviceType.CUDA
-        # tests marked large are left out of the sanitizer runs, so out of this count too
-        if item.get_closest_marker("large") is None:
+        else:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                yield
+                torch.cuda.synchronize()
+            # the raw events: prof.events() builds a Python tree of every launch, minutes for
+            # the engine tests' thousands of steps
+            cuda = torch.autograd.DeviceType.CUDA
             for name in {e.name() for e in prof.profiler.kineto_results.events()
                          if e.device_type() == cuda}:
                 self.tests.setdefault(name, []).append(item.nodeid)
