@@ -7,7 +7,8 @@
    the paper's Table 1, and the exploration / reduction / MTP ablations (plots);
 3. task-quality analog: held-out bits per byte of the teacher-forced continuations when the
    model's sparse attention uses the top-K of the SPIN-masked indexer, against all-keep.
-Usage: python benchmarks/quality.py --out DIR [--checkpoint CKPT] [--device cuda] ...
+Usage: python benchmarks/quality.py --out DIR [--checkpoint CKPT] [--device cuda]
+       [--page-slots 32|64] [--logits-backend native|deepgemm|reference] ...
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from spin_trtllm import SpinConfig
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import write_output
 from spin_trtllm.harness import Engine, Request
+from spin_trtllm.harness.engine.options import resolve_backend
 from spin_trtllm.harness.model import load_checkpoint
 from spin_trtllm.harness.pretrained import default_checkpoint
 from spin_trtllm.harness.train import stdlib_corpus
+from spin_trtllm.limits import BLOCK_SLOTS, PAGE_SIZES
+from spin_trtllm.options import LOGITS_BACKENDS
 from spin_trtllm.replay.evaluate import replay, run_study
 from spin_trtllm.replay.plots import plot_miss_curve, plot_topk_mask
 from spin_trtllm.replay.predictors import compare_predictors
@@ -43,12 +47,13 @@ def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
 
 
 def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=False,
-               measure_miss=False, predictor="spin"):
+               measure_miss=False, predictor="spin", page_slots=64, logits_backend="native"):
     # switch="spin": SPIN (or the probe) on every step, as the quality question asks
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=len(texts),
                     trace_request=list(range(len(texts))) if trace else None,
                     measure_miss=measure_miss, predictor=predictor,
-                    switch="spin" if spin is not None else None)
+                    switch="spin" if spin is not None else None, page_slots=page_slots,
+                    logits_backend=logits_backend)
     reqs = [Request(t[:prompt_tokens], max_new_tokens=steps, request_id=i,
                     forced=list(t[prompt_tokens:prompt_tokens + steps]))
             for i, t in enumerate(texts)]
@@ -59,7 +64,7 @@ def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=Fa
 def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
     # 1. traces (all-keep decoding: the dense indexer's own scores)
     engine, _ = run_forced(cfg, weights, args.device, None, texts[:args.prompts],
-                           args.prompt_tokens, args.steps, trace=True)
+                           args.prompt_tokens, args.steps, trace=True, **engine_args(args))
     traces = []
     for i in range(args.prompts):
         tr = engine.trace(i)
@@ -70,7 +75,8 @@ def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
     if args.mtp_prompts and cfg0.mtp_depth:
         cfg_mtp = cfg.with_overrides(mtp_depth=cfg0.mtp_depth)
         engine, outs = run_forced(cfg_mtp, weights, args.device, None, texts[args.prompts:],
-                                  args.prompt_tokens, args.steps, trace=True)
+                                  args.prompt_tokens, args.steps, trace=True,
+                                  **engine_args(args))
         for i in range(args.mtp_prompts):
             tr = engine.trace(i)
             tr.name = f"heldout_mtp{i}"
@@ -83,6 +89,11 @@ def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
           f"{traces[0].num_steps} steps [{time.time() - t0:.0f} s]", flush=True)
 
     return traces, mtp_traces
+
+
+def engine_args(args) -> dict:
+    """The engine choices every run of this tool shares (K-cache page size, logits backend)."""
+    return {"page_slots": args.page_slots, "logits_backend": args.logits_backend}
 
 
 def main(argv=None) -> int:
@@ -100,9 +111,19 @@ def main(argv=None) -> int:
                     help="block predictors of the bits-per-byte rows (probe: the query-aware "
                          "block summaries, hybrid: those merged with SPIN's history; "
                          "spin_trtllm.indexer)")
+    ap.add_argument("--page-slots", type=int, choices=PAGE_SIZES, default=BLOCK_SLOTS,
+                    help="slots per indexer K-cache page (32: DeepSeek-V4's tokens_per_block "
+                         "128, one SPIN block spans two pages); the same tokens and blocks "
+                         "either way")
+    ap.add_argument("--logits-backend", choices=LOGITS_BACKENDS, default="native",
+                    help="the decode indexer's logits (32-slot pages: deepgemm or reference "
+                         "on CUDA; on the CPU native runs the reference)")
     ap.add_argument("--bpb-only", action="store_true",
                     help="only the bits-per-byte rows (no traces, replays or plots)")
     args = ap.parse_args(argv)
+    # refused now, not after the traces (native cannot read 32-slot pages on CUDA); the name
+    # the engines run (on the CPU native reads 32-slot pages through the reference)
+    backend = resolve_backend(args.logits_backend, torch.device(args.device), args.page_slots)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = args.checkpoint or default_checkpoint()
@@ -116,7 +137,8 @@ def main(argv=None) -> int:
     texts = slices(corpus.held_out, args.prompts + args.mtp_prompts, length)
     report: dict = {"checkpoint": str(ckpt), "device": str(args.device),
                     "prompt_tokens": args.prompt_tokens, "steps": args.steps,
-                    "corpus": corpus.source}
+                    "corpus": corpus.source, "page_slots": args.page_slots,
+                    "logits_backend": backend.name}
     t0 = time.time()
     if not args.bpb_only:
         traces, mtp_traces = record_traces(args, cfg, cfg0, weights, texts, out, report, t0)
@@ -128,7 +150,7 @@ def main(argv=None) -> int:
         spin = None if rho is None else SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho)
         engine, outs = run_forced(cfg, weights, args.device, spin, texts[:args.prompts],
                                   args.prompt_tokens, args.steps, measure_miss=spin is not None,
-                                  predictor=predictor)
+                                  predictor=predictor, **engine_args(args))
         lp = [x for o in outs.values() for x in o.logprobs]
         hist = engine.history
         sel = sum(s.selected_blocks for s in hist)

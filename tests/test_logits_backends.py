@@ -7,10 +7,6 @@ length, as DeepGEMM leaves those columns unspecified); on a GPU with deep_gemm i
 same comparison runs against the real kernel.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -20,18 +16,9 @@ from spin_trtllm.logits import DeepGemmLogits
 from spin_trtllm.options import LOGITS_BACKENDS, IndexerOptions
 from spin_trtllm.state import StatePool
 from spin_trtllm.testing.pages import pack_pages, random_fp8_keys
+from standin_modules import standin_deep_gemm
 
-STANDIN_DG = Path(__file__).parent / "trtllm_standin" / "tensorrt_llm" / "deep_gemm"
 L, PAGES = 2, 12                   # indexer layers; 64-slot pages per request
-
-
-def standin_deep_gemm():
-    spec = importlib.util.spec_from_file_location(
-        "standin_deep_gemm", STANDIN_DG / "__init__.py", submodule_search_locations=[str(STANDIN_DG)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class Sm90Like:

@@ -23,13 +23,19 @@ from .._inputs import (CHECKPOINT_MAX_BYTES, approx_size, check_input_file, libr
 from .._outputs import write_output
 from ..errors import SpinError
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES
+from ..limits import BLOCK_SLOTS, KEY_BYTES, PAGE_SIZES, SLOT_BYTES
 from ..limits import HEAD_DIM, INDEX_HEADS
 from .config import INDEX_RATIOS, DsaLiteConfig
 
 FP8_MAX = 448.0
-PAGE = BLOCK_SLOTS
-PAGE_BYTES = PAGE * SLOT_BYTES
+
+
+def check_page_slots(page_slots: int) -> int:
+    """page_slots (slots per indexer K-cache page) as given, or SpinError naming it."""
+    if page_slots not in PAGE_SIZES:
+        raise SpinError(f"page_slots must be one of {', '.join(map(str, PAGE_SIZES))} (slots "
+                        f"per indexer K-cache page), got {page_slots!r}")
+    return page_slots
 
 
 class Indexer(Protocol):
@@ -269,14 +275,16 @@ class Caches:
     """Per-request KV of every layer plus the paged FP8 indexer K cache of the CSA layers.
 
     Cache slot `max_requests` is scratch: rows that must not write anywhere write there, so
-    every write in a forward pass has a static shape. Indexer pages are handed out as contexts
-    grow; page `num_pages` is scratch in the same way.
+    every write in a forward pass has a static shape. Indexer pages (page_slots slots each:
+    64, or 32 where a SPIN block spans two pages; the block table counts pages) are handed out
+    as contexts grow; page `num_pages` is scratch in the same way.
     """
 
     def __init__(self, cfg: DsaLiteConfig, max_requests: int, num_pages: int,
-                 device: torch.device):
+                 device: torch.device, page_slots: int = BLOCK_SLOTS):
         dt = getattr(torch, cfg.dtype)
         S = max_requests + 1
+        self.page_slots = P = check_page_slots(page_slots)
         self.cfg, self.max_requests, self.num_pages = cfg, max_requests, num_pages
         self.scratch_slot, self.scratch_page = max_requests, num_pages
         hd = cfg.head_dim
@@ -288,9 +296,9 @@ class Caches:
                      for i, r in enumerate(cfg.compress_ratios) if r}
         self.ring_ik = {i: torch.zeros(S, cfg.ring, HEAD_DIM, dtype=dt, device=device)
                         for i in cfg.csa_layers}
-        self.index = [torch.zeros(num_pages + 1, PAGE, 1, SLOT_BYTES, dtype=torch.uint8,
+        self.index = [torch.zeros(num_pages + 1, P, 1, SLOT_BYTES, dtype=torch.uint8,
                                   device=device) for _ in cfg.csa_layers]
-        self.max_pages = math.ceil(cfg.index_slots / PAGE)
+        self.max_pages = math.ceil(cfg.index_slots / P)
         self.block_table = torch.full((S, self.max_pages), -1, dtype=torch.int32, device=device)
         self._pages: dict[int, list[int]] = {}
         self._free = list(range(num_pages - 1, -1, -1))
@@ -301,7 +309,8 @@ class Caches:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
-    def estimate_bytes(cfg: DsaLiteConfig, max_requests: int, num_pages: int) -> int:
+    def estimate_bytes(cfg: DsaLiteConfig, max_requests: int, num_pages: int,
+                       page_slots: int = BLOCK_SLOTS) -> int:
         """What __init__ allocates (nbytes() plus the block table and the free-page list),
         computed without allocating: memory estimates check it before the caches exist."""
         S, dt = max_requests + 1, getattr(torch, cfg.dtype).itemsize
@@ -309,8 +318,8 @@ class Caches:
             * S * cfg.ring * dt
         comp = sum(S * (cfg.max_context // r + 1) * cfg.head_dim * dt
                    for r in cfg.compress_ratios if r)
-        index = len(cfg.csa_layers) * (num_pages + 1) * PAGE * SLOT_BYTES
-        table = S * math.ceil(cfg.index_slots / PAGE) * 4
+        index = len(cfg.csa_layers) * (num_pages + 1) * page_slots * SLOT_BYTES
+        table = S * math.ceil(cfg.index_slots / page_slots) * 4
         return rings + comp + index + table + 36 * num_pages      # a Python int per free page
 
     @property
@@ -320,7 +329,7 @@ class Caches:
     def ensure_pages(self, slot: int, index_slots: int) -> None:
         """Give cache slot `slot` pages for `index_slots` indexer slots."""
         pages = self._pages.setdefault(slot, [])
-        need = math.ceil(index_slots / PAGE)
+        need = math.ceil(index_slots / self.page_slots)
         if need > self.max_pages:
             raise SpinError(f"{index_slots} indexer slots exceed the cache's {self.max_pages} "
                             f"pages per request")
@@ -344,40 +353,46 @@ class Caches:
         """Seeded random contents for cache slot `slot`'s KV rings, compressed entries and the
         indexer pages of `context_tokens` tokens (benchmarks: step times do not depend on the
         values). The slot's pages must be there (ensure_pages)."""
-        device = self.block_table.device
+        device, P = self.block_table.device, self.page_slots
         g = torch.Generator(device).manual_seed(seed)
         for t in self.ring_k + self.ring_v + list(self.ring_ik.values()) + list(self.comp.values()):
             t[slot] = torch.randn(t.shape[1:], generator=g, device=device).to(t.dtype)
         pages = self.block_table[slot, :math.ceil((context_tokens // self.cfg.index_ratio + 1)
-                                                  / PAGE)]
+                                                  / P)]
         for kv in self.index:
-            keys = torch.randn(len(pages), PAGE * KEY_BYTES, generator=g,
+            keys = torch.randn(len(pages), P * KEY_BYTES, generator=g,
                                device=device).to(torch.float8_e4m3fn).view(torch.uint8)
-            scales = (torch.rand(len(pages), PAGE, generator=g, device=device)
+            scales = (torch.rand(len(pages), P, generator=g, device=device)
                       * 0.01 + 0.001).view(torch.uint8)
             kv.view(kv.shape[0], -1)[pages.long()] = torch.cat([keys, scales], 1)
 
 
 # ---- the prefill indexer ------------------------------------------------------------------------
 class PrefillIndexer:
-    """Dense top-K for the rows of one prefill chunk (plain PyTorch over the request's pages)."""
+    """Dense top-K for the rows of one prefill chunk (plain PyTorch over the request's pages):
+    every 64-slot block of the request, each page_slots-slot page read through its block
+    table (a block spans 64 / page_slots pages)."""
 
-    def __init__(self, k: int, dtype: torch.dtype):
+    def __init__(self, k: int, dtype: torch.dtype, page_slots: int = BLOCK_SLOTS):
         self.k, self.dtype = k, dtype
+        self.page_slots = check_page_slots(page_slots)
 
     def prepare(self, context_lens: torch.Tensor, block_table: torch.Tensor) -> None:
         self.context_lens, self.block_table = context_lens, block_table
-        self.blocks = math.ceil(int(context_lens.max()) / PAGE)
+        self.blocks = math.ceil(int(context_lens.max()) / BLOCK_SLOTS)
 
     def layer(self, layer, q, weights, kv_cache) -> torch.Tensor:
         rows, nb = q.shape[0], self.blocks
         if nb == 0:
             return torch.full((rows, self.k), -1, dtype=torch.int32, device=q.device)
-        pages = kv_cache[self.block_table[0, :nb].long()]
+        # the request's pages, gathered so that page column c is page c of the copy
+        per = BLOCK_SLOTS // self.page_slots
+        pages = kv_cache[self.block_table[0, :nb * per].long()]
+        cols = torch.arange(pages.shape[0], dtype=torch.int32, device=q.device).view(1, -1)
         ids = torch.arange(nb, dtype=torch.int32, device=q.device).view(1, -1)
         counts = torch.tensor([nb], dtype=torch.int32, device=q.device)
         dt = torch.float64 if self.dtype == torch.float64 else torch.float32
-        logits = ref.masked_indexer_logits(q, pages, weights, self.context_lens, ids, ids,
+        logits = ref.masked_indexer_logits(q, pages, weights, self.context_lens, cols, ids,
                                            counts, dtype=dt)
         return ref.topk_slots(logits, ids, counts, rows, self.k)
 
@@ -523,16 +538,17 @@ class DsaLiteModel:
         key = rope(key, g, cfg.rope_theta, dims=HEAD_DIM // 2)
         k8, kscale = quantize_rows_fp8(key)
         store = self._write_rows(pos, ratio, last)
-        page = block_table.to(torch.int64).gather(1, (g // PAGE).clamp(max=block_table.shape[1] - 1))
+        S = caches.page_slots                          # slot g: page column g // S, row g % S
+        page = block_table.to(torch.int64).gather(1, (g // S).clamp(max=block_table.shape[1] - 1))
         store = store & (page >= 0)
         page = torch.where(store, page, caches.scratch_page)
-        off = torch.where(store, g % PAGE, 0)
+        off = torch.where(store, g % S, 0)
         flat = caches.index[ci].view(-1)
-        base = page * PAGE_BYTES
+        base = page * (S * SLOT_BYTES)
         kb = torch.arange(KEY_BYTES, device=pos.device)
         sb = torch.arange(4, device=pos.device)
         flat[(base + off * KEY_BYTES).unsqueeze(-1) + kb] = k8.view(torch.uint8)
-        flat[(base + PAGE * KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
+        flat[(base + S * KEY_BYTES + off * 4).unsqueeze(-1) + sb] = \
             kscale.contiguous().view(torch.uint8).view(B, R, 4)
         # queries: RoPE on half of each head at the row's position in slot units
         iq = (x @ w[p + "wiq"]).view(B, R, INDEX_HEADS, HEAD_DIM)

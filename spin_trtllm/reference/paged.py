@@ -1,6 +1,7 @@
 """The paged FP8 indexer, its top-K over compact logits, the compacted block table and the
 probe's page summaries, in plain PyTorch: the specification of the native ops that read the
-indexer K cache (uint8 pages of 64 fp8 keys of 128 B, then 64 fp32 scales)."""
+indexer K cache (uint8 pages of S fp8 keys of 128 B, then S fp32 scales; S = 64, or 32 where
+a SPIN block spans two pages)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Optional
 
 import torch
 
-from ..limits import BLOCK_SLOTS, KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES as SUMMARY_ROW
+from ..errors import SpinError
+from ..limits import BLOCK_SLOTS, KEY_BYTES, PAGE_SIZES, SLOT_BYTES
+from ..limits import SUMMARY_BYTES as SUMMARY_ROW
 
 
 # ---- the paged FP8 indexer and top-K over compact logits (spec of the native ops) ------------
@@ -169,9 +172,16 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
                           dtype: torch.dtype = torch.float64, chunk: int = 256) -> torch.Tensor:
     """z[i] = sum_h w_h ReLU(q_h . k_i) over the selected blocks, compact [B*R, m_cap*64].
 
-    Slot (c, s) is block block_ids[b, c], slot s. -inf where c >= min(count, m_cap), the block
-    id is outside the block table, its page is outside the cache (never read), or the slot is
-    past the row's causal length context_lens[b, r]."""
+    Slot (c, s) is block block_ids[b, c], slot s. The cache's pages hold S = 64 or 32 slots
+    (page_slots_of); with per = 64 / S pages a block, block id j's slots s lie in page
+    block_table[b, per*j + s // S], slot s % S. -inf where c >= min(count, m_cap), the block
+    id is negative, the slot's page column is outside the block table or its page outside
+    the cache (never read), or the slot is past the row's causal length context_lens[b, r]."""
+    S = page_slots_of(kv_cache)
+    if S not in PAGE_SIZES:
+        raise SpinError(f"masked_indexer_logits: K-cache pages of {S} slots; pages hold "
+                        f"{' or '.join(map(str, PAGE_SIZES))} slots")
+    per = BLOCK_SLOTS // S
     B, R = context_lens.shape
     m_cap = block_ids.shape[1]
     num_pages = kv_cache.shape[0]
@@ -179,9 +189,14 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     w = weights.to(dtype).view(B, R, -1)
     c = torch.arange(m_cap, device=q.device)
     ids = block_ids.to(torch.int64)
-    pages, live = table_pages(block_table, ids, num_pages)
-    live &= c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)
-    pages = torch.where(live, pages, 0)
+    # the page columns of each block (per = 1: the block ids themselves), [B, m_cap * per]
+    cols = ids if per == 1 else \
+        (ids.unsqueeze(-1) * per + torch.arange(per, device=q.device)).flatten(1)
+    pages, page_live = table_pages(block_table, cols, num_pages)
+    page_live &= (c < counts.to(torch.int64).clamp(max=m_cap).unsqueeze(-1)).repeat_interleave(
+        per, 1)
+    pages = torch.where(page_live, pages, 0)
+    live = page_live.view(B, m_cap, per).any(-1)                       # a block with a page
     out = torch.zeros(B, R, m_cap, BLOCK_SLOTS, dtype=dtype, device=q.device)
     # only the pages of live blocks are read and dequantized, chunk by chunk (on the CPU the
     # live range is known without a sync; on CUDA, where graphs may capture this, all chunks)
@@ -190,14 +205,16 @@ def masked_indexer_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
         any_live = live.any(0)
         last = int(torch.nonzero(any_live).max()) + 1 if bool(any_live.any()) else 0
     for start in range(0, last, chunk):
-        sub = pages[:, start:start + chunk]
+        sub = pages[:, start * per:(start + chunk) * per]
         k = dequantize_pages(kv_cache[sub.reshape(-1)]).to(dtype).view(
-            B, sub.shape[1], BLOCK_SLOTS, -1)                           # [B, c, 64, 128]
+            B, sub.shape[1] // per, BLOCK_SLOTS, -1)                    # [B, c, 64, 128]
         dots = torch.einsum("brhd,bcsd->brcsh", qf, k)
         out[:, :, start:start + chunk] = (torch.relu(dots) * w[:, :, None, None, :]).sum(-1)
     slot = ids.unsqueeze(-1) * BLOCK_SLOTS + torch.arange(BLOCK_SLOTS, device=q.device)
     visible = slot.unsqueeze(1) < context_lens.to(torch.int64)[:, :, None, None]
-    out = out.masked_fill(~(live[:, None, :, None] & visible), float("-inf"))
+    # a slot counts where its own page is live (a block of two pages may miss one)
+    slot_live = page_live.view(B, m_cap, per).repeat_interleave(S, -1)   # [B, m_cap, 64]
+    out = out.masked_fill(~(slot_live.unsqueeze(1) & visible), float("-inf"))
     return out.reshape(B * R, m_cap * BLOCK_SLOTS)
 
 

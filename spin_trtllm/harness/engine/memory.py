@@ -41,7 +41,7 @@ SLACK = 1.25                    # freed blocks the allocator cannot reuse at onc
 
 
 def _slots(cfg: DsaLiteConfig) -> int:
-    """Indexer slots of the longest context, rounded up to whole pages."""
+    """Indexer slots of the longest context, rounded up to whole 64-slot blocks."""
     return math.ceil(cfg.index_slots / BLOCK_SLOTS) * BLOCK_SLOTS
 
 
@@ -105,8 +105,9 @@ def engine_bytes(cfg: DsaLiteConfig, spin: Optional[SpinConfig], options: Engine
     params = weight_count(cfg)
     weights = params * dt + (params * 4 if random_weights else 0)
     max_batch, max_requests = options.max_batch, options.max_requests or options.max_batch
-    pages = options.num_pages or max_requests * math.ceil(cfg.index_slots / BLOCK_SLOTS)
-    caches = Caches.estimate_bytes(cfg, max_requests, pages)
+    page_slots = options.page_slots
+    pages = options.num_pages or max_requests * math.ceil(cfg.index_slots / page_slots)
+    caches = Caches.estimate_bytes(cfg, max_requests, pages, page_slots)
     indexers = 0
     if spin is not None:
         indexers += _spin_bytes(cfg, spin, max_batch, max_requests)

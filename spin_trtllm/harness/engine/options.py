@@ -28,6 +28,21 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def resolve_backend(backend: "str | logits_backends.LogitsBackend", device: torch.device,
+                    page_slots: int) -> "logits_backends.LogitsBackend":
+    """A logits backend (name or object) for K-cache pages of page_slots slots; SpinError when
+    it cannot read them. On the CPU the native backend runs the reference op, so with 32-slot
+    pages (which its CUDA kernel cannot read) "native" there is the reference backend."""
+    if isinstance(backend, str):
+        if backend == "native" and page_slots != BLOCK_SLOTS and device.type != "cuda":
+            backend = "reference"
+        return logits_backends.resolve(backend, device, page_slots)
+    if backend.page_slots != page_slots:
+        raise SpinError(f"logits backend {backend.name!r} reads {backend.page_slots}-slot "
+                        f"pages, the engine's K cache has {page_slots}-slot pages (page_slots)")
+    return backend
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How an Engine batches, which indexer it runs and what it records.
@@ -60,6 +75,11 @@ class EngineOptions:
     overlap_select (predictor "spin", sm_90+; off by default, see SpinIndexer): each layer's
     blocks are selected beside the previous layer's top-K instead of all layers in one launch
     (ops.select's beside_previous).
+    page_slots: slots per indexer K-cache page, 64 or 32 (DeepSeek-V4 with tokens_per_block
+    128: one 64-slot SPIN block spans two pages). The caches, the prefill indexer and the
+    decode indexers all page by it. 32-slot pages need a logits backend that reads them
+    (reference, deepgemm; not the native kernel): on the CPU, where "native" runs the
+    reference op anyway, "native" resolves to "reference".
     """
 
     max_batch: int = 8
@@ -77,6 +97,7 @@ class EngineOptions:
     predictor: str = "spin"
     overlap_update: bool = True
     overlap_select: bool = False
+    page_slots: int = BLOCK_SLOTS
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -93,7 +114,8 @@ class EngineOptions:
         return IndexerOptions(logits_backend=backend if isinstance(backend, str) else backend.name,
                               predictor=self.predictor, switch=self.switch,
                               overlap_update=self.overlap_update,
-                              overlap_select=self.overlap_select)
+                              overlap_select=self.overlap_select,
+                              page_slots=self.page_slots)
 
     @property
     def trace_requests(self) -> set[int]:
@@ -116,9 +138,7 @@ class EngineOptions:
         if cuda_graphs and (device.type != "cuda" or self.eager_only):
             raise SpinError("cuda_graphs needs a CUDA device and no miss measuring, tracing or "
                             "indexer timing")
-        backend = self.logits_backend
-        if isinstance(backend, str):
-            backend = logits_backends.resolve(backend, device, BLOCK_SLOTS)
+        backend = resolve_backend(self.logits_backend, device, self.page_slots)
         return replace(
             self, max_requests=self.max_requests or self.max_batch,
             switch=self.indexer.switch_on(device.type),

@@ -156,9 +156,9 @@ def parse(req: Request, cfg: DsaLiteConfig, what: str) -> tuple[list[list[int]],
     return prompts, worst
 
 
-def pages_for(positions: int, index_ratio: int) -> int:
-    """Indexer K-cache pages that `positions` tokens of context can fill."""
-    return math.ceil((positions // index_ratio + 1) / BLOCK_SLOTS)
+def pages_for(positions: int, index_ratio: int, page_slots: int = BLOCK_SLOTS) -> int:
+    """Indexer K-cache pages (of page_slots slots) that `positions` tokens of context can fill."""
+    return math.ceil((positions // index_ratio + 1) / page_slots)
 
 
 def needs_logits(req: Request) -> bool:

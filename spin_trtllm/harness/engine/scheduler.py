@@ -21,6 +21,7 @@ from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from ...indexer import DenseIndexer, SpinIndexer
 from ...limits import BLOCK_SLOTS
+from ...logits import LogitsBackend
 from ...state import StatePool
 from ..config import DsaLiteConfig
 from ..model import Caches, DsaLiteModel, PrefillIndexer, check_memory, check_weights, init_weights
@@ -31,6 +32,28 @@ from .memory import engine_bytes
 from .options import EngineOptions
 from .requests import Live, Request, RequestError, RequestOutput
 from .tracing import ShadowObserver, StepStats, TimedIndexer, Timer, TraceRecorder
+
+
+def _dense_indexer(index_topk: int, num_layers: int, max_batch: int, next_n: int,
+                   max_context_len: int, device: torch.device,
+                   backend: "str | LogitsBackend", page_slots: int) -> DenseIndexer:
+    """The all-keep indexer over K-cache pages of page_slots slots. DenseIndexer assumes
+    64-slot pages; with 32-slot ones its block table gets two columns a block and the
+    backend (resolved for those pages) replaces the 64-slot one it was built with."""
+    if page_slots == BLOCK_SLOTS:
+        return DenseIndexer(index_topk, num_layers, max_batch, next_n, max_context_len, device,
+                            logits_backend=backend)
+    if isinstance(backend, str) or backend.page_slots != page_slots:
+        raise SpinError(f"the all-keep indexer needs a logits backend resolved for "
+                        f"{page_slots}-slot pages, got {backend!r}")
+    ix = DenseIndexer(index_topk, num_layers, max_batch, next_n, max_context_len, device,
+                      logits_backend="reference")
+    ix.backend = backend
+    if not backend.needs_out:
+        ix.logits = None
+    ix.block_table = torch.full((max_batch, ix.m_cap * (BLOCK_SLOTS // page_slots)), -1,
+                                dtype=torch.int32, device=ix.block_table.device)
+    return ix
 
 
 @dataclass
@@ -73,11 +96,13 @@ class Engine:
                      f"an engine for {opts.max_requests} requests ({cfg.sizes()})")
         self.model = DsaLiteModel(cfg, weights if weights is not None else init_weights(cfg),
                                   self.device)
-        pages_per_request = math.ceil(cfg.index_slots / BLOCK_SLOTS)
+        self.page_slots = opts.page_slots
+        pages_per_request = math.ceil(cfg.index_slots / self.page_slots)
         self.caches = Caches(cfg, self.max_requests,
-                             opts.num_pages or self.max_requests * pages_per_request, self.device)
+                             opts.num_pages or self.max_requests * pages_per_request, self.device,
+                             self.page_slots)
         self._build_indexers(opts)
-        self.prefill_indexer = PrefillIndexer(cfg.index_topk, self.model.dtype)
+        self.prefill_indexer = PrefillIndexer(cfg.index_topk, self.model.dtype, self.page_slots)
         self.graphs = GraphCache(self.pool.generation if self.pool is not None else 0)
         self._timed = Timer(self.time_indexer, self.device)
         R = cfg.next_n
@@ -114,13 +139,14 @@ class Engine:
                                   max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, self.max_batch, R, cfg.index_slots,
                                             opts.indexer, logits_backend=self.logits_backend)
-        self.dense_indexer = DenseIndexer(cfg.index_topk, L, self.max_batch, R, cfg.index_slots,
-                                          self.device, logits_backend=self.logits_backend) \
+        dense = (cfg.index_topk, L, self.max_batch, R, cfg.index_slots, self.device)
+        self.dense_indexer = _dense_indexer(*dense, self.logits_backend, opts.page_slots) \
             if spin is None or opts.switch != "spin" else None
         self.indexer = self.spin_indexer or self.dense_indexer
-        self.shadow = DenseIndexer(cfg.index_topk, L, self.max_batch, R, cfg.index_slots,
-                                   self.device) if (opts.measure_miss or self.trace_requests) \
-            else None
+        # the shadow runs the native kernel where it reads the pages, else the engine's backend
+        shadow = "native" if opts.page_slots == BLOCK_SLOTS else self.logits_backend
+        self.shadow = _dense_indexer(*dense, shadow, opts.page_slots) \
+            if (opts.measure_miss or self.trace_requests) else None
 
     # the capture cache's graphs and state generation (tests and benchmarks/profile_step.py)
     # ---- requests --------------------------------------------------------------------------
@@ -136,7 +162,7 @@ class Engine:
             rid = self._next_id
             self._next_id += 1                   # a finished request's id is not handed out again
         live = Live(req, rid, prompts)
-        live.reserved_pages = rq.pages_for(worst, self.cfg.index_ratio)
+        live.reserved_pages = rq.pages_for(worst, self.cfg.index_ratio, self.page_slots)
         if live.reserved_pages > self.caches.num_pages:
             raise RequestError(f"{what}: needs {live.reserved_pages} indexer pages, the cache "
                                f"has {self.caches.num_pages}")
@@ -163,7 +189,8 @@ class Engine:
         if request_id in self._ids_in_use:
             raise RequestError(f"request {request_id}: request_id already in use")
         live = Live(Request([0], max_new_tokens=max_new_tokens), request_id, [[0]])
-        live.reserved_pages = rq.pages_for(context_tokens + max_new_tokens + R, cfg.index_ratio)
+        live.reserved_pages = rq.pages_for(context_tokens + max_new_tokens + R, cfg.index_ratio,
+                                           self.page_slots)
         if self._reserved + live.reserved_pages > self.caches.num_pages:
             raise RequestError("synthetic request: indexer K cache out of pages")
         self._ids_in_use.add(request_id)

@@ -172,9 +172,10 @@ class TraceRecorder:
         `committed` (complete groups of accepted tokens) never change again; those above it
         were written by rejected draft rows, and the next step or turn rewrites them, so they
         are read again then. The pages are read now: a finished request gives them back."""
-        first = t["final"][0] // BLOCK_SLOTS
-        pages = caches.block_table[cache_slot, first:-(-seen // BLOCK_SLOTS)].long()
-        lo = first * BLOCK_SLOTS
+        S = caches.page_slots
+        first = t["final"][0] // S
+        pages = caches.block_table[cache_slot, first:-(-seen // S)].long()
+        lo = first * S
         for ci, buf in enumerate(t["keys"]):
             keys = ref.dequantize_pages(caches.index[ci][pages]).reshape(-1, KEY_BYTES)
             if buf.shape[0] < seen:
