@@ -266,11 +266,17 @@ def test_deepgemm_on_32_slot_pages_equals_native_on_64(spin):
 @pytest.mark.parametrize("mtp", [0, 2])
 def test_gpu_deepgemm_on_32_slot_pages_equals_64_slot_pages(mtp):
     """On a GPU (CUDA graphs): DeepGEMM over 32-slot pages gives the tokens and selections it
-    gives over 64-slot pages; the native kernel refuses 32-slot pages with the reason."""
+    gives over 64-slot pages (SM100), or is refused with the reason (SM90: 64-slot pages
+    only); the native kernel refuses 32-slot pages with the reason."""
     ok, why = logits_backends.available("deepgemm", "cuda")
     if not ok:
         pytest.skip(f"deepgemm backend: {why}")
     cfg = config(DSA, mtp)
+    if torch.cuda.get_device_capability()[0] == 9:     # DeepGEMM's SM90 kernel: 64-slot pages
+        with pytest.raises(SpinError, match="SM90 paged-logits kernel reads 64-slot pages only"):
+            Engine(cfg, spin_cfg(), weights=weights(cfg), device="cuda",
+                   logits_backend="deepgemm", page_slots=32)
+        return
     runs = []
     for slots in (64, 32):
         e = Engine(cfg, spin_cfg(), weights=weights(cfg), device="cuda", max_batch=3,

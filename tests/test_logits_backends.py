@@ -163,3 +163,20 @@ def test_gpu_dsa_lite_through_deepgemm_equals_native(mtp):
                      [s.selected_blocks for s in engine.history]))
     assert runs[0] == runs[1]
     assert sum(runs[0][1]) < sum(s.visible_blocks for s in engine.history)   # SPIN pruned
+
+
+@pytest.mark.parametrize("major,page_slots,ok", [(9, 32, False), (9, 64, True), (10, 32, True)])
+def test_deepgemm_page_sizes_follow_the_gpu(monkeypatch, major, page_slots, ok):
+    """DeepGEMM's SM90 paged-logits kernel takes 64-slot pages only: resolve() says so before
+    any engine is built, instead of DeepGEMM's assertion at the first step."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    monkeypatch.setitem(logits.BACKENDS, "deepgemm",
+                        (lambda device: (True, ""), logits.DeepGemmLogits))
+    monkeypatch.setattr(logits.DeepGemmLogits, "__init__",
+                        lambda self, module=None, page_slots=64: None)
+    if ok:
+        assert isinstance(logits.resolve("deepgemm", "cuda", page_slots), logits.DeepGemmLogits)
+    else:
+        with pytest.raises(SpinError, match="SM90 paged-logits kernel reads 64-slot pages only"):
+            logits.resolve("deepgemm", "cuda", page_slots)

@@ -116,6 +116,21 @@ def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks", [(20, 3200), (40, 1600)])
+def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks):
+    # on 132 SMs clusters of 4 (20 rows) and 2 (40 rows) whose shares (51.2K slots, 200 KB)
+    # exceed the 192 KB cache: the uncached instances, the only way those rows run
+    gen = torch.Generator().manual_seed(rows * blocks)
+    z = _topk_rows("zeros", rows, blocks * 64, gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    cnt[1] = blocks // 3
+    want = ops.topk(z, ids, cnt, 1, 2048)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, 2048)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows,blocks", [(3, 4096), (20, 1536), (40, 1536), (40, 300)])
 @pytest.mark.parametrize("kind", ["randn", "zeros",
                                   pytest.param("few_ties", marks=pytest.mark.large)])

@@ -61,7 +61,12 @@ def resolve(name: str, device: torch.device | str, page_slots: int = 64) -> Logi
     ok, reason = available(name, device)
     if not ok:
         raise SpinError(f"logits backend {name!r} is not usable on {device}: {reason}")
-    return BACKENDS[name][1](page_slots=page_slots)
+    factory = BACKENDS[name][1]
+    reads = getattr(factory, "reads", None)      # a page-size limit that depends on the device
+    ok, reason = reads(torch.device(device), page_slots) if reads else (True, "")
+    if not ok:
+        raise SpinError(f"logits backend {name!r} is not usable on {device}: {reason}")
+    return factory(page_slots=page_slots)
 
 
 __all__ = ["BACKENDS", "LogitsBackend", "available", "resolve", "NativeLogits",

@@ -99,6 +99,17 @@ class DeepGemmLogits:
         module, why = find_module()
         return (module is not None), (module.__name__ if module is not None else why)
 
+    @staticmethod
+    def reads(device: torch.device, page_slots: int) -> tuple[bool, str]:
+        """Whether DeepGEMM on `device` reads `page_slots`-slot pages: its SM90 paged-logits
+        kernel takes block_kv 64 only (SM100 also 32)."""
+        if page_slots != BLOCK_SLOTS and device.type == "cuda" and torch.cuda.is_available() \
+                and torch.cuda.get_device_capability(device)[0] == 9:
+            return False, (f"DeepGEMM's SM90 paged-logits kernel reads {BLOCK_SLOTS}-slot pages "
+                           f"only, not {page_slots}-slot ones (tokens_per_block "
+                           f"{4 * BLOCK_SLOTS} on V4; SM100 reads both)")
+        return True, ""
+
     def num_sms(self, device: torch.device) -> int:
         if self._num_sms is None:
             get = getattr(self.dg, "get_num_sms", None)

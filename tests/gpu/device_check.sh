@@ -64,8 +64,10 @@ read -ra opts <<< "$only_spin"
 for tool in "${tools[@]}"; do
   for ((i = 0; i < shards; i++)); do
     (
+      # no launch timeout: a dozen processes starting at once take longer than its 10 s
       SPIN_SHARD="$i/$shards" timeout "$limit" compute-sanitizer --tool "$tool" \
-        --target-processes application-only --error-exitcode 9 --print-limit 20 "${opts[@]}" \
+        --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
+        --print-limit 20 "${opts[@]}" \
         "${pytest[@]}" -m "gpu and not large" tests/ > "$out/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$shards: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$out/${tool}_$i.log"

@@ -35,7 +35,12 @@ def library_kernels(lib: str) -> list[str]:
 
 
 def key(name: str) -> str:
-    return re.sub(r"\s+", "", name)
+    """One spelling for the profiler's and cu++filt's names of a kernel: `(anonymous
+    namespace)` / `<unnamed>`, `<1, true>` / `<(int)1, (bool)1>`, a leading `void` or not."""
+    name = re.sub(r"\s+", "", name)
+    name = name.replace("(anonymousnamespace)", "<unnamed>").replace("(bool)0", "false")
+    name = name.replace("(bool)1", "true").replace("(int)", "")
+    return name.removeprefix("void")
 
 
 def main() -> int:
