@@ -38,7 +38,7 @@ from . import ops
 from . import reference as ref
 from .config import SpinConfig
 from .errors import SpinError
-from .limits import BLOCK_SLOTS, MAX_NEXT_N
+from .limits import BLOCK_SLOTS, MAX_NEXT_N, PAGE_SIZES
 from .options import IndexerOptions
 from .state import StatePool
 
@@ -473,12 +473,16 @@ class DenseIndexer:
 
     def __init__(self, index_topk: int, num_layers: int, max_batch: int, next_n: int,
                  max_context_len: int, device: torch.device | str = "cpu",
-                 logits_backend: "str | logits_backends.LogitsBackend" = "native"):
+                 logits_backend: "str | logits_backends.LogitsBackend" = "native",
+                 page_slots: int = BLOCK_SLOTS):
         if max_batch < 1 or not 1 <= next_n <= MAX_NEXT_N or max_context_len < 1 \
                 or num_layers < 1:
             raise SpinError(f"DenseIndexer: need num_layers, max_batch >= 1, 1 <= next_n <= "
                             f"{MAX_NEXT_N}, max_context_len >= 1; got {num_layers}, {max_batch}, "
                             f"{next_n}, {max_context_len}")
+        if page_slots not in PAGE_SIZES:
+            raise SpinError(f"DenseIndexer: page_slots must be one of "
+                            f"{', '.join(map(str, PAGE_SIZES))}, got {page_slots!r}")
         self.max_batch, self.next_n, self.max_context_len = max_batch, next_n, max_context_len
         self.num_layers, self.index_topk = num_layers, index_topk
         self.m_cap = math.ceil(max_context_len / BLOCK_SLOTS)
@@ -486,12 +490,14 @@ class DenseIndexer:
         rows = max_batch * next_n
         self.block_ids = torch.arange(self.m_cap, dtype=torch.int32, device=dev).repeat(max_batch, 1)
         self.counts = torch.zeros(max_batch, dtype=torch.int32, device=dev)
-        self.backend = _backend(logits_backend, dev)
+        self.backend = _backend(logits_backend, dev, page_slots)
         self.logits = torch.empty(rows, self.m_cap * BLOCK_SLOTS, device=dev) \
             if self.backend.needs_out else None
         self.topk = torch.full((num_layers, rows, index_topk), -1, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, next_n, dtype=torch.int32, device=dev)
-        self.block_table = torch.full((max_batch, self.m_cap), -1, dtype=torch.int32, device=dev)
+        # a block is BLOCK_SLOTS // page_slots pages
+        self.block_table = torch.full((max_batch, self.m_cap * (BLOCK_SLOTS // page_slots)), -1,
+                                      dtype=torch.int32, device=dev)
         self.step_logits: Optional[torch.Tensor] = None
         self.batch = 0
 

@@ -12,6 +12,7 @@ from spin_trtllm import SpinError
 from spin_trtllm import logits as logits_backends
 from spin_trtllm import reference as ref
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
+from spin_trtllm.indexer import DenseIndexer
 from spin_trtllm.harness.engine import EngineOptions
 from spin_trtllm.harness.engine.options import resolve_backend
 from spin_trtllm.harness.model import Caches, PrefillIndexer
@@ -429,6 +430,11 @@ def test_bad_page_sizes_are_refused_naming_the_value():
         Caches(cfg, 1, 4, torch.device("cpu"), page_slots=128)
     with pytest.raises(SpinError, match="page_slots must be one of 32, 64.*got 0"):
         PrefillIndexer(8, torch.float32, page_slots=0)
+    with pytest.raises(SpinError, match="DenseIndexer: page_slots must be one of 32, 64, got 96"):
+        DenseIndexer(8, 1, 1, 1, 64, page_slots=96)
+    with pytest.raises(SpinError, match="'reference' reads 64-slot pages, the K cache has 32"):
+        DenseIndexer(8, 1, 1, 1, 64, logits_backend=logits_backends.resolve("reference", "cpu"),
+                     page_slots=32)
     # the native kernel cannot read 32-slot pages (on CUDA; its availability needs no GPU)
     with pytest.raises(SpinError, match="'native' reads 64-slot K-cache pages, not 32-slot"):
         resolve_backend("native", torch.device("cuda"), 32)

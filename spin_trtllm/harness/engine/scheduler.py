@@ -21,7 +21,6 @@ from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from ...indexer import DenseIndexer, SpinIndexer
 from ...limits import BLOCK_SLOTS
-from ...logits import LogitsBackend
 from ...state import StatePool
 from ..config import DsaLiteConfig
 from ..model import Caches, DsaLiteModel, PrefillIndexer, check_memory, check_weights, init_weights
@@ -32,28 +31,6 @@ from .memory import engine_bytes
 from .options import EngineOptions
 from .requests import Live, Request, RequestError, RequestOutput
 from .tracing import ShadowObserver, StepStats, TimedIndexer, Timer, TraceRecorder
-
-
-def _dense_indexer(index_topk: int, num_layers: int, max_batch: int, next_n: int,
-                   max_context_len: int, device: torch.device,
-                   backend: "str | LogitsBackend", page_slots: int) -> DenseIndexer:
-    """The all-keep indexer over K-cache pages of page_slots slots. DenseIndexer assumes
-    64-slot pages; with 32-slot ones its block table gets two columns a block and the
-    backend (resolved for those pages) replaces the 64-slot one it was built with."""
-    if page_slots == BLOCK_SLOTS:
-        return DenseIndexer(index_topk, num_layers, max_batch, next_n, max_context_len, device,
-                            logits_backend=backend)
-    if isinstance(backend, str) or backend.page_slots != page_slots:
-        raise SpinError(f"the all-keep indexer needs a logits backend resolved for "
-                        f"{page_slots}-slot pages, got {backend!r}")
-    ix = DenseIndexer(index_topk, num_layers, max_batch, next_n, max_context_len, device,
-                      logits_backend="reference")
-    ix.backend = backend
-    if not backend.needs_out:
-        ix.logits = None
-    ix.block_table = torch.full((max_batch, ix.m_cap * (BLOCK_SLOTS // page_slots)), -1,
-                                dtype=torch.int32, device=ix.block_table.device)
-    return ix
 
 
 @dataclass
@@ -139,14 +116,16 @@ class Engine:
                                   max_capacity=cfg.index_slots + R)
             self.spin_indexer = SpinIndexer(spin, self.pool, self.max_batch, R, cfg.index_slots,
                                             opts.indexer, logits_backend=self.logits_backend)
-        dense = (cfg.index_topk, L, self.max_batch, R, cfg.index_slots, self.device)
-        self.dense_indexer = _dense_indexer(*dense, self.logits_backend, opts.page_slots) \
+        def dense(backend):
+            return DenseIndexer(cfg.index_topk, L, self.max_batch, R, cfg.index_slots,
+                                self.device, logits_backend=backend, page_slots=opts.page_slots)
+
+        self.dense_indexer = dense(self.logits_backend) \
             if spin is None or opts.switch != "spin" else None
         self.indexer = self.spin_indexer or self.dense_indexer
         # the shadow runs the native kernel where it reads the pages, else the engine's backend
         shadow = "native" if opts.page_slots == BLOCK_SLOTS else self.logits_backend
-        self.shadow = _dense_indexer(*dense, shadow, opts.page_slots) \
-            if (opts.measure_miss or self.trace_requests) else None
+        self.shadow = dense(shadow) if (opts.measure_miss or self.trace_requests) else None
 
     # the capture cache's graphs and state generation (tests and benchmarks/profile_step.py)
     # ---- requests --------------------------------------------------------------------------
