@@ -30,12 +30,12 @@ from spin_trtllm.harness.engine.options import resolve_backend
 from spin_trtllm.harness.model import load_checkpoint
 from spin_trtllm.harness.pretrained import default_checkpoint
 from spin_trtllm.harness.train import stdlib_corpus
-from spin_trtllm.limits import BLOCK_SLOTS, PAGE_SIZES
+from spin_trtllm.limits import BLOCK_SLOTS, PAGE_SIZES, SLOT_BYTES, SUMMARY_BYTES
 from spin_trtllm.options import LOGITS_BACKENDS
+from spin_trtllm.predictors import ENGINE_PREDICTORS, REGISTRY
 from spin_trtllm.replay.evaluate import replay, run_study
 from spin_trtllm.replay.plots import plot_miss_curve, plot_topk_mask
 from spin_trtllm.replay.predictors import compare_predictors
-from spin_trtllm.replay.trace import SpinTrace
 
 
 def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
@@ -106,11 +106,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--sparsity", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
-    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"],
-                    default=["spin"],
+    ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
                     help="block predictors of the bits-per-byte rows (probe: the query-aware "
-                         "block summaries, hybrid: those merged with SPIN's history; "
-                         "spin_trtllm.indexer)")
+                         "page summaries, hybrid: those merged with SPIN's history, gauss: "
+                         "the mean and spread rows, reference ops only; spin_trtllm.indexer)")
     ap.add_argument("--page-slots", type=int, choices=PAGE_SIZES, default=BLOCK_SLOTS,
                     help="slots per indexer K-cache page (32: DeepSeek-V4's tokens_per_block "
                          "128, one SPIN block spans two pages); the same tokens and blocks "
@@ -156,13 +155,20 @@ def main(argv=None) -> int:
         sel = sum(s.selected_blocks for s in hist)
         vis = sum(s.visible_blocks for s in hist)
         miss = [m for s in hist for m in s.miss]
+        # the predictor's summary rows count as indexer reads: one row set per page
+        rows = 0 if rho is None else REGISTRY[predictor].summary_rows_per_block
+        summary = rows * (BLOCK_SLOTS // args.page_slots) * SUMMARY_BYTES * vis
+        block = BLOCK_SLOTS * SLOT_BYTES
         bpb.append({"target_sparsity": rho, "predictor": predictor if rho is not None else None,
                     "bpb": -sum(lp) / len(lp) / math.log(2),
                     "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
+                    "effective_sparsity": (1 - (sel * block + summary) / (vis * block))
+                    if vis else 0.0,
                     "mean_miss": sum(miss) / len(miss) if miss else None})
         miss_txt = "" if bpb[-1]["mean_miss"] is None else f", mean miss {bpb[-1]['mean_miss']:.3f}"
         print(f"bpb {'all-keep' if rho is None else f'{predictor} {rho}'}: {bpb[-1]['bpb']:.4f} "
-              f"(realized {bpb[-1]['realized_sparsity']:.3f}{miss_txt})", flush=True)
+              f"(realized {bpb[-1]['realized_sparsity']:.3f}, effective "
+              f"{bpb[-1]['effective_sparsity']:.3f}{miss_txt})", flush=True)
     report["bpb"] = bpb
     report["bpb_seconds"] = time.time() - t1
     if args.bpb_only:

@@ -468,3 +468,15 @@ def test_quality_tool_runs_on_32_slot_pages(tmp_path):
     assert reports[32]["logits_backend"] == "reference"         # native's CPU path, 32 slots
     assert reports[32]["bpb"] == reports[64]["bpb"]
     assert reports[64]["bpb"][1]["realized_sparsity"] > 0
+    # the summary rows a predictor reads count against its sparsity: one row set per page
+    out = tmp_path / "predictors"
+    assert quality.main(["--out", str(out), "--device", "cpu", "--prompts", "1",
+                         "--mtp-prompts", "0", "--prompt-tokens", "700", "--steps", "3",
+                         "--sparsity", "0.5", "--bpb-only", "--page-slots", "32",
+                         "--predictor", "spin", "probe", "gauss"]) == 0
+    rows = {r["predictor"]: r for r in json.loads((out / "quality.json").read_text())["bpb"]}
+    assert rows["spin"]["effective_sparsity"] == rows["spin"]["realized_sparsity"]
+    lost = {p: rows[p]["realized_sparsity"] - rows[p]["effective_sparsity"]
+            for p in ("probe", "gauss")}
+    assert 0 < lost["probe"] < lost["gauss"]
+    assert lost["gauss"] == pytest.approx(2 * lost["probe"])     # two rows a page against one
