@@ -9,8 +9,10 @@
 #       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS shards (default 4,
 #       SPIN_SHARD in tests/conftest.py) with a limit of SANITIZER_LIMIT seconds (default 480)
 #   bash tests/gpu/device_check.sh                    both
-# Every tool checks the kernels of namespace spin only: DeepGEMM's and torch's are upstream's,
-# and left uninstrumented they run at full speed, which keeps the engine tests inside the limit.
+# memcheck, racecheck and synccheck check the kernels of namespace spin only: DeepGEMM's and
+# torch's are upstream's, and left uninstrumented they run at full speed, which keeps the engine
+# tests inside the limit. initcheck instruments every kernel: it sees only the writes of the
+# kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # The sanitizers run the stand-in's torch emulation of DeepGEMM (its kernels are not checked
 # anyway) unless SANITIZE_DEEPGEMM=real; the plain step always builds and runs DeepGEMM.
@@ -67,7 +69,7 @@ for tool in "${tools[@]}"; do
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
       SPIN_SHARD="$i/$shards" timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
-        --print-limit 20 "${opts[@]}" \
+        --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
         "${pytest[@]}" -m "gpu and not large" tests/ > "$out/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$shards: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$out/${tool}_$i.log"
