@@ -6,8 +6,9 @@
 #       (SPIN_KERNEL_LOG, tests/gpu/kernel_coverage.py)
 #   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
 #       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
-#       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS shards (default 4,
-#       SPIN_SHARD in tests/conftest.py) with a limit of SANITIZER_LIMIT seconds (default 480)
+#       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS shards (default 4;
+#       racecheck twice as many; SPIN_SHARD in tests/conftest.py) with a limit of
+#       SANITIZER_LIMIT seconds (default 480)
 #   bash tests/gpu/device_check.sh                    both
 # memcheck, racecheck and synccheck check the kernels of namespace spin only: DeepGEMM's and
 # torch's are upstream's, and left uninstrumented they run at full speed, which keeps the engine
@@ -64,14 +65,16 @@ limit=${SANITIZER_LIMIT:-480} shards=${SANITIZER_SHARDS:-4}
 start=$SECONDS
 read -ra opts <<< "$only_spin"
 for tool in "${tools[@]}"; do
-  for ((i = 0; i < shards; i++)); do
+  n=$shards
+  [ "$tool" = racecheck ] && n=$((2 * shards))   # about half memcheck's speed on these tests
+  for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_SHARD="$i/$shards" timeout "$limit" compute-sanitizer --tool "$tool" \
+      SPIN_SHARD="$i/$n" timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
         "${pytest[@]}" -m "gpu and not large" tests/ > "$out/${tool}_$i.log" 2>&1
-      echo "$tool shard $i/$shards: rc=$? (9: errors found, 124: over ${limit}s)" \
+      echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$out/${tool}_$i.log"
     ) &
   done
