@@ -48,8 +48,11 @@ def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
 
 def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=False,
                measure_miss=False, predictor="spin", page_slots=64, logits_backend="native"):
-    # switch="spin": SPIN (or the probe) on every step, as the quality question asks
+    # switch="spin": SPIN (or the probe) on every step, as the quality question asks; a
+    # predictor without CUDA kernels (gauss) runs its reference ops there
+    reference_on_cuda = torch.device(device).type == "cuda" and not REGISTRY[predictor].cuda
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=len(texts),
+                    reference_on_cuda=reference_on_cuda,
                     trace_request=list(range(len(texts))) if trace else None,
                     measure_miss=measure_miss, predictor=predictor,
                     switch="spin" if spin is not None else None, page_slots=page_slots,
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
                     help="block predictors of the bits-per-byte rows (probe: the query-aware "
                          "page summaries, hybrid: those merged with SPIN's history, gauss: "
-                         "the mean and spread rows, reference ops only; spin_trtllm.indexer)")
+                         "the mean and spread rows, its reference ops on CUDA too; "
+                         "spin_trtllm.indexer)")
     ap.add_argument("--page-slots", type=int, choices=PAGE_SIZES, default=BLOCK_SLOTS,
                     help="slots per indexer K-cache page (32: DeepSeek-V4's tokens_per_block "
                          "128, one SPIN block spans two pages); the same tokens and blocks "
@@ -164,6 +168,7 @@ def main(argv=None) -> int:
                     "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
                     "effective_sparsity": (1 - (sel * block + summary) / (vis * block))
                     if vis else 0.0,
+                    "reference_ops": engine.options.reference_on_cuda,
                     "mean_miss": sum(miss) / len(miss) if miss else None})
         miss_txt = "" if bpb[-1]["mean_miss"] is None else f", mean miss {bpb[-1]['mean_miss']:.3f}"
         print(f"bpb {'all-keep' if rho is None else f'{predictor} {rho}'}: {bpb[-1]['bpb']:.4f} "

@@ -26,7 +26,9 @@ class IndexerOptions:
     overlap_update: without MTP, each layer's EMA update runs beside its top-K (sm_90+).
     overlap_select: with predictor spin, each layer's select runs beside the previous layer's
     top-K instead of every layer in one launch (sm_90+; see SpinIndexer).
-    page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages)."""
+    page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
+    reference_on_cuda: a predictor without CUDA kernels (gauss) runs its reference ops on CUDA
+    tensors instead of being refused there: slow, eager steps only; for quality measurements."""
 
     logits_backend: str = "native"
     predictor: str = "spin"
@@ -34,6 +36,7 @@ class IndexerOptions:
     overlap_update: bool = True
     overlap_select: bool = False
     page_slots: int = BLOCK_SLOTS
+    reference_on_cuda: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("logits_backend", LOGITS_BACKENDS), ("switch", SWITCHES + (None,)),
@@ -42,7 +45,7 @@ class IndexerOptions:
                 shown = ", ".join(str(c) for c in choices if c is not None)
                 raise SpinError(f"{name} must be one of {shown}, got {getattr(self, name)!r}")
         predictors.get(self.predictor, engine=True)
-        for name in ("overlap_update", "overlap_select"):
+        for name in ("overlap_update", "overlap_select", "reference_on_cuda"):
             if not isinstance(getattr(self, name), bool):
                 raise SpinError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
