@@ -5,6 +5,10 @@
 # SPIN trace v2 of held-out windows 0..3, the predictor replays at equal effective sparsity
 # and quality_bounds at 50% (QUALITY.md).
 # Results under ${OUT:-/tmp/spin-quality}; DEVICE=cpu runs it without a GPU (slow).
+# PREDICTORS (default "spin probe hybrid"; gauss runs its reference ops on CUDA), PAGE_SLOTS
+# (64, or 32: V4's tokens_per_block 128) and LOGITS (the engine's logits backend; default
+# native, reference where the pages are 32 slots: neither the native kernel nor DeepGEMM's
+# SM90 kernel reads them) choose the engine rows.
 #   bash benchmarks/device_quality.sh CHECKPOINT [PROMPT_BYTES (8192)] [STEPS (256)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +24,13 @@ if [ "$device" != cpu ]; then
   build_native "$out/build.log"
 fi
 t0=$SECONDS
+page_slots=${PAGE_SLOTS:-64}
+logits=${LOGITS:-$([ "$page_slots" = 64 ] && echo native || echo reference)}
+read -ra predictors <<< "${PREDICTORS:-spin probe hybrid}"
 python3 benchmarks/quality.py --out "$out/engine" --checkpoint "$ckpt" --device "$device" \
   --prompts 4 --mtp-prompts 0 --prompt-tokens "$prompt" --steps "$steps" \
-  --sparsity 0.3 0.5 0.7 --predictor spin probe hybrid --bpb-only 2>&1 | tee "$out/engine.log" | tail -n 12
+  --sparsity 0.3 0.5 0.7 --predictor "${predictors[@]}" --page-slots "$page_slots" \
+  --logits-backend "$logits" --bpb-only 2>&1 | tee "$out/engine.log" | tail -n 16
 echo "engine rows: $((SECONDS - t0)) s"
 for i in 0 1 2 3; do  # side by side on a GPU, one after another on the CPU
   python3 -m spin_trtllm.cli trace "$out/held$i.safetensors" --checkpoint "$ckpt" --held-out "$i" \
