@@ -119,8 +119,8 @@ def main(argv=None) -> int:
                          "128, one SPIN block spans two pages); the same tokens and blocks "
                          "either way")
     ap.add_argument("--logits-backend", choices=LOGITS_BACKENDS, default="native",
-                    help="the decode indexer's logits (32-slot pages: deepgemm or reference "
-                         "on CUDA; on the CPU native runs the reference)")
+                    help="the decode indexer's logits (32-slot pages: reference on CUDA, or "
+                         "deepgemm on SM100; on the CPU native runs the reference)")
     ap.add_argument("--bpb-only", action="store_true",
                     help="only the bits-per-byte rows (no traces, replays or plots)")
     args = ap.parse_args(argv)

@@ -50,8 +50,8 @@ def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends
     if isinstance(backend, str):
         return logits_backends.resolve(backend, device, page_slots)
     if backend.page_slots != page_slots:
-        raise SpinError(f"logits backend {backend.name!r} reads {backend.page_slots}-slot pages, "
-                        f"the K cache has {page_slots}")
+        raise SpinError(f"logits backend {backend.name!r} was made for {backend.page_slots}-slot "
+                        f"pages, the K cache has {page_slots}-slot pages")
     return backend
 
 

@@ -123,7 +123,7 @@ def test_registry_resolves_and_refuses_with_reasons():
         logits.resolve("native", "cpu", page_slots=32)
     cfg = SpinConfig(index_topk=8)
     pool = StatePool(1, 1, cfg, "cpu", initial_capacity=200)
-    with pytest.raises(SpinError, match="reads 64-slot pages, the K cache has 32"):
+    with pytest.raises(SpinError, match="was made for 64-slot pages, the K cache has 32-slot pages"):
         SpinIndexer(cfg, pool, 1, 1, 128, IndexerOptions(page_slots=32),
                     logits_backend=DeepGemmLogits(standin_deep_gemm(), 64))
     with pytest.raises(SpinError, match="page_slots must be one of"):

@@ -16,7 +16,7 @@ class Paged64:
     def __init__(self, page_slots: int = BLOCK_SLOTS):
         if page_slots not in self.page_sizes:
             sizes = "- or ".join(map(str, self.page_sizes))
-            others = " (the deepgemm and reference backends read 32-slot pages too)" \
+            others = " (the reference backend reads 32-slot pages too, and deepgemm on SM100)" \
                 if page_slots in PAGE_SIZES else ""
             raise SpinError(f"logits backend {self.name!r} reads {sizes}-slot K-cache pages, "
                             f"not {page_slots!r}-slot ones{others}")

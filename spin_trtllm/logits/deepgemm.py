@@ -106,8 +106,8 @@ class DeepGemmLogits:
         if page_slots != BLOCK_SLOTS and device.type == "cuda" and torch.cuda.is_available() \
                 and torch.cuda.get_device_capability(device)[0] == 9:
             return False, (f"DeepGEMM's SM90 paged-logits kernel reads {BLOCK_SLOTS}-slot pages "
-                           f"only, not {page_slots}-slot ones (tokens_per_block "
-                           f"{4 * BLOCK_SLOTS} on V4; SM100 reads both)")
+                           f"only, not {page_slots}-slot ones (V4's compressed pages with "
+                           f"tokens_per_block {4 * page_slots}; SM100 reads both)")
         return True, ""
 
     def num_sms(self, device: torch.device) -> int:

@@ -15,10 +15,11 @@
 # tests inside the limit. initcheck instruments every kernel: it sees only the writes of the
 # kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
-# The sanitizers run the stand-in's torch emulation of DeepGEMM (its kernels are not checked
-# anyway) unless SANITIZE_DEEPGEMM=real; the plain step always builds and runs DeepGEMM.
+# `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
+# tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
 # Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
-# skips that); plain also leaves it packed as $OUT/libspin_native.so.gz for a later call.
+# skips that); plain also leaves it packed as $OUT/libspin_native.so.gz, with the digest of its
+# sources in $OUT/libspin_native.so.sources, for a later call.
 # Logs go to ${OUT:-/tmp/spin-gpu}.
 # Needs third_party/deepgemm.tar.gz (tests/gpu/deepgemm_env.sh) and .whl/ where pydantic is missing.
 set -uo pipefail
@@ -41,7 +42,10 @@ if [ $real_deepgemm = 1 ]; then
   wait $dg || { echo "DeepGEMM build failed"; exit 1; }
   export PYTHONPATH="$DG_SRC:$PYTHONPATH"
 fi
-[ "$step" = sanitize ] || gzip -c spin_trtllm/libspin_native.so > "$out/libspin_native.so.gz"
+if [ "$step" != sanitize ]; then
+  gzip -c spin_trtllm/libspin_native.so > "$out/libspin_native.so.gz"
+  native_sources > "$out/libspin_native.so.sources"
+fi
 pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
 
 if [ "$step" != sanitize ]; then

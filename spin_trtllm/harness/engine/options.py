@@ -38,8 +38,9 @@ def resolve_backend(backend: "str | logits_backends.LogitsBackend", device: torc
             backend = "reference"
         return logits_backends.resolve(backend, device, page_slots)
     if backend.page_slots != page_slots:
-        raise SpinError(f"logits backend {backend.name!r} reads {backend.page_slots}-slot "
-                        f"pages, the engine's K cache has {page_slots}-slot pages (page_slots)")
+        raise SpinError(f"logits backend {backend.name!r} was made for {backend.page_slots}-slot "
+                        f"pages, the engine's K cache has {page_slots}-slot pages (page_slots): "
+                        f"resolve it with page_slots={page_slots}")
     return backend
 
 

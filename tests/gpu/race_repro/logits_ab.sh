@@ -11,6 +11,7 @@
 # measures the noise of the comparison (A/A).
 set -uo pipefail
 before=$(realpath "$1")
+[ -z "${BEFORE_PREBUILT:-}" ] || BEFORE_PREBUILT=$(realpath "$BEFORE_PREBUILT")
 cd "$(dirname "$0")/../../.."
 out=${OUT:-/tmp/ab}; mkdir -p "$out"
 export SPIN_REQUIRE_NATIVE=1
@@ -19,7 +20,9 @@ rm -rf /tmp/before && mkdir /tmp/before && cp -r spin_trtllm cpp benchmarks /tmp
 cp "$before" /tmp/before/cpp/src/indexer_logits.cu
 rm -f /tmp/before/spin_trtllm/libspin_native*.so
 if [ -n "${BEFORE_PREBUILT:-}" ]; then   # BEFORE.cu's library, packed by an earlier call
-  gzip -dc "$BEFORE_PREBUILT" > /tmp/before/spin_trtllm/libspin_native.so; echo "before: prebuilt"
+  gzip -dc "$BEFORE_PREBUILT" > /tmp/before/spin_trtllm/libspin_native.so ||
+    { echo "cannot unpack BEFORE_PREBUILT=$BEFORE_PREBUILT"; exit 1; }
+  echo "before: prebuilt (BEFORE.cu's sources: the caller's word)"
 else
   (cd /tmp/before && python3 -m spin_trtllm._build > "$out/build_before.log" 2>&1
    echo "before: build rc=$?") &
