@@ -227,8 +227,9 @@ class SpinIndexer:
             self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
             self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
             self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
-            # 32-slot pages: the probe scores pages, a block takes its best page's score
-            self.page_scores = None if page_slots == BLOCK_SLOTS else torch.full(
+            # the probe scores page columns: the blocks themselves with 64-slot pages; with
+            # 32-slot ones a block then takes its best page's score
+            self.page_scores = self.block_scores if page_slots == BLOCK_SLOTS else torch.full(
                 (rows, self.block_table.shape[1]), float("-inf"), device=dev)
 
     @property
@@ -410,13 +411,10 @@ class SpinIndexer:
         scores = self.block_scores[:B * R]
         if q.dim() == 4:        # TensorRT-LLM's decode q: [B, R, H, D] or [B * R, 1, H, D]
             q = q.reshape(-1, *q.shape[2:])
-        if self.page_scores is None:
-            self._score_pages(q, table, weights, self.context_lens[:B], self.block_table[:B],
-                              self.m_cap, out=scores)
-        else:
-            pages = self.page_scores[:B * R]
-            self._score_pages(q, table, weights, self.context_lens[:B], self.block_table[:B],
-                              pages.shape[1], out=pages, page_slots=self.page_slots)
+        pages = self.page_scores[:B * R]
+        self._score_pages(q, table, weights, self.context_lens[:B], self.block_table[:B],
+                          pages.shape[1], out=pages, page_slots=self.page_slots)
+        if self.page_scores is not self.block_scores:
             ref.block_scores(pages, self.page_slots, out=scores)
         self._select(self.cfg, layer, block_scores=scores.view(B, R, self.m_cap),
                      merge_history=self.predictor.merges)

@@ -12,6 +12,7 @@ import torch
 from ..config import SpinConfig
 from ..errors import SpinError
 from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, SLOT_BYTES, STATE_DTYPES
+from ..reference.paged import page_slots_of
 from . import _native
 
 I32, I64 = (torch.int32,), (torch.int64,)
@@ -171,8 +172,7 @@ def check_cache(op: str, kv_cache, dev, page_slots: tuple[int, ...] = (BLOCK_SLO
     """uint8 pages [num_pages >= 1, S, 1, 132] with S in page_slots (or [P, S * 132])."""
     ndim = kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2
     check_tensor(op, "kv_cache", kv_cache, (torch.uint8,), ndim, dev, contiguous=True)
-    S = kv_cache.shape[1] if kv_cache.dim() > 2 else \
-        (kv_cache.shape[1] // SLOT_BYTES if kv_cache.dim() == 2 else 0)
+    S = page_slots_of(kv_cache) if kv_cache.dim() >= 2 else 0
     if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or S not in page_slots or \
             kv_cache[0].numel() != S * SLOT_BYTES:
         sizes = " or ".join(str(n) for n in page_slots)

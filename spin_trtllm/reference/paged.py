@@ -111,6 +111,25 @@ def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
     return rows * scales
 
 
+def _page_columns(q, weights, context_lens, block_table, num_pages: int, num_blocks: int,
+                  dtype: torch.dtype, page_slots: int):
+    """What probe_scores and gauss_scores share: (q [B, R, H, D] and weights [B, R, H] in
+    dtype, int64 pages [B, J] of the first num_blocks table columns, bool visible [B, R, J]:
+    the column's page is live and holds a slot the row sees)."""
+    B, R = context_lens.shape
+    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
+    w = weights.to(dtype).view(B, R, -1)
+    j = torch.arange(num_blocks, device=q.device)
+    pages, live = table_pages(block_table, j.expand(B, -1), num_pages)
+    visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
+    return qf, w, pages, visible
+
+
+def _masked_columns(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Scores [B, R, J] -> [B*R, J], -inf where the column is not visible."""
+    return z.masked_fill(~visible, float("-inf")).reshape(-1, z.shape[-1])
+
+
 def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
                  dtype: torch.dtype = torch.float64, page_slots: int = BLOCK_SLOTS) -> torch.Tensor:
@@ -120,15 +139,11 @@ def probe_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     context_lens[b, r]), is past the block table, or its page is outside the summaries (never
     read). [B*R, num_blocks]. With 32-slot pages a block's score is the max of its two
     columns' (block_scores)."""
-    B, R = context_lens.shape
-    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
-    w = weights.to(dtype).view(B, R, -1)
-    j = torch.arange(num_blocks, device=q.device)
-    pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
+    qf, w, pages, visible = _page_columns(q, weights, context_lens, block_table,
+                                          summaries.shape[0], num_blocks, dtype, page_slots)
     keys = dequantize_summaries(summaries)[pages].to(dtype)                        # [B, J, 128]
     z = (torch.relu(torch.einsum("brhd,bjd->brjh", qf, keys)) * w[:, :, None, :]).sum(-1)
-    visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
-    return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+    return _masked_columns(z, visible)
 
 
 def gauss_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
@@ -139,11 +154,8 @@ def gauss_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     gauss summary, uint8 [num_pages, 288]); E[relu(X)] = mu Phi(mu / sd) + sd phi(mu / sd),
     relu(mu) where sd = 0. The replay's gauss (replay.probe.gauss_scores) on summary rows;
     columns and -inf as probe_scores. [B*R, num_blocks]."""
-    B, R = context_lens.shape
-    qf = q.float().to(dtype).view(B, R, q.shape[-2], q.shape[-1])
-    w = weights.to(dtype).view(B, R, -1)
-    j = torch.arange(num_blocks, device=q.device)
-    pages, live = table_pages(block_table, j.expand(B, -1), summaries.shape[0])   # [B, J]
+    qf, w, pages, visible = _page_columns(q, weights, context_lens, block_table,
+                                          summaries.shape[0], num_blocks, dtype, page_slots)
     mean = dequantize_summaries(summaries[:, :SUMMARY_ROW])[pages].to(dtype)      # [B, J, 128]
     std = dequantize_summaries(summaries[:, SUMMARY_ROW:])[pages].to(dtype)
     mu = torch.einsum("brhd,bjd->brjh", qf, mean)
@@ -151,9 +163,7 @@ def gauss_scores(q: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor
     a = mu / sd.clamp(min=1e-30)
     expected = mu * torch.special.ndtr(a) + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
     expected = torch.where(sd > 0, expected, mu.relu())
-    z = (expected * w[:, :, None, :]).sum(-1)
-    visible = live.unsqueeze(1) & (j * page_slots < context_lens.to(torch.int64).unsqueeze(-1))
-    return z.masked_fill(~visible, float("-inf")).reshape(B * R, num_blocks)
+    return _masked_columns((expected * w[:, :, None, :]).sum(-1), visible)
 
 
 def block_scores(page_scores: torch.Tensor, page_slots: int,
