@@ -48,16 +48,20 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
            "get_paged_mqa_logits_metadata: context_lens must be contiguous int32")
     _check(block_kv in (32, 64), f"get_paged_mqa_logits_metadata: block_kv {block_kv}")
     batch, next_n = context_lens.shape
+    # on context_lens' device and without a host read, like the real kernel: callers run it
+    # on CUDA, some inside a graph capture
+    dev = context_lens.device
     segments = (context_lens.max(dim=1).values.long() + SPLIT_KV - 1) // SPLIT_KV * next_n
-    total = int(segments.sum())
+    total = segments.sum() if batch else torch.zeros((), dtype=torch.long, device=dev)
     starts = torch.cumsum(segments, 0) - segments
-    meta = torch.zeros(num_sms + 1, 2, dtype=torch.int32)
-    per_sm = (total + num_sms - 1) // max(num_sms, 1) if total else 0
-    for sm in range(num_sms):
-        work = min(sm * per_sm, total)
-        b = int(torch.searchsorted(starts, torch.tensor(work), right=True)) - 1 if batch else 0
-        meta[sm] = torch.tensor([max(b, 0), work - int(starts[max(b, 0)]) if batch else 0])
-    meta[num_sms] = torch.tensor([batch, next_n])
+    per_sm = (total + num_sms - 1) // max(num_sms, 1)
+    work = torch.minimum(torch.arange(num_sms, device=dev) * per_sm, total)
+    meta = torch.zeros(num_sms + 1, 2, dtype=torch.int32, device=dev)
+    if batch:
+        b = (torch.searchsorted(starts, work, right=True) - 1).clamp(min=0)
+        meta[:num_sms, 0] = b.int()
+        meta[:num_sms, 1] = (work - starts[b]).int()
+    meta[num_sms, 0], meta[num_sms, 1] = batch, next_n
     return meta
 
 
