@@ -61,7 +61,8 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
         b = (torch.searchsorted(starts, work, right=True) - 1).clamp(min=0)
         meta[:num_sms, 0] = b.int()
         meta[:num_sms, 1] = (work - starts[b]).int()
-    meta[num_sms, 0], meta[num_sms, 1] = batch, next_n
+    meta[num_sms, 0].fill_(batch)  # fill_: no host-to-device copy (graph capture)
+    meta[num_sms, 1].fill_(next_n)
     return meta
 
 
@@ -69,6 +70,8 @@ def _check_schedule(schedule_meta: torch.Tensor, batch: int, next_n: int) -> Non
     _check(schedule_meta.dtype == torch.int32 and schedule_meta.dim() == 2
            and schedule_meta.shape[1] == 2, "schedule_meta must be int32 [num_sms + 1, 2]")
     _check(schedule_meta.shape[0] == NUM_SMS + 1, "schedule_meta must have num_sms + 1 rows")
+    if schedule_meta.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # reading its values would break the capture
     meta_batch, meta_next_n = (int(v) for v in schedule_meta[-1])
     _check(meta_batch == batch, f"schedule_meta was built for batch {meta_batch}, the call has "
                                 f"{batch} (stale schedule)")
@@ -88,23 +91,27 @@ def _paged_logits(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
            "block_table must be int32 [batch, max_blocks]")
     _check(context_lens.shape == (batch, next_n) and context_lens.dtype == torch.int32,
            f"context_lens must be int32 [{batch}, {next_n}] (2D only)")
-    logits = torch.full((batch * next_n, max_context_len), float("nan"))
-    for b in range(batch):
-        lens = context_lens[b].tolist()
-        longest = max(lens)
-        _check(longest <= max_context_len, f"context len {longest} > max_context_len")
-        if longest <= 0:
-            continue
-        pages = block_table[b, :(longest + slots - 1) // slots].long()
-        _check(bool(((pages >= 0) & (pages < blocks)).all()),
-               f"block_table row {b} holds a page outside [0, {blocks})")
-        k = keys[pages].reshape(-1, keys.shape[-1])[:longest]                  # [n, D]
-        scores = torch.einsum("jhd,nd->jhn", q[b].float(), k).relu()
-        w = weights[b * next_n:(b + 1) * next_n].float()
-        rows = (scores * w[:, :, None]).sum(dim=1)                            # [next_n, n]
-        for j, n in enumerate(lens):
-            logits[b * next_n + j, :n] = rows[j, :n]
-    return logits
+    # all rows at once on q's device and without a host read, like the real kernel: the decode
+    # callers capture it into CUDA graphs. Pages past a row's length are clamped, then masked.
+    width = -(-max_context_len // slots)
+    table = block_table[:, :width].long()
+    if table.shape[1] < width:
+        table = torch.nn.functional.pad(table, (0, width - table.shape[1]))
+    cols = torch.arange(width * slots, device=q.device)
+    if q.device.type == "cpu":  # where a host read costs nothing, bad input is named
+        longest = context_lens.long().amax(dim=1)
+        _check(not bool((longest > max_context_len).any()),
+               f"context len {int(longest.max())} > max_context_len {max_context_len}")
+        used = (cols // slots * slots)[None, :] < longest[:, None]
+        bad = (used & ~((table >= 0) & (table < blocks)).repeat_interleave(slots, dim=1)).any(1)
+        _check(not bool(bad.any()), f"block_table row {int(bad.long().argmax())} holds a page "
+                                    f"outside [0, {blocks})")
+    k = keys[table.clamp(0, blocks - 1)].reshape(batch, width * slots, -1)  # [B, N, D]
+    scores = torch.einsum("bjhd,bnd->bjhn", q.float(), k).relu()
+    rows = (scores * weights.float().view(batch, next_n, heads, 1)).sum(dim=2)  # [B, next_n, N]
+    rows = rows[:, :, :max_context_len].reshape(batch * next_n, -1)
+    inside = cols[None, :max_context_len] < context_lens.reshape(-1, 1).long()
+    return rows.masked_fill(~inside, float("nan"))
 
 
 def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -157,7 +164,7 @@ def _ragged_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
                    ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool) -> torch.Tensor:
     scores = torch.einsum("thd,nd->thn", q, k).relu()
     logits = (scores * weights.float()[:, :, None]).sum(dim=1)
-    cols = torch.arange(k.shape[0])
+    cols = torch.arange(k.shape[0], device=k.device)
     inside = (cols[None, :] >= ks[:, None].long()) & (cols[None, :] < ke[:, None].long())
     return logits.masked_fill(~inside, float("-inf") if clean_logits else float("nan"))
 

@@ -38,8 +38,12 @@ def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    mids = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
-    code = torch.bucketize(x.abs(), mids.to(x.device)).to(torch.uint8)
+    # comparisons with Python floats, not a table copied to x's device: graph-capture safe
+    values = E2M1_VALUES.tolist()
+    mag = x.abs()
+    code = torch.zeros_like(x, dtype=torch.uint8)
+    for lo, hi in zip(values[:-1], values[1:]):
+        code += (mag > (lo + hi) / 2).to(torch.uint8)
     return code | ((x < 0) & (code > 0)).to(torch.uint8) << 3
 
 
@@ -60,7 +64,9 @@ def dequantize_fp4(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
     packed = packed.contiguous().view(torch.uint8)
     m, half = packed.shape
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(m, 2 * half)
-    mag = E2M1_VALUES.to(packed.device)[(codes & 0x7).long()]
+    # E2M1 magnitudes from the bits (2 exponent, 1 mantissa), not a table copied to the device
+    exp, man = ((codes & 0x7) >> 1).float(), (codes & 0x1).float()
+    mag = torch.where(exp == 0, man * 0.5, torch.exp2(exp - 1) * (1 + man * 0.5))
     values = torch.where((codes & 0x8) > 0, -mag, mag)
     exps = sf.contiguous().view(torch.uint8).view(m, -1).float()               # [M, D/32]
     scale = torch.exp2(exps - 127.0)
