@@ -15,6 +15,7 @@ from spin_trtllm.testing.standin import SPIN_MODULES, imported_standin
 from spin_trtllm.testing.traces import make_trace
 
 STANDIN = Path(__file__).resolve().parent / "trtllm_standin"
+pytest_plugins = ["pytester", "spin_trtllm.testing.times_plugin"]   # SPIN_TEST_TIMES=FILE
 
 
 def shard_of(spec: str) -> tuple[int, int]:
@@ -55,21 +56,16 @@ def pytest_configure(config):
 class KernelLog:
     """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests not marked large (the ones
     tests/gpu/device_check.sh sanitizes) launched (torch.profiler, kernels inside CUDA graphs
-    included) with the tests that launched it, written as JSON at the end
-    for tests/gpu/kernel_coverage.py. Each test's seconds are appended to FILE.times as it ends,
-    so a run cut off at its limit still shows where the time went."""
+    included) with the tests that launched it, as JSON for tests/gpu/kernel_coverage.py,
+    rewritten after every test so that a run cut off at its limit leaves what it saw."""
 
     def __init__(self, path: str):
         self.path, self.tests = path, {}
-        self.times = open(f"{path}.times", "a", buffering=1)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
-        import time
-
         from torch.profiler import ProfilerActivity, profile
 
-        start = time.perf_counter()
         if item.get_closest_marker("large") is not None:   # not sanitized: not counted
             yield
         else:
@@ -82,11 +78,7 @@ class KernelLog:
             for name in {e.name() for e in prof.profiler.kineto_results.events()
                          if e.device_type() == cuda}:
                 self.tests.setdefault(name, []).append(item.nodeid)
-        self.times.write(f"{time.perf_counter() - start:8.1f} s  {item.nodeid}\n")
-
-    def pytest_sessionfinish(self, session):
-        Path(self.path).write_text(json.dumps(self.tests, indent=1, sort_keys=True))
-        self.times.close()
+            Path(self.path).write_text(json.dumps(self.tests, indent=1, sort_keys=True))
 
 
 @pytest.fixture
