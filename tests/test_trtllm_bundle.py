@@ -144,6 +144,10 @@ def test_build_and_serve_write_the_predictor(tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "predictor probe: summary tables of 144 B per indexer K-cache page" in printed
+    # a page's summary against the page's keys: 64 or 32 slots of 132 B
+    for slots in (64, 32):
+        share = 144 / (slots * 132)
+        assert f"{share:.1%} of the indexer K cache with {slots}-slot pages" in printed
     block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
     assert block["spin"]["predictor"] == "probe"
     assert spin_settings_of(block).predictor == "probe"

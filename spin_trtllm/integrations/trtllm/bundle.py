@@ -24,7 +24,7 @@ from ...config import TRTLLM_ALGORITHM_TOPK, SpinConfig
 from ..._inputs import one_line
 from ..._outputs import check_plan, write_output
 from ...errors import SpinError
-from ...limits import (BLOCK_SLOTS, LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, SLOT_BYTES,
+from ...limits import (LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, PAGE_SIZES, SLOT_BYTES,
                        SUMMARY_BYTES)
 from .config_ext import PREDICTOR, spin_settings_of
 
@@ -144,10 +144,13 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     if predictors.get(opts.predictor, engine=True).query:
-        share = SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES)
+        # a page holds tokens_per_block / compress ratio slots: V4 at 128 tokens has 32
+        share = {slots: SUMMARY_BYTES / (slots * SLOT_BYTES) for slots in PAGE_SIZES}
         line += (f"; predictor {opts.predictor}: summary tables of {SUMMARY_BYTES} B per "
-                 f"indexer K-cache page per SPIN layer ({share:.1%} of the indexer K cache), "
-                 f"made when TensorRT-LLM builds its KV cache")
+                 f"indexer K-cache page per SPIN layer ("
+                 + ", ".join(f"{share[s]:.1%} of the indexer K cache with {s}-slot pages"
+                             for s in sorted(PAGE_SIZES, reverse=True))
+                 + "), made when TensorRT-LLM builds its KV cache")
     if assumed:
         line += f" [assumed, no config.json: {', '.join(assumed)}]"
     return line
