@@ -264,6 +264,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     mbar_wait(full0 + 8 * stage, parity_of<kStages>(i));
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
+    __syncwarp();  // every lane has read this warp's part
+    load_warp_scales(i + kStages);
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
@@ -271,11 +273,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     float* const out_c = out_b + c * kBlockSize;
     score_tile<G>(acc, base + lay.page(stage), base, p.rows, sc_lo, sc_hi, factored, weight,
                   [&] {  // under this page's MMA (off the warpgroup's path): the previous
-                         // page's stage, which every warp has read, takes page i - 1 + kStages,
-                         // and this warp's part of this page's scales (read above) page i + kStages
+                         // page's stage, which every warp has read, takes page i - 1 + kStages
                     if (i > 0) issue(i - 1 + kStages);
-                    __syncwarp();  // every lane has read this warp's part
-                    load_warp_scales(i + kStages);
                     __syncwarp();  // converged again for the warpgroup's wait
                   },
                   [&] {  // this page's stage is read
