@@ -5,17 +5,15 @@
 // Grid (runs, requests): a CTA (one warpgroup, 4 warps) takes a run of up to kMaxBlocksPerCta
 // selected blocks of one request, a warp 16 slots of each page. Pages stream through a
 // kStages-deep ring of shared-memory stages in the 128-byte swizzled layout the tensor cores
-// read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page with
-// the bulk tensor copy engine (keys) and a bulk copy (scales); on sm_89 every thread cp.asyncs
-// its chunks. Once every warp's MMA has read a page, its stage is refilled while the next page's
-// MMA runs (on sm_90 the loading thread's warp would otherwise hold the warpgroup back at every
-// MMA), and no block-wide barrier runs per page. Each page is read once for all MTP rows.
-// The tensor cores read the keys through the async proxy; the scales are read by the threads
-// themselves, so their refill also waits on a named barrier per stage (warps 1-3 arrive once
-// they have read them, the loading warp syncs): it orders nothing the "empty" barrier does not,
-// but compute-sanitizer racecheck checks named barriers and not mbarrier-ordered handoffs
-// (tests/gpu/race_repro). The loading warp's sync is met at once: every warp reads a page's
-// scales before the warpgroup's MMA on it, and the refill is issued under the next page's MMA.
+// read, each stage with a "full" and an "empty" mbarrier: on sm_90 one thread loads a page's keys
+// with the bulk tensor copy engine; on sm_89 every thread cp.asyncs its chunks. Once every warp's
+// MMA has read a page, its stage is refilled while the next page's MMA runs (on sm_90 the loading
+// thread's warp would otherwise hold the warpgroup back at every MMA), and no block-wide barrier
+// runs per page. Each page is read once for all MTP rows. A stage's 64 scales are four parts of
+// 16, one per warp: each warp reads only its own part and refills it itself (a bulk copy or
+// cp.async completing on the same "full" barrier) once it has read it, so no thread reads shared
+// memory that another thread's copy refills (compute-sanitizer racecheck flags every
+// mbarrier-ordered handoff of that kind, tests/gpu/race_repro).
 #include <algorithm>
 #include <atomic>
 
@@ -38,6 +36,8 @@ constexpr int kMinCtasOneRow = 6;
 constexpr int kMinCtasOneRow = 1;
 #endif
 constexpr int kMaxBlocksPerCta = 64;
+constexpr int kScalesPerWarp = kBlockSize / (kThreads / 32);  // a warp scores 16 slots of a page
+static_assert(kScalesPerWarp % 4 == 0, "whole 16-byte chunks of scales per warp");
 static_assert(kMaxBlocksPerCta <= kThreads, "one lookup per thread");
 // Page i (>= 0) of a CTA's run goes through stage i % S; its barriers' phase parity.
 template <int S>
@@ -105,24 +105,7 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-#endif
-// Stage s's scales handoff as hardware named barrier s + 1 (0 is __syncthreads) over the
-// warpgroup (whole warps, converged). The id is an immediate: with an id in a register ptxas
-// reserves all 16 barriers.
-template <int Id, bool Sync>
-__device__ __forceinline__ void named_barrier() {
-  if constexpr (Sync) asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(kThreads) : "memory");
-  else asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "n"(kThreads) : "memory");
-}
-template <int S, bool Sync>
-__device__ __forceinline__ void scales_handoff(int stage) {
-  static_assert(S >= 1 && S <= 4, "a barrier id per stage below");
-  if (S == 1 || stage == 0) named_barrier<1, Sync>();
-  else if (S == 2 || stage == 1) named_barrier<2, Sync>();
-  else if (S == 3 || stage == 2) named_barrier<3, Sync>();
-  else named_barrier<4, Sync>();
-}
-#if __CUDA_ARCH__ < 900
+#else
 // One arrival on `bar` once this thread's earlier cp.asyncs have landed.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -191,16 +174,29 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
 
   const int c_last = min(c_end, count);
   const int run = c_last - c_begin;  // pages scored here; page i of the run uses stage i % kStages
-  // Page i into its stage once every warp has read page i - kStages there (called by every
-  // thread; warp 0 loads the scales).
+  // Page i's scales of this warp's 16 slots into its part of stage i % kStages, on that stage's
+  // "full" barrier (whose expected bytes, set in issue(i), count all four parts).
+  auto load_warp_scales = [&](int i) {
+    if (i >= run || page_s[i] < 0) return;
+    const int stage = stage_of<kStages>(i);
+    const uint8_t* src = p.kv_cache + static_cast<int64_t>(page_s[i]) * kBlockSize * kSlotBytes +
+                         kPageKeyBytes + warp * kScalesPerWarp * 4;
+    const uint32_t dst = base + lay.scales(stage) + warp * kScalesPerWarp * 4;
+#if __CUDA_ARCH__ >= 900
+    if (lane == 0) bulk_load(dst, src, kScalesPerWarp * 4, full0 + 8 * stage);
+#else
+    if (lane < kScalesPerWarp / 4) cp_async16(dst + lane * 16, src + lane * 16);
+#endif
+  };
+  // Page i's keys into its stage once every warp has read page i - kStages there; the first
+  // kStages pages' scales too (later ones: load_warp_scales).
   auto issue = [&](int i) {
     if (i >= run) return;
-    const int stage = stage_of<kStages>(i);
-    const uint32_t full = full0 + 8 * stage;
-    if (i >= kStages && warp == 0) scales_handoff<kStages, /*Sync=*/true>(stage);
 #if __CUDA_ARCH__ >= 900
     if (threadIdx.x != 0) return;  // one thread drives the copy engine
 #endif
+    const int stage = stage_of<kStages>(i);
+    const uint32_t full = full0 + 8 * stage;
     if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of<kStages>(i) ^ 1);
     const int page = page_s[i];
     if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
@@ -211,16 +207,16 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
 #if __CUDA_ARCH__ >= 900
     mbar_expect_tx(full, kPageKeyBytes + kBlockSize * 4);
     tma_load_keys(base + lay.page(stage), &keys, page, full);
-    bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
+    if (i < kStages) bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
 #else
     const uint32_t dst = base + lay.page(stage) + swizzled(threadIdx.x / 8, threadIdx.x % 8);
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u)
       cp_async16(dst + u * 2048, src + threadIdx.x * 16 + u * 2048);
-    if (threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys (warp 0)
+    if (i < kStages && threadIdx.x < kBlockSize / 4)  // the 64 scales after the keys
       cp_async16(base + lay.scales(stage) + threadIdx.x * 16,
                  src + kPageKeyBytes + threadIdx.x * 16);
-    cp_async_arrive(full);
+    cp_async_arrive(full);  // after this thread's load_warp_scales of page i too
 #endif
   };
 
@@ -268,8 +264,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     mbar_wait(full0 + 8 * stage, parity_of<kStages>(i));
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
-    __syncwarp();  // every lane has read them
-    if (warp != 0 && i + kStages < run) scales_handoff<kStages, false>(stage);  // i + kStages next
+    __syncwarp();  // every lane has read this warp's part
+    load_warp_scales(i + kStages);
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
