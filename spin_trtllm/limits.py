@@ -16,6 +16,10 @@ INDEX_HEADS = 64          # indexer heads (DeepSeek-V3.2/V4)
 HEAD_DIM = 128            # indexer key/query dimension (fp8 bytes per key)
 KEY_BYTES = HEAD_DIM
 SLOT_BYTES = KEY_BYTES + 4    # fp8 key + its fp32 scale
+# MXFP4 keys (V4 on SM100): HEAD_DIM / 2 bytes of E2M1 pairs (even element in the low nibble),
+# then one UE8M0 exponent byte per FP4_BLOCK values; a page keeps all its keys, then all scales
+FP4_BLOCK = 32
+FP4_SLOT_BYTES = HEAD_DIM // 2 + HEAD_DIM // FP4_BLOCK
 SUMMARY_BYTES = 144       # a page's probe summary: 128 fp8 bytes, fp32 scale, padding
 GAUSS_SUMMARY_BYTES = 2 * SUMMARY_BYTES   # gauss: the mean row, then the per-dim std row
 MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row

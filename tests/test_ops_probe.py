@@ -11,7 +11,7 @@ from spin_trtllm import SpinConfig, ops
 from spin_trtllm import reference as ref
 from spin_trtllm.errors import SpinError
 from spin_trtllm.replay.probe import BlockSummaries, gauss_scores
-from spin_trtllm.testing.pages import make_cache
+from spin_trtllm.testing.pages import make_cache, random_mxfp4_pages
 from spin_trtllm.testing.problems import Problem, integer_state
 
 
@@ -103,7 +103,7 @@ def test_summaries_of_32_slot_pages_are_their_mean_keys():
     S, _ = _summaries(cache, gen, fills)
     halves = ref.dequantize_pages(cache64).double().reshape(10, 32, 128)  # keys by half page
     assert_mean_keys(S, halves, fills, 32)
-    with pytest.raises(SpinError, match="pages of 32 or 64 x 132 bytes"):
+    with pytest.raises(SpinError, match="pages of 32 or 64 x 132 or 68 bytes"):
         ops.summarize(cache.view(20, 16, 1, 132), torch.zeros(1, dtype=torch.int32),
                       torch.ones(1, dtype=torch.int32), ops.summaries_like(cache.view(20, 16, 1, 132)))
 
@@ -134,6 +134,37 @@ def test_probe_of_32_slot_pages_scores_page_columns_and_blocks_take_the_best():
     assert torch.equal(blocks, torch.maximum(got[:, 0::2], got[:, 1::2]))
     with pytest.raises(SpinError, match="page_slots must be one of 32, 64, got 16"):
         ops.probe(q, S, w, ctx, table, 6, page_slots=16)
+
+
+@pytest.mark.parametrize("page_slots", [32, 64])
+def test_summaries_of_mxfp4_pages_are_their_mean_and_std(page_slots):
+    """V4's MXFP4 key pages (68-byte slots, SM100's format): the reference reads the keys a
+    table-built page holds (4-D and 2-D views), and summarize / summarize_gauss write the same
+    kind of rows as for FP8 keys: the mean, and the per-dimension std."""
+    gen = torch.Generator().manual_seed(31 + page_slots)
+    P = 7
+    cache, keys = random_mxfp4_pages(P, gen, page_slots)
+    assert torch.equal(ref.dequantize_pages(cache).double(), keys)
+    assert torch.equal(ref.dequantize_pages(cache.reshape(P, -1)).double(), keys)
+    fills = torch.tensor([0, 1, page_slots - 1, page_slots, page_slots + 6, -3, 5],
+                         dtype=torch.int32)
+    S, _ = _summaries(cache, gen, fills)
+    assert_mean_keys(S, keys, fills, page_slots)
+    flat, _ = _summaries(cache.reshape(P, -1), gen, fills)
+    assert torch.equal(flat, S)
+    G = ops.gauss_summaries_like(cache)
+    ops.summarize_gauss(cache, torch.arange(P, dtype=torch.int32), fills, G)
+    assert torch.equal(G[:, :144], S)
+    std = torch.stack([keys[p, :min(max(int(f), 0), page_slots)].std(0, unbiased=False)
+                       if int(f) > 0 else torch.zeros(128, dtype=torch.float64)
+                       for p, f in enumerate(fills)])
+    got = ref.dequantize_summaries(G[:, 144:]).double()
+    tol = std.abs() / 16 + std.abs().amax(1, keepdim=True) / 448 * 2 ** -9 + 1e-12
+    assert bool(((got - std).abs() <= tol).all())
+    with pytest.raises(SpinError, match="pages of 32 or 64 x 132 or 68 bytes"):
+        bad = torch.zeros(P, page_slots, 1, 70, dtype=torch.uint8)
+        ops.summarize(bad, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                      ops.summaries_like(bad))
 
 
 @pytest.mark.parametrize("page_slots", [64, 32])
@@ -314,6 +345,15 @@ def test_gpu_summarize_equals_reference_bytes():
     S_cpu, fills = _summaries(cache, gen)
     S_gpu, _ = _summaries(cache.cuda(), gen, fills)
     assert torch.equal(S_gpu.cpu(), S_cpu)
+
+
+@pytest.mark.gpu
+def test_gpu_summarize_refuses_mxfp4_pages_by_name():
+    cache, _ = random_mxfp4_pages(2, torch.Generator().manual_seed(3), 64)
+    cache = cache.cuda()
+    with pytest.raises(SpinError, match="MXFP4 keys .68-byte slots.: no CUDA kernel"):
+        ops.summarize(cache, torch.zeros(1, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, dtype=torch.int32, device="cuda"), ops.summaries_like(cache))
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch
 from ..config import SpinConfig
 from ..errors import SpinError
 from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, SLOT_BYTES, STATE_DTYPES
-from ..reference.paged import page_slots_of
+from ..reference.paged import page_layout
 from . import _native
 
 I32, I64 = (torch.int32,), (torch.int64,)
@@ -168,16 +168,19 @@ def check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[in
     return B, R
 
 
-def check_cache(op: str, kv_cache, dev, page_slots: tuple[int, ...] = (BLOCK_SLOTS,)) -> None:
-    """uint8 pages [num_pages >= 1, S, 1, 132] with S in page_slots (or [P, S * 132])."""
+def check_cache(op: str, kv_cache, dev, page_slots: tuple[int, ...] = (BLOCK_SLOTS,),
+                widths: tuple[int, ...] = (SLOT_BYTES,)) -> None:
+    """uint8 pages [num_pages >= 1, S, 1, W] with S in page_slots and W (bytes per slot: FP8
+    keys 132, MXFP4 68) in widths (or [P, S * W])."""
     ndim = kv_cache.dim() if isinstance(kv_cache, torch.Tensor) else 2
     check_tensor(op, "kv_cache", kv_cache, (torch.uint8,), ndim, dev, contiguous=True)
-    S = page_slots_of(kv_cache) if kv_cache.dim() >= 2 else 0
-    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or S not in page_slots or \
-            kv_cache[0].numel() != S * SLOT_BYTES:
+    S, W = page_layout(kv_cache) if kv_cache.dim() >= 2 else (0, 0)
+    if kv_cache.dim() < 2 or kv_cache.shape[0] < 1 or S not in page_slots or W not in widths \
+            or kv_cache[0].numel() != S * W:
         sizes = " or ".join(str(n) for n in page_slots)
-        fail(op, f"kv_cache must be uint8 pages of {sizes} x {SLOT_BYTES} bytes "
-                 f"(e.g. [num_pages >= 1, {page_slots[0]}, 1, {SLOT_BYTES}]), got shape "
+        rows = " or ".join(str(n) for n in widths)
+        fail(op, f"kv_cache must be uint8 pages of {sizes} x {rows} bytes "
+                 f"(e.g. [num_pages >= 1, {page_slots[0]}, 1, {widths[0]}]), got shape "
                  f"{list(kv_cache.shape)}")
 
 

@@ -1,12 +1,13 @@
 """spin::summarize and spin::probe: the probe predictor's per-page key summaries and the
 query-aware block scores computed from them.
 
-summarize: kv_cache as indexer_logits reads it (or of 32-slot pages), pages int32 [P], fill
-int32 [P] -> summaries uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale,
-padding), row pages[i] = the mean of that page's first clamp(fill[i], 0, S) dequantized keys
-(S slots per page), re-quantized e4m3 with scale amax / 448 (reference.summarize_pages; the
-kernel's bytes equal the reference's). Pages outside [0, num_pages) are skipped. Kept beside
-the K cache with the same page ids.
+summarize: kv_cache as indexer_logits reads it (or of 32-slot pages; MXFP4 pages of 68-byte
+slots too, on the CPU: no kernel reads them yet), pages int32 [P], fill int32 [P] -> summaries
+uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding), row pages[i] =
+the mean of that page's first clamp(fill[i], 0, S) dequantized keys (S slots per page),
+re-quantized e4m3 with scale amax / 448 (reference.summarize_pages; the kernel's bytes equal
+the reference's). Pages outside [0, num_pages) are skipped. Kept beside the K cache with the
+same page ids, whatever the keys' format.
 probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries, the
 cache's page_slots -> out fp32 [B*R, columns]: sum_h w_h ReLU(q_h . summary(block_table[b, j]))
 per page column j, -inf where the page has no visible slot, is past the table or is outside
@@ -22,7 +23,8 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SUMMARY_BYTES
+from ..limits import (BLOCK_SLOTS, FP4_SLOT_BYTES, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SLOT_BYTES,
+                      SUMMARY_BYTES)
 from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
                       device_of, fail, register)
 
@@ -47,7 +49,10 @@ def _check_summaries(op: str, summaries, dev, width: int) -> None:
 def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize",
                         width=SUMMARY_BYTES) -> None:
     dev = device_of(kv_cache)
-    check_cache(op, kv_cache, dev, PAGE_SIZES)
+    check_cache(op, kv_cache, dev, PAGE_SIZES, (SLOT_BYTES, FP4_SLOT_BYTES))
+    if op == "summarize" and kv_cache.is_cuda and ref.page_layout(kv_cache)[1] == FP4_SLOT_BYTES:
+        fail(op, f"kv_cache holds MXFP4 keys ({FP4_SLOT_BYTES}-byte slots): no CUDA kernel "
+                 f"summarizes them yet (the reference does, on the CPU)")
     check_aligned16(op, kv_cache=kv_cache)
     check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
     check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)

@@ -1,7 +1,8 @@
 """The paged FP8 indexer, its top-K over compact logits, the compacted block table and the
 probe's page summaries, in plain PyTorch: the specification of the native ops that read the
 indexer K cache (uint8 pages of S fp8 keys of 128 B, then S fp32 scales; S = 64, or 32 where
-a SPIN block spans two pages)."""
+a SPIN block spans two pages). The summaries also read MXFP4 pages (S keys of 64 B, then S x 4
+UE8M0 exponents: DeepSeek-V4's format on SM100)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Optional
 import torch
 
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, KEY_BYTES, PAGE_SIZES, SLOT_BYTES
+from ..limits import (BLOCK_SLOTS, FP4_BLOCK, FP4_SLOT_BYTES, HEAD_DIM, KEY_BYTES, PAGE_SIZES,
+                      SLOT_BYTES)
 from ..limits import SUMMARY_BYTES as SUMMARY_ROW
 
 
@@ -19,15 +21,43 @@ from ..limits import SUMMARY_BYTES as SUMMARY_ROW
 MAX_SLOT_ID = 2**31 - 1          # slot ids are int32
 
 
+def page_layout(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """(slots per page, bytes per slot: SLOT_BYTES for FP8 keys, FP4_SLOT_BYTES for MXFP4) of
+    uint8 pages [P, S, 1, bytes] or [P, S * bytes] (the 2-D widths of the four layouts differ)."""
+    if kv_cache.dim() > 2:
+        return kv_cache.shape[1], kv_cache.shape[-1]
+    for width in (SLOT_BYTES, FP4_SLOT_BYTES):
+        for S in PAGE_SIZES:
+            if kv_cache.shape[1] == S * width:
+                return S, width
+    return kv_cache.shape[1] // SLOT_BYTES, SLOT_BYTES   # not a layout: the callers' checks say so
+
+
 def page_slots_of(kv_cache: torch.Tensor) -> int:
-    """Slots per page of uint8 pages [P, S, 1, 132] (or [P, S * 132])."""
-    return kv_cache.shape[1] if kv_cache.dim() > 2 else kv_cache.shape[1] // SLOT_BYTES
+    """Slots per page of uint8 pages [P, S, 1, 132 or 68] (or [P, S * 132 or 68])."""
+    return page_layout(kv_cache)[0]
+
+
+def _e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of 4-bit E2M1 codes (sign, 2 exponent bits, 1 mantissa bit)."""
+    exp, man = ((codes >> 1) & 0x3).float(), (codes & 0x1).float()
+    mag = torch.where(exp == 0, man * 0.5, torch.exp2(exp - 1) * (1 + man * 0.5))
+    return torch.where((codes & 0x8) > 0, -mag, mag)
 
 
 def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
-    """uint8 pages (S fp8 rows of 128 B, then S fp32 scales) -> float32 keys [P, S, 128]."""
-    S = page_slots_of(kv_cache)
-    pages = kv_cache.reshape(kv_cache.shape[0], S * SLOT_BYTES)
+    """uint8 pages -> float32 keys [P, S, 128]: FP8 (S e4m3 rows of 128 B, then S fp32 scales)
+    or MXFP4 (S rows of 64 B, two E2M1 codes a byte with the even element in the low nibble,
+    then S x 4 UE8M0 exponents, byte i scaling values 32 i .. 32 i + 31 by 2^(e - 127))."""
+    S, width = page_layout(kv_cache)
+    P = kv_cache.shape[0]
+    pages = kv_cache.reshape(P, S * width)
+    if width == FP4_SLOT_BYTES:
+        packed = pages[:, :S * HEAD_DIM // 2].reshape(P, S, HEAD_DIM // 2)
+        codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(P, S, HEAD_DIM)
+        exps = pages[:, S * HEAD_DIM // 2:].reshape(P, S, HEAD_DIM // FP4_BLOCK).float()
+        scale = torch.exp2(exps - 127.0).repeat_interleave(FP4_BLOCK, dim=-1)
+        return _e2m1(codes) * scale
     rows = pages[:, :S * KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()
     scales = pages[:, S * KEY_BYTES:].contiguous().view(torch.float32)
     return rows.view(-1, S, KEY_BYTES) * scales.unsqueeze(-1)
