@@ -108,7 +108,7 @@ def _paged_logits(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
                                     f"outside [0, {blocks})")
     k = keys[table.clamp(0, blocks - 1)].reshape(batch, width * slots, -1)  # [B, N, D]
     scores = torch.einsum("bjhd,bnd->bjhn", q.float(), k).relu()
-    rows = (scores * weights.float().view(batch, next_n, heads, 1)).sum(dim=2)  # [B, next_n, N]
+    rows = (scores * weights.float().reshape(batch, next_n, heads, 1)).sum(dim=2)  # [B, next_n, N]
     rows = rows[:, :, :max_context_len].reshape(batch * next_n, -1)
     inside = cols[None, :max_context_len] < context_lens.reshape(-1, 1).long()
     return rows.masked_fill(~inside, float("nan"))
