@@ -390,7 +390,10 @@ class SpinIndexer:
         kernel call, with its q layout)."""
         B, R = self.batch, self.next_n
         if self.query_aware:
-            self._probe_select(layer, q, weights, kv_cache)
+            # TensorRT-LLM's MXFP4 query (packed, exponents): the probe reads e4m3 rows
+            probe_q, probe_w = ref.e4m3_query_of_mxfp4(*q, weights) if isinstance(q, tuple) \
+                else (q, weights)
+            self._probe_select(layer, probe_q, probe_w, kv_cache)
         elif self.select_beside:
             if not self._selected[layer]:
                 self._select_layer(layer)

@@ -167,6 +167,33 @@ def test_summaries_of_mxfp4_pages_are_their_mean_and_std(page_slots):
                       ops.summaries_like(bad))
 
 
+def test_an_mxfp4_query_probes_like_its_dequantized_values():
+    """TensorRT-LLM's MXFP4 query (E2M1 pairs, 4 UE8M0 exponents a head) made e4m3 with a scale
+    per row and head folded into the weights: the probe's scores equal those of the
+    dequantized query (float64 loop) within e4m3 rounding."""
+    gen = torch.Generator().manual_seed(41)
+    B, R, H, P = 2, 2, 64, 5
+    # a query row is a key row of random_mxfp4_pages: the same bytes, the same values
+    pages, values = random_mxfp4_pages(1, gen, B * R * H)
+    flat = pages.view(B * R * H * 68)
+    packed = flat[:B * R * H * 64].view(B, R, H, 64)
+    scales = flat[B * R * H * 64:].contiguous().view(torch.int32).view(B, R, H)
+    q_true = values.view(B, R, H, 128)
+    w = torch.rand(B * R, H, generator=gen)
+    q8, w8 = ref.e4m3_query_of_mxfp4(packed, scales, w)
+    assert q8.dtype == torch.float8_e4m3fn and q8.shape == (B, R, H, 128) and w8.shape == (B * R, H)
+    cache = make_cache(P, gen)
+    S, _ = _summaries(cache, gen, torch.full((P,), 64, dtype=torch.int32))
+    table = torch.arange(P, dtype=torch.int32).repeat(B, 1)
+    ctx = torch.full((B, R), P * 64, dtype=torch.int32)
+    got = ops.probe(q8.view(B * R, H, 128), S, w8, ctx, table, P)
+    keys = ref.dequantize_summaries(S).double()
+    want = torch.einsum("rhd,pd->rhp", q_true.view(B * R, H, 128), keys).relu()
+    want = (want * w.double().unsqueeze(-1)).sum(1)
+    assert torch.allclose(got.double(), want, rtol=0.07, atol=1e-6 * float(want.abs().max()))
+    assert not torch.allclose(got.double(), want.flip(1), rtol=0.07)   # the check can fail
+
+
 @pytest.mark.parametrize("page_slots", [64, 32])
 def test_gauss_summaries_are_mean_and_std_and_scores_match_the_replay(page_slots):
     """gauss rows: the mean row of summarize and the per-dimension std row, each within e4m3

@@ -122,11 +122,31 @@ def test_a_bad_predictor_is_refused_by_name(env):
         patch.spin_settings_of(block)
 
 
-def test_the_probe_on_fp4_keys_is_refused_at_model_construction(env):
+def test_the_probe_on_mxfp4_keys_is_refused_on_a_gpu_at_model_construction(env, monkeypatch):
     trt, patch = env
-    with pytest.raises(patch.SpinError, match="FP4 keys"):
+    monkeypatch.setattr(patch, "_device_of", lambda module: torch.device("cuda"))
+    with pytest.raises(patch.SpinError, match="MXFP4 keys, which no CUDA kernel summarizes"):
         build(trt, dict(V32_CKPT, index_topk=512),
               sparse_config(False, fp4=True, spin={"predictor": "probe"}), 64, next_n=1)
+
+
+@pytest.mark.parametrize("v4,tpb,next_n", [(False, 64, 1), (True, 128, 2), (True, 256, 1)])
+@pytest.mark.slow
+def test_probe_decode_rows_on_mxfp4_keys_are_the_topk_of_the_selected_blocks(env, v4, tpb,
+                                                                             next_n):
+    """The probe on MXFP4 keys (on the CPU: the reference summaries): the summaries of the FP4
+    pages and the FP4 query made e4m3 rank the blocks, and every decode row is the top-K of
+    exactly the blocks selected, against the dense reference."""
+    trt, patch = env
+    ckpt = dict(V4_CKPT, index_topk=24) if v4 else V32_CKPT
+    _, model, manager, md = build(trt, ckpt, sparse_config(v4, True, spin={"predictor": "probe"}),
+                                  tpb, next_n, max_seq_len=2048, max_num_tokens=4096)
+    prompts = (1300, 900) if v4 else (700, 450)
+    pruned = decode(patch, model, manager, md, True, 4 if v4 else 1, prompts, steps=3,
+                    next_n=next_n, accepted=next_n - 1)
+    assert pruned > 0, "the probe never dropped a block: the check would prove nothing"
+    rt = getattr(manager, patch._RUNTIME_ATTR)
+    assert rt.adapter.options.predictor == "probe" and rt.adapter.query_aware
 
 
 SCENARIOS = [  # (v4, tokens_per_block, fp4, next_n, cuda-graph padding)

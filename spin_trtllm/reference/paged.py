@@ -71,6 +71,23 @@ def dequantize_pages(kv_cache: torch.Tensor) -> torch.Tensor:
 FP8_MAX = 448.0
 
 
+def e4m3_query_of_mxfp4(q_packed: torch.Tensor, q_scales: torch.Tensor,
+                        weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's query from an MXFP4 one (DeepGEMM's fp8_fp4 layout: E2M1 pairs uint8
+    [..., H, 64], the even element in the low nibble, and one int32 of 4 UE8M0 exponents per
+    head [..., H]) and its head weights fp32 [rows, H]: (e4m3 q [..., H, 128] with one scale
+    per row and head, amax / 448, and the weights times those scales). relu(s x) = s relu(x)
+    for s > 0, so the probe scores the dequantized query within e4m3 rounding."""
+    packed = q_packed.contiguous().view(torch.uint8)
+    lead = packed.shape[:-1]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*lead, HEAD_DIM)
+    exps = q_scales.contiguous().view(torch.uint8).reshape(*lead, HEAD_DIM // FP4_BLOCK)
+    values = _e2m1(codes) * torch.exp2(exps.float() - 127.0).repeat_interleave(FP4_BLOCK, -1)
+    rows, scale = _quantized(values.reshape(-1, HEAD_DIM))
+    q = rows.view(torch.float8_e4m3fn).reshape(*lead, HEAD_DIM)
+    return q, weights.float() * scale.reshape(weights.shape)
+
+
 def table_pages(block_table: torch.Tensor, ids: torch.Tensor,
                 num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pages of block ids [B, J] through block_table int32 [B, max_pages]: (int64 [B, J] page,
