@@ -187,13 +187,17 @@ def _many_requests(B, blocks, R, seed, min_count):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,blocks,min_count", [
-    pytest.param(700, 6, 0, marks=pytest.mark.large), (600, 100, 60)])
+    pytest.param(700, 6, 0, marks=pytest.mark.large),
+    pytest.param(600, 100, 60, marks=pytest.mark.large),
+    (900, 2, 1), (40, 150, 70)])
 @pytest.mark.parametrize("R", [1, 2, 3])
 def test_gpu_logits_many_requests_match_reference(B, blocks, min_count, R):
     """Shapes whose runs do not fit one wave (on an H200: more requests than resident CTAs, or
     more than 64 blocks a CTA): many waves of CTAs, requests that select nothing, ragged
     contexts, pages outside the cache. Reference: the float64 torch implementation, on the GPU
-    for speed."""
+    for speed. The sanitizers run the two small shapes (900 one- or two-block requests: more
+    CTAs than an H200 holds at once; 40 requests of up to 150 blocks: three runs a request);
+    the large ones read ten times the pages."""
     args = [t.cuda() for t in _many_requests(B, blocks, R, B + blocks + R, min_count)]
     want = ref.masked_indexer_logits(*args, dtype=torch.float64, chunk=8).float().cpu()
     got = ops.indexer_logits(*args).cpu()
