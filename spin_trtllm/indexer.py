@@ -390,9 +390,10 @@ class SpinIndexer:
         kernel call, with its q layout)."""
         B, R = self.batch, self.next_n
         if self.query_aware:
-            # TensorRT-LLM's MXFP4 query (packed, exponents): the probe reads e4m3 rows
-            probe_q, probe_w = ref.e4m3_query_of_mxfp4(*q, weights) if isinstance(q, tuple) \
-                else (q, weights)
+            # TensorRT-LLM's fp8_fp4 query: (FP8 q, None), or MXFP4 (packed, exponents), which
+            # the probe reads as e4m3 rows
+            probe_q, probe_w = (q, weights) if not isinstance(q, tuple) else \
+                (q[0], weights) if q[1] is None else ref.e4m3_query_of_mxfp4(*q, weights)
             self._probe_select(layer, probe_q, probe_w, kv_cache)
         elif self.select_beside:
             if not self._selected[layer]:

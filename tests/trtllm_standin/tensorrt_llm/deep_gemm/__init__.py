@@ -93,24 +93,29 @@ def _paged_logits(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
            f"context_lens must be int32 [{batch}, {next_n}] (2D only)")
     # all rows at once on q's device and without a host read, like the real kernel: the decode
     # callers capture it into CUDA graphs. Pages past a row's length are clamped, then masked.
+    if batch == 0 or max_context_len == 0:
+        return torch.full((batch * next_n, max_context_len), float("nan"), device=q.device)
     width = -(-max_context_len // slots)
     table = block_table[:, :width].long()
-    if table.shape[1] < width:
-        table = torch.nn.functional.pad(table, (0, width - table.shape[1]))
+    if table.shape[1] < width:          # a table too narrow for the lengths: no page there
+        table = torch.nn.functional.pad(table, (0, width - table.shape[1]), value=-1)
+    live = ((table >= 0) & (table < blocks)).repeat_interleave(slots, dim=1)   # [B, N]
     cols = torch.arange(width * slots, device=q.device)
     if q.device.type == "cpu":  # where a host read costs nothing, bad input is named
         longest = context_lens.long().amax(dim=1)
-        _check(not bool((longest > max_context_len).any()),
-               f"context len {int(longest.max())} > max_context_len {max_context_len}")
-        used = (cols // slots * slots)[None, :] < longest[:, None]
-        bad = (used & ~((table >= 0) & (table < blocks)).repeat_interleave(slots, dim=1)).any(1)
-        _check(not bool(bad.any()), f"block_table row {int(bad.long().argmax())} holds a page "
-                                    f"outside [0, {blocks})")
-    k = keys[table.clamp(0, blocks - 1)].reshape(batch, width * slots, -1)  # [B, N, D]
+        if bool((longest > max_context_len).any()):
+            _check(False, f"context len {int(longest.max())} > max_context_len {max_context_len}")
+        bad = ((cols // slots * slots)[None, :] < longest[:, None]) & ~live
+        if bool(bad.any()):
+            _check(False, f"block_table row {int(bad.any(1).long().argmax())} holds a page "
+                          f"outside [0, {blocks})")
+    k = keys[table.clamp(0, blocks - 1)].reshape(batch, width * slots, keys.shape[-1])
     scores = torch.einsum("bjhd,bnd->bjhn", q.float(), k).relu()
     rows = (scores * weights.float().reshape(batch, next_n, heads, 1)).sum(dim=2)  # [B, next_n, N]
     rows = rows[:, :, :max_context_len].reshape(batch * next_n, -1)
-    inside = cols[None, :max_context_len] < context_lens.reshape(-1, 1).long()
+    # on the GPU a slot of a page outside the cache reads as NaN (the real kernel reads garbage)
+    inside = (cols[None, :max_context_len] < context_lens.reshape(-1, 1).long()) & \
+        live[:, :max_context_len].repeat_interleave(next_n, dim=0)
     return rows.masked_fill(~inside, float("nan"))
 
 
