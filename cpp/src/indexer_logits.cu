@@ -9,11 +9,17 @@
 // with the bulk tensor copy engine; on sm_89 every thread cp.asyncs its chunks. Once every warp's
 // MMA has read a page, its stage is refilled while the next page's MMA runs (on sm_90 the loading
 // thread's warp would otherwise hold the warpgroup back at every MMA), and no block-wide barrier
-// runs per page. Each page is read once for all MTP rows. A stage's 64 scales are four parts of
-// 16, one per warp: each warp reads only its own part and refills it itself (a bulk copy or
-// cp.async completing on the same "full" barrier) once it has read it, so no thread reads shared
-// memory that another thread's copy refills (compute-sanitizer racecheck flags every
-// mbarrier-ordered handoff of that kind, tests/gpu/race_repro).
+// runs per page. Each page is read once for all MTP rows. The threads read a stage's scales
+// themselves, and racecheck flags every refill of memory other threads read that only an
+// mbarrier orders (tests/gpu/race_repro), so the scales are handed back in one of two ways:
+// - one row (G 1), and sm_89: a stage's 64 scales are four parts of 16, one per warp; each warp
+//   reads only its own part and refills it itself (a bulk copy or cp.async completing on the
+//   same "full" barrier) once it has read it;
+// - MTP rows (G 2, 4) on sm_90: the loading thread refills all 64 with the keys, and the "empty"
+//   handoff is a hardware named barrier per stage (warps 1-3 arrive once the page is read, warp
+//   0 syncs before its refill), which racecheck checks. Same-run A/B against the kernel that
+//   relied on the mbarrier alone (RESULTS.md section 3): per-warp refills cost 4-9% at G 2 and
+//   the named barrier none; at G 1 the named barrier cost 3% and per-warp refills 1%.
 #include <algorithm>
 #include <atomic>
 
@@ -105,12 +111,22 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// The "empty" handoff of stage s as named barrier s + 1 (0 is __syncthreads) over the warpgroup:
+// warp 0 syncs (stage_read_sync) once warps 1-3 have arrived (stage_read_arrive). A register id
+// makes ptxas reserve all 16 barriers (immediates, chosen by a branch per page, were slower at
+// G 2 than per-warp refills).
+__device__ __forceinline__ void stage_read_sync(int stage) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(stage + 1), "n"(kThreads) : "memory");
+}
 #else
 // One arrival on `bar` once this thread's earlier cp.asyncs have landed.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 #endif
+__device__ __forceinline__ void stage_read_arrive(int stage) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(stage + 1), "n"(kThreads) : "memory");
+}
 
 template <int G>
 __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
@@ -120,6 +136,11 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
   constexpr int kStages = stages_for<G>();
+#if __CUDA_ARCH__ >= 900
+  constexpr bool kNamedHandoff = G > 1;  // else per-warp scale refills (see the top)
+#else
+  constexpr bool kNamedHandoff = false;
+#endif
   const Smem lay{(p.rows + G - 1) / G * G, kStages};
 
   const int b = blockIdx.y;
@@ -177,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   // Page i's scales of this warp's 16 slots into its part of stage i % kStages, on that stage's
   // "full" barrier (whose expected bytes, set in issue(i), count all four parts).
   auto load_warp_scales = [&](int i) {
-    if (i >= run || page_s[i] < 0) return;
+    if (kNamedHandoff || i >= run || page_s[i] < 0) return;
     const int stage = stage_of<kStages>(i);
     const uint8_t* src = p.kv_cache + static_cast<int64_t>(page_s[i]) * kBlockSize * kSlotBytes +
                          kPageKeyBytes + warp * kScalesPerWarp * 4;
@@ -188,16 +209,23 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     if (lane < kScalesPerWarp / 4) cp_async16(dst + lane * 16, src + lane * 16);
 #endif
   };
-  // Page i's keys into its stage once every warp has read page i - kStages there; the first
-  // kStages pages' scales too (later ones: load_warp_scales).
+  // Page i's keys into its stage once every warp has read page i - kStages there; its scales
+  // too with the named handoff, else the first kStages pages' only (later ones:
+  // load_warp_scales). Called by every thread.
   auto issue = [&](int i) {
     if (i >= run) return;
-#if __CUDA_ARCH__ >= 900
-    if (threadIdx.x != 0) return;  // one thread drives the copy engine
-#endif
     const int stage = stage_of<kStages>(i);
     const uint32_t full = full0 + 8 * stage;
+#if __CUDA_ARCH__ >= 900
+    if (kNamedHandoff) {
+      if (warp != 0) return;
+      if (i >= kStages) stage_read_sync(stage);  // the whole warp
+    }
+    if (threadIdx.x != 0) return;  // one thread drives the copy engine
+    if (!kNamedHandoff && i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of<kStages>(i) ^ 1);
+#else
     if (i >= kStages) mbar_wait(empty0 + 8 * stage, parity_of<kStages>(i) ^ 1);
+#endif
     const int page = page_s[i];
     if (page < 0) {  // a block outside the cache: nothing to load, its z is dropped
       mbar_arrive(full);
@@ -207,7 +235,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
 #if __CUDA_ARCH__ >= 900
     mbar_expect_tx(full, kPageKeyBytes + kBlockSize * 4);
     tma_load_keys(base + lay.page(stage), &keys, page, full);
-    if (i < kStages) bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
+    if (kNamedHandoff || i < kStages)
+      bulk_load(base + lay.scales(stage), src + kPageKeyBytes, kBlockSize * 4, full);
 #else
     const uint32_t dst = base + lay.page(stage) + swizzled(threadIdx.x / 8, threadIdx.x % 8);
 #pragma unroll
@@ -264,8 +293,10 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
     mbar_wait(full0 + 8 * stage, parity_of<kStages>(i));
     const float* scales = reinterpret_cast<const float*>(smem + lay.scales(stage));
     const float sc_lo = scales[s_lo], sc_hi = scales[s_hi];
-    __syncwarp();  // every lane has read this warp's part
-    load_warp_scales(i + kStages);
+    if (!kNamedHandoff) {
+      __syncwarp();  // every lane has read this warp's part
+      load_warp_scales(i + kStages);
+    }
     const bool factored =
         sc_lo >= 0.0f && sc_hi >= 0.0f && sc_lo < CUDART_INF_F && sc_hi < CUDART_INF_F;
     // a block outside the cache was never loaded: its stage holds stale data, dropped below
@@ -279,7 +310,11 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
                   },
                   [&] {  // this page's stage is read
                     __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * stage);
+                    if constexpr (!kNamedHandoff) {
+                      if (lane == 0) mbar_arrive(empty0 + 8 * stage);
+                    } else if (warp != 0 && i + kStages < run) {  // no refill, no arrival
+                      stage_read_arrive(stage);
+                    }
                   },
                   [&](int r, float z) {
                     out_c[r * width] = slot < row_len(r) ? z : -CUDART_INF_F;
