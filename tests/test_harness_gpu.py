@@ -30,7 +30,10 @@ def test_cuda_graph_replay_equals_eager(mtp, spin, predictor):
         assert graph_engine.pool.generation >= 1
 
 
+# racecheck: "Internal Sanitizer Error: failed to handle a hardware exception" even with
+# --kernel-name kns=no_such_kernel (nothing instrumented); memcheck with every kernel: 0 errors
 @pytest.mark.gpu
+@pytest.mark.no_racecheck
 def test_v4_shaped_engine_with_synthetic_contexts_runs_graphs():
     cfg = v4_flash_indexer(max_context=8192, compress_ratios=(0, 4, 128, 4), mtp_depth=3)
     sc = SpinConfig(index_topk=512, target_sparsity=0.5)
