@@ -375,12 +375,27 @@ def test_gpu_summarize_equals_reference_bytes():
 
 
 @pytest.mark.gpu
-def test_gpu_summarize_refuses_mxfp4_pages_by_name():
-    cache, _ = random_mxfp4_pages(2, torch.Generator().manual_seed(3), 64)
-    cache = cache.cuda()
-    with pytest.raises(SpinError, match="MXFP4 keys .68-byte slots.: no CUDA kernel"):
-        ops.summarize(cache, torch.zeros(1, dtype=torch.int32, device="cuda"),
-                      torch.ones(1, dtype=torch.int32, device="cuda"), ops.summaries_like(cache))
+@pytest.mark.parametrize("page_slots", [64, 32])
+def test_gpu_summarize_mxfp4_pages_equals_reference_bytes(page_slots):
+    """V4's MXFP4 key pages: the kernel's summary rows equal the reference's byte for byte, 4-D
+    and 2-D views, edge fills, pages outside the cache skipped, a page of subnormal scales."""
+    gen = torch.Generator().manual_seed(60 + page_slots)
+    P = 30
+    cache, _ = random_mxfp4_pages(P, gen, page_slots)
+    exps = cache.view(P, -1)[:, page_slots * 64:]
+    exps[4] = torch.randint(0, 6, exps[4].shape, generator=gen).to(torch.uint8)  # 2^-127..2^-122
+    cache.view(P, -1)[5, :64] = 0                                             # an all-zero key
+    fills = torch.tensor([(0, 1, page_slots - 1, page_slots, page_slots + 9, -2, 7)[i % 7]
+                          for i in range(P)], dtype=torch.int32)
+    pages = torch.arange(P, dtype=torch.int32)
+    pages[3], pages[9] = -1, P + 4
+    for view in (cache, cache.reshape(P, -1)):
+        want = ops.summaries_like(view)
+        ops.summarize(view, pages, fills, want)
+        got = ops.summaries_like(view.cuda())
+        ops.summarize(view.cuda(), pages.cuda(), fills.cuda(), got)
+        assert torch.equal(got.cpu(), want)
+        assert bool(want[[0, 1, 2, 4]].any()) and not bool(want[3].any())   # written / skipped
 
 
 @pytest.mark.gpu

@@ -9,20 +9,40 @@
 namespace spin {
 namespace {
 
+// The value of a 4-bit E2M1 code (sign, 2 exponent bits, 1 mantissa bit).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t exp = (code >> 1) & 3u, man = code & 1u;
+  const float mag = exp == 0 ? 0.5f * man : ldexpf(1.0f + 0.5f * man, static_cast<int>(exp) - 1);
+  return (code & 8u) ? -mag : mag;
+}
+
 // One CTA per listed page (of page_slots slots), thread d = key dim d: the mean in the
-// reference's arithmetic (fp32 products fp8 * scale, summed in fp64), amax over the 128 dims,
-// re-quantized to e4m3.
+// reference's arithmetic (fp32 products, key times its scale, summed in fp64), amax over the
+// 128 dims, re-quantized to e4m3. FP8 keys: e4m3 bytes, then an fp32 scale per slot; MXFP4
+// keys: E2M1 pairs (the even element in the low nibble), then a UE8M0 exponent e per 32
+// values, scale 2^(e - 127).
 __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
   const int64_t page = p.pages[blockIdx.x];
   if (page < 0 || page >= p.num_pages) return;
   const int fill = min(max(p.fill[blockIdx.x], 0), p.page_slots);
   const int d = threadIdx.x;
-  const uint8_t* src = p.kv_cache + page * p.page_slots * kSlotBytes;
-  const float* scales = reinterpret_cast<const float*>(src + p.page_slots * kHeadDim);
+  const uint8_t* src = p.kv_cache + page * p.page_slots * p.slot_bytes;
   double total = 0.0;
-  for (int s = 0; s < fill; ++s) {
-    const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
-    total += static_cast<double>(__fmul_rn(static_cast<float>(key), scales[s]));
+  if (p.slot_bytes == kFp4SlotBytes) {
+    const uint8_t* exps = src + p.page_slots * (kHeadDim / 2);
+    for (int s = 0; s < fill; ++s) {
+      const uint32_t pair = src[s * (kHeadDim / 2) + d / 2];
+      const float value = e2m1_value((d & 1) ? pair >> 4 : pair & 0xFu);
+      const float scale = ldexpf(1.0f, static_cast<int>(exps[s * (kHeadDim / kFp4Block) +
+                                                             d / kFp4Block]) - 127);
+      total += static_cast<double>(__fmul_rn(value, scale));
+    }
+  } else {
+    const float* scales = reinterpret_cast<const float*>(src + p.page_slots * kHeadDim);
+    for (int s = 0; s < fill; ++s) {
+      const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
+      total += static_cast<double>(__fmul_rn(static_cast<float>(key), scales[s]));
+    }
   }
   const float mean = static_cast<float>(total / static_cast<double>(max(fill, 1)));
   __shared__ float warp_max[kHeadDim / 32];

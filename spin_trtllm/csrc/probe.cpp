@@ -13,7 +13,14 @@ void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::
   p.count = static_cast<int>(pages.size(0));
   p.num_pages = kv_cache.size(0);
   p.summaries = summaries.data_ptr<uint8_t>();
-  p.page_slots = static_cast<int>(kv_cache[0].numel() / spin::kSlotBytes);
+  // a page's bytes tell the four layouts apart (64 or 32 slots of 132 or 68 bytes)
+  const int64_t page_bytes = kv_cache[0].numel();
+  for (const int slot_bytes : {spin::kSlotBytes, spin::kFp4SlotBytes})
+    for (const int slots : {spin::kBlockSize, spin::kBlockSize / 2})
+      if (page_bytes == int64_t{slots} * slot_bytes) {
+        p.page_slots = slots;
+        p.slot_bytes = slot_bytes;
+      }
   spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), "summarize");
 }
 

@@ -2,7 +2,7 @@
 query-aware block scores computed from them.
 
 summarize: kv_cache as indexer_logits reads it (or of 32-slot pages; MXFP4 pages of 68-byte
-slots too, on the CPU: no kernel reads them yet), pages int32 [P], fill int32 [P] -> summaries
+slots too), pages int32 [P], fill int32 [P] -> summaries
 uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding), row pages[i] =
 the mean of that page's first clamp(fill[i], 0, S) dequantized keys (S slots per page),
 re-quantized e4m3 with scale amax / 448 (reference.summarize_pages; the kernel's bytes equal
@@ -50,9 +50,6 @@ def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize",
                         width=SUMMARY_BYTES) -> None:
     dev = device_of(kv_cache)
     check_cache(op, kv_cache, dev, PAGE_SIZES, (SLOT_BYTES, FP4_SLOT_BYTES))
-    if op == "summarize" and kv_cache.is_cuda and ref.page_layout(kv_cache)[1] == FP4_SLOT_BYTES:
-        fail(op, f"kv_cache holds MXFP4 keys ({FP4_SLOT_BYTES}-byte slots): no CUDA kernel "
-                 f"summarizes them yet (the reference does, on the CPU)")
     check_aligned16(op, kv_cache=kv_cache)
     check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
     check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)

@@ -16,6 +16,8 @@ constexpr int kHeads = 64;              // indexer heads, DeepSeek-V3.2/V4 [INDE
 constexpr int kHeadDim = 128;           // fp8 bytes per key row [HEAD_DIM]
 constexpr int kSlotBytes = 132;         // key row + fp32 scale [SLOT_BYTES]
 constexpr int kSummaryBytes = 144;      // summary row, 16-byte aligned [SUMMARY_BYTES]
+constexpr int kFp4Block = 32;           // MXFP4 key values per UE8M0 exponent [FP4_BLOCK]
+constexpr int kFp4SlotBytes = 68;       // MXFP4 key: 64 B of E2M1 pairs, 4 exponents [FP4_SLOT_BYTES]
 constexpr int kMaxNextN = 8;            // MTP rows per request supported [MAX_NEXT_N]
 constexpr int kMaxSortedK = 4096;       // remap(ascending): k one CTA sorts [MAX_SORTED_K]
 constexpr int kMaxHybridBlocks = 8192;  // merge_history rank sort [MAX_HYBRID_BLOCKS]
@@ -113,13 +115,14 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
 // Block summaries: summaries[pages[i]] = the mean of page pages[i]'s first fill[i] keys,
 // re-quantized (reference.summarize_pages); pages outside [0, num_pages) are skipped.
 struct SummarizeParams {
-  const uint8_t* kv_cache;     // [num_pages, page_slots * 132]
+  const uint8_t* kv_cache;     // [num_pages, page_slots * slot_bytes]
   const int32_t* pages;        // [count]
   const int32_t* fill;         // [count]
   int count;
   int64_t num_pages;
   uint8_t* summaries;          // [num_pages, kSummaryBytes]
   int page_slots = 64;         // slots per page: 64 or 32
+  int slot_bytes = kSlotBytes; // kSlotBytes (FP8 keys) or kFp4SlotBytes (MXFP4 keys)
 };
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
 

@@ -152,13 +152,6 @@ def _locate() -> dict[str, Any]:
     return found
 
 
-def _device_of(module: Any) -> torch.device:
-    """Where an indexer module's weights live (CUDA unless built on the CPU, as the stand-in)."""
-    for tensor in module.parameters():
-        return tensor.device
-    return torch.device("cuda")
-
-
 class _KernelCall:
     """The paged-logits call upstream is making, replayed over SPIN's selection."""
 
@@ -320,12 +313,6 @@ def _patch_indexer(found: dict[str, Any]) -> None:
             _warn_once("dsl", f"indexer layer {self.layer_idx} uses the CuTe DSL paged logits, "
                               f"which SPIN cannot drive; it runs the dense indexer")
             settings = None
-        if settings is not None and settings.predictor != "spin" and \
-                getattr(self, "use_fp4", False) and _device_of(self).type != "cpu":
-            raise SpinError(f"indexer layer {self.layer_idx}: spin.predictor "
-                            f"{settings.predictor!r} summarizes the indexer K cache, and this "
-                            f"model's keeps MXFP4 keys, which no CUDA kernel summarizes yet "
-                            f"(use predictor: spin)")
         object.__setattr__(self, "_spin", settings)
         if settings is not None:
             _LAYERS[int(self.layer_idx)] = settings
