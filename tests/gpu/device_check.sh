@@ -24,7 +24,8 @@
 # Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
 # skips that); plain also leaves it packed as $OUT/libspin_native.so.gz, with the digest of its
 # sources in $OUT/libspin_native.so.sources, for a later call.
-# Logs go to ${OUT:-/tmp/spin-gpu}.
+# Logs go to ${OUT:-/tmp/spin-gpu}; the sanitizer shards' to its shards/ folder, packed as
+# shards.tar.gz beside summary.txt.
 # Needs third_party/deepgemm.tar.gz (tests/gpu/deepgemm_env.sh) and .whl/ where pydantic is missing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,20 +78,21 @@ shards=${SANITIZER_SHARDS:-$(( $(nproc) / shares > 0 ? $(nproc) / shares : 1 ))}
   tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
 start=$SECONDS
 read -ra opts <<< "$only_spin"
+shard_dir="$out/shards"; mkdir -p "$shard_dir"   # top level: the summary and one archive of these
 for tool in "${tools[@]}"; do
   n=$shards
   [ "$tool" = racecheck ] && n=$((2 * shards))   # about half memcheck's speed on these tests
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_SHARD="$i/$n" SPIN_TEST_TIMES="$out/${tool}_$i.times" \
+      SPIN_SHARD="$i/$n" SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
         "${pytest[@]}" -m "gpu and not large$([ "$tool" = racecheck ] && echo " and not no_racecheck")" \
-        tests/ > "$out/${tool}_$i.log" 2>&1
+        tests/ > "$shard_dir/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
-        >> "$out/${tool}_$i.log"
+        >> "$shard_dir/${tool}_$i.log"
     ) &
   done
 done
@@ -99,13 +101,14 @@ wait
 # those cut off at the limit too (they never print a summary).
 report='^========= (Error|Warning|Invalid|Uninitialized|Barrier|Misaligned|Out-of-range|Internal|Program hit)'
 for tool in "${tools[@]}"; do
-  for log in "$out/${tool}"_*.log; do
+  for log in "$shard_dir/${tool}"_*.log; do
     echo "== $(basename "$log"): $(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
   done
-  grep -hE "(ERROR|RACECHECK) SUMMARY" "$out/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
-  echo "$tool: $(cat "$out/"${tool}_*.log | grep -cE "$report") reports in all shards' logs;" \
-    "$(cat "$out/${tool}"_*.times 2>/dev/null | wc -l) tests ended; slowest:"
-  grep -hE "$report" "$out/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
-  sort -rn "$out/${tool}"_*.times 2>/dev/null | head -5
+  grep -hE "(ERROR|RACECHECK) SUMMARY" "$shard_dir/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
+  echo "$tool: $(cat "$shard_dir/"${tool}_*.log | grep -cE "$report") reports in all shards' logs;" \
+    "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | wc -l) tests ended; slowest:"
+  grep -hE "$report" "$shard_dir/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
+  sort -rn "$shard_dir/${tool}"_*.times 2>/dev/null | head -15
 done 2>&1 | tee "$out/summary.txt"
 echo "sanitizers: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+tar -czf "$out/shards.tar.gz" -C "$out" shards
