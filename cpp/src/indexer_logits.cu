@@ -18,7 +18,7 @@
 // - MTP rows (G 2, 4) on sm_90: the loading thread refills all 64 with the keys, and the "empty"
 //   handoff is a hardware named barrier per stage (warps 1-3 arrive once the page is read, warp
 //   0 syncs before its refill), which racecheck checks. Same-run A/B against the kernel that
-//   relied on the mbarrier alone (RESULTS.md section 3): per-warp refills cost 4-9% at G 2 and
+//   relied on the mbarrier alone (RESULTS.md section 3): per-warp refills cost 2-10% at G 2 and
 //   the named barrier none; at G 1 the named barrier cost 3% and per-warp refills 1%.
 #include <algorithm>
 #include <atomic>
@@ -113,8 +113,8 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 }
 // The "empty" handoff of stage s as named barrier s + 1 (0 is __syncthreads) over the warpgroup:
 // warp 0 syncs (stage_read_sync) once warps 1-3 have arrived (stage_read_arrive). A register id
-// makes ptxas reserve all 16 barriers (immediates, chosen by a branch per page, were slower at
-// G 2 than per-warp refills).
+// makes ptxas reserve all 16 barriers (immediates, chosen by a branch per page, were as slow at
+// G 2 as per-warp refills).
 __device__ __forceinline__ void stage_read_sync(int stage) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(stage + 1), "n"(kThreads) : "memory");
 }
