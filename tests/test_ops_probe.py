@@ -399,6 +399,42 @@ def test_gpu_summarize_mxfp4_pages_equals_reference_bytes(page_slots):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("require_native")
+@pytest.mark.parametrize("keys,page_slots", [("fp8", 64), ("fp8", 32), ("mxfp4", 64),
+                                             ("mxfp4", 32)])
+def test_gpu_native_summarize_gauss_equals_reference(keys, page_slots):
+    """The gauss summary kernel (spin::summarize_gauss still runs the reference on CUDA until
+    this passes on a GPU) against the reference: the mean row byte for byte, the std row within
+    one e4m3 step (fp64 sums of squares in another order may round the fp32 std apart); edge
+    fills, pages outside the cache skipped."""
+    if not ops.NATIVE:
+        pytest.skip("needs the native library")
+    gen = torch.Generator().manual_seed(70 + page_slots + len(keys))
+    P = 28
+    if keys == "mxfp4":
+        cache, _ = random_mxfp4_pages(P, gen, page_slots)
+    else:
+        cache = make_cache(P, gen) if page_slots == 64 else split_pages(make_cache(P // 2, gen))
+    cache.view(P, -1)[6, :64] = 0                          # an all-zero key row
+    fills = torch.tensor([(0, 1, 2, page_slots - 1, page_slots, page_slots + 5, -1)[i % 7]
+                          for i in range(P)], dtype=torch.int32)
+    pages = torch.arange(P, dtype=torch.int32)
+    pages[5], pages[12] = -3, P
+    want = ops.gauss_summaries_like(cache)
+    ops.summarize_gauss(cache, pages, fills, want)
+    got = ops.gauss_summaries_like(cache.cuda())
+    torch.ops.spin_native.summarize_gauss(cache.cuda(), pages.cuda(), fills.cuda(), got)
+    got = got.cpu()
+    assert torch.equal(got[:, :144], want[:, :144])
+    assert not bool(got[[5, 12]].any())                     # skipped: left as they were
+    std_got = ref.dequantize_summaries(got[:, 144:]).double()
+    std_want = ref.dequantize_summaries(want[:, 144:]).double()
+    assert bool(std_want[3].abs().max() > 0)               # the rows hold deviations
+    step = std_want.abs() / 8 + std_want.abs().amax(1, keepdim=True) / 448 * 2 ** -9 + 1e-30
+    assert bool(((std_got - std_want).abs() <= step).all())
+
+
+@pytest.mark.gpu
 def test_gpu_summarize_32_slot_pages_equals_reference_bytes():
     gen = torch.Generator().manual_seed(16)
     cache = split_pages(make_cache(20, gen))

@@ -1,6 +1,7 @@
 // spin::summarize and spin::probe: query-aware block scores from per-page summaries.
 // summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
-// reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row.
+// reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row (gauss: and the
+// per-dimension std into the row after it).
 // probe: one CTA (one warpgroup) per (request, 64 consecutive page columns): their summary rows,
 // gathered through the block table with cp.async, make one 64-row tile that goes through the
 // indexer's tile product (indexer_tile.cuh: same MMA and epilogue as a K-cache page).
@@ -16,11 +17,44 @@ __device__ __forceinline__ float e2m1_value(uint32_t code) {
   return (code & 8u) ? -mag : mag;
 }
 
-// One CTA per listed page (of page_slots slots), thread d = key dim d: the mean in the
-// reference's arithmetic (fp32 products, key times its scale, summed in fp64), amax over the
-// 128 dims, re-quantized to e4m3. FP8 keys: e4m3 bytes, then an fp32 scale per slot; MXFP4
-// keys: E2M1 pairs (the even element in the low nibble), then a UE8M0 exponent e per 32
-// values, scale 2^(e - 127).
+// Dim d of slot s's key in the reference's arithmetic (an fp32 product, key times its scale).
+// FP8 keys: e4m3 bytes, then an fp32 scale per slot; MXFP4 keys: E2M1 pairs (the even element
+// in the low nibble), then a UE8M0 exponent e per 32 values, scale 2^(e - 127).
+__device__ __forceinline__ float page_key(const SummarizeParams& p, const uint8_t* page, int s,
+                                          int d) {
+  if (p.slot_bytes == kFp4SlotBytes) {
+    const uint32_t pair = page[s * (kHeadDim / 2) + d / 2];
+    const uint8_t e = page[p.page_slots * (kHeadDim / 2) + s * (kHeadDim / kFp4Block) +
+                           d / kFp4Block];
+    return __fmul_rn(e2m1_value((d & 1) ? pair >> 4 : pair & 0xFu),
+                     ldexpf(1.0f, static_cast<int>(e) - 127));
+  }
+  const float scale = reinterpret_cast<const float*>(page + p.page_slots * kHeadDim)[s];
+  return __fmul_rn(static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(
+                       page + s * kHeadDim + d)), scale);
+}
+
+// Thread d's `value` of a 128-dim row re-quantized like a key into dst: e4m3 bytes with scale
+// max(amax / 448, 1e-12), then the fp32 scale. Called by all kHeadDim threads.
+__device__ __forceinline__ void store_row(float value, uint8_t* dst) {
+  __shared__ float warp_max[kHeadDim / 32];
+  const int d = threadIdx.x;
+  float amax = fabsf(value);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((d & 31) == 0) warp_max[d >> 5] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  __syncthreads();  // warp_max is read by every thread before the next row writes it
+  const float scale = fmaxf(__fdiv_rn(amax, kE4M3Max), 1e-12f);
+  dst[d] = static_cast<uint8_t>(
+      __nv_cvt_float_to_fp8(__fdiv_rn(value, scale), __NV_SATFINITE, __NV_E4M3));
+  if (d == 0) *reinterpret_cast<float*>(dst + kHeadDim) = scale;
+}
+
+// One CTA per listed page (of page_slots slots), thread d = key dim d: the mean of the page's
+// first `fill` keys (summed in fp64, as the reference) into the summary row; with_std also the
+// population standard deviation (squared deviations from the fp64 mean, summed in fp64, each
+// product and sum rounded on its own as the reference's) into the row after it.
 __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
   const int64_t page = p.pages[blockIdx.x];
   if (page < 0 || page >= p.num_pages) return;
@@ -28,33 +62,18 @@ __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) 
   const int d = threadIdx.x;
   const uint8_t* src = p.kv_cache + page * p.page_slots * p.slot_bytes;
   double total = 0.0;
-  if (p.slot_bytes == kFp4SlotBytes) {
-    const uint8_t* exps = src + p.page_slots * (kHeadDim / 2);
-    for (int s = 0; s < fill; ++s) {
-      const uint32_t pair = src[s * (kHeadDim / 2) + d / 2];
-      const float value = e2m1_value((d & 1) ? pair >> 4 : pair & 0xFu);
-      const float scale = ldexpf(1.0f, static_cast<int>(exps[s * (kHeadDim / kFp4Block) +
-                                                             d / kFp4Block]) - 127);
-      total += static_cast<double>(__fmul_rn(value, scale));
-    }
-  } else {
-    const float* scales = reinterpret_cast<const float*>(src + p.page_slots * kHeadDim);
-    for (int s = 0; s < fill; ++s) {
-      const __nv_fp8_e4m3 key = *reinterpret_cast<const __nv_fp8_e4m3*>(src + s * kHeadDim + d);
-      total += static_cast<double>(__fmul_rn(static_cast<float>(key), scales[s]));
-    }
+  for (int s = 0; s < fill; ++s) total += static_cast<double>(page_key(p, src, s, d));
+  const double count = static_cast<double>(max(fill, 1));
+  const double mean = total / count;
+  uint8_t* dst = p.summaries + page * p.row_bytes;
+  store_row(static_cast<float>(mean), dst);
+  if (!p.with_std) return;
+  double squares = 0.0;
+  for (int s = 0; s < fill; ++s) {
+    const double dev = __dsub_rn(static_cast<double>(page_key(p, src, s, d)), mean);
+    squares = __dadd_rn(squares, __dmul_rn(dev, dev));
   }
-  const float mean = static_cast<float>(total / static_cast<double>(max(fill, 1)));
-  __shared__ float warp_max[kHeadDim / 32];
-  float amax = fabsf(mean);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if ((d & 31) == 0) warp_max[d >> 5] = amax;
-  __syncthreads();
-  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
-  const float scale = fmaxf(__fdiv_rn(amax, kE4M3Max), 1e-12f);
-  uint8_t* dst = p.summaries + page * kSummaryBytes;
-  dst[d] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(mean, scale), __NV_SATFINITE, __NV_E4M3));
-  if (d == 0) *reinterpret_cast<float*>(dst + kHeadDim) = scale;
+  store_row(static_cast<float>(sqrt(squares / count)), dst + kSummaryBytes);
 }
 
 // One CTA per (request, 64 consecutive blocks): the blocks' summary rows, gathered through the
@@ -147,6 +166,7 @@ cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
   if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
+  if (p.row_bytes < (p.with_std ? 2 : 1) * kSummaryBytes) return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,10 +1,11 @@
-// spin_native::summarize and spin_native::probe -> spin::launch_summarize, spin::launch_probe
+// spin_native::summarize, summarize_gauss and probe -> spin::launch_summarize, spin::launch_probe
 // (cpp/src/probe.cu): page summaries and the query-aware block scores read from them.
 #include "binding.h"
 
 namespace {
 
-void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
+void summarize_rows(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries,
+                    bool with_std) {
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   spin::SummarizeParams p;
   p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
@@ -21,7 +22,19 @@ void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::
         p.page_slots = slots;
         p.slot_bytes = slot_bytes;
       }
-  spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), "summarize");
+  p.row_bytes = static_cast<int>(summaries.size(1));
+  p.with_std = with_std;
+  spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()),
+                     with_std ? "summarize_gauss" : "summarize");
+}
+
+void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
+  summarize_rows(kv_cache, pages, fill, summaries, false);
+}
+
+void spin_summarize_gauss(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill,
+                          at::Tensor summaries) {
+  summarize_rows(kv_cache, pages, fill, summaries, true);
 }
 
 void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
@@ -48,11 +61,13 @@ void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
 
 TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
+  m.def("summarize_gauss(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
   m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
   m.impl("summarize", &spin_summarize);
+  m.impl("summarize_gauss", &spin_summarize_gauss);
   m.impl("probe", &spin_probe);
 }

@@ -113,16 +113,19 @@ struct LogitsParams {
 cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
 
 // Block summaries: summaries[pages[i]] = the mean of page pages[i]'s first fill[i] keys,
-// re-quantized (reference.summarize_pages); pages outside [0, num_pages) are skipped.
+// re-quantized (reference.summarize_pages; with_std: then their per-dimension std,
+// reference.summarize_pages_gauss); pages outside [0, num_pages) are skipped.
 struct SummarizeParams {
   const uint8_t* kv_cache;     // [num_pages, page_slots * slot_bytes]
   const int32_t* pages;        // [count]
   const int32_t* fill;         // [count]
   int count;
   int64_t num_pages;
-  uint8_t* summaries;          // [num_pages, kSummaryBytes]
+  uint8_t* summaries;          // [num_pages, row_bytes]
   int page_slots = 64;         // slots per page: 64 or 32
   int slot_bytes = kSlotBytes; // kSlotBytes (FP8 keys) or kFp4SlotBytes (MXFP4 keys)
+  int row_bytes = kSummaryBytes;
+  bool with_std = false;       // gauss rows (2 * kSummaryBytes): the std row after the mean row
 };
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
 
