@@ -466,6 +466,44 @@ def test_gpu_probe_of_32_slot_pages_matches_reference(R, page_slots):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("require_native")
+@pytest.mark.parametrize("R,page_slots", [(1, 64), (2, 64), (5, 64), (1, 32), (3, 32)])
+def test_gpu_native_gauss_matches_reference(R, page_slots):
+    """The gauss score kernel (spin::gauss still runs the reference on CUDA until this passes on
+    a GPU) against reference.gauss_scores in float64: the same -inf columns (pages outside the
+    table or the summaries, no visible slot, past the table), the finite scores within the FP8
+    tile product's error, and a check that a wrong variance would fail."""
+    if not ops.NATIVE:
+        pytest.skip("needs the native library")
+    gen = torch.Generator().manual_seed(90 + R + page_slots)
+    B, P = 3, 150
+    cache = make_cache(P, gen) if page_slots == 64 else split_pages(make_cache(P // 2, gen))
+    fills = torch.tensor([(page_slots, 1, 7, page_slots - 3, 0)[i % 5] for i in range(P)],
+                         dtype=torch.int32)
+    G = ops.gauss_summaries_like(cache)
+    ops.summarize_gauss(cache, torch.arange(P, dtype=torch.int32), fills, G)
+    ctx = torch.tensor([[l + r for r in range(R)] for l in (1, 2000, 4100)], dtype=torch.int32)
+    table = torch.randint(-1, P + 2, (B, 120), generator=gen, dtype=torch.int32)   # -1, outside
+    q = torch.randn(B * R, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(B * R, 64, generator=gen)
+    columns = 130                                            # two CTAs, past the table's 120
+    want = ref.gauss_scores(q, G, w, ctx, table, columns, page_slots=page_slots)
+    got = torch.full((B * R, columns), 7.0, device="cuda")
+    torch.ops.spin_native.gauss(q.cuda(), G.cuda(), w.cuda(), ctx.cuda(), table.cuda(),
+                                page_slots, got)
+    got = got.cpu().double()
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and not bool(torch.isnan(got).any())
+    fin = torch.isfinite(want)
+    assert int(fin.sum()) > 60
+    err = (got[fin] - want[fin]).norm() / want[fin].norm()
+    assert err < 5e-4, err
+    no_std = G.clone()
+    no_std[:, 144:] = 0                                      # the probe's scores, weighted relu
+    wrong = ref.gauss_scores(q, no_std, w, ctx, table, columns, page_slots=page_slots)
+    assert (wrong[fin] - want[fin]).norm() / want[fin].norm() > 10 * err
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2, 3, 5])
 def test_gpu_probe_matches_reference(R):
     gen = torch.Generator().manual_seed(7 + R)

@@ -45,6 +45,16 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Every thread's cp.asyncs landed and, for wgmma (the async proxy), visible; then the block's
+// barrier: the tiles are ready for the MMA.
+__device__ __forceinline__ void tiles_ready() {
+  cp_async_wait<0>();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  __syncthreads();
+}
+
 // torch.relu semantics: NaN stays NaN (one max.NaN instruction).
 __device__ __forceinline__ float relu(float x) {
   float y;

@@ -2,9 +2,13 @@
 // summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
 // reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row (gauss: and the
 // per-dimension std into the row after it).
+// gauss: the same grid over gauss rows (mean, then std): per row and head the mean's product
+// as the probe's, the variance's on mma.sync bf16, then the expected ReLU under a normal.
 // probe: one CTA (one warpgroup) per (request, 64 consecutive page columns): their summary rows,
 // gathered through the block table with cp.async, make one 64-row tile that goes through the
 // indexer's tile product (indexer_tile.cuh: same MMA and epilogue as a K-cache page).
+#include <cuda_bf16.h>
+
 #include "indexer_tile.cuh"
 
 namespace spin {
@@ -76,6 +80,43 @@ __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) 
   store_row(static_cast<float>(sqrt(squares / count)), dst + kSummaryBytes);
 }
 
+// What the probe and gauss kernels share. The rows' lengths (into ctx_s), and the page of column
+// j0 + i of request b: -1 where no row sees it, it lies past the table or its page outside the
+// summaries (never read).
+struct ColumnPages {
+  const ProbeParams& p;
+  int b, j0, max_ctx = 0;
+  __device__ ColumnPages(const ProbeParams& params, int request, int first, int* ctx_s)
+      : p(params), b(request), j0(first) {
+    for (int r = 0; r < p.rows; ++r) max_ctx = max(max_ctx, p.context_lens[b * p.rows + r]);
+    if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
+  }
+  __device__ int64_t operator()(int i) const {
+    const int j = j0 + i;
+    if (j >= p.num_blocks || j >= p.max_pages ||
+        static_cast<int64_t>(j) * p.page_slots >= max_ctx)
+      return -1;
+    const int64_t page = p.block_table[b * p.table_stride + j];
+    return page >= 0 && page < p.num_pages ? page : -1;
+  }
+};
+
+// The 64 columns' summary rows (their first 128 bytes) into the swizzled tile at `tile` with
+// cp.async, not committed; zero rows where not read. Thread t: rows t / 8 + 16 u, chunk t % 8.
+__device__ __forceinline__ void load_summary_tile(const ProbeParams& p, const ColumnPages& page_of,
+                                                  uint32_t base, unsigned char* smem,
+                                                  uint32_t tile) {
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int row = threadIdx.x / 8 + 16 * u, chunk = threadIdx.x % 8;
+    const int64_t page = page_of(row);
+    const uint32_t dst = tile + swizzled(row, chunk);
+    if (page >= 0)
+      cp_async16(base + dst, p.summaries + page * p.summary_bytes + chunk * 16);
+    else
+      *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // One CTA per (request, 64 consecutive blocks): the blocks' summary rows, gathered through the
 // block table, make one 64-row tile scored like a K-cache page (same MMA and epilogue).
 template <int G>
@@ -92,42 +133,18 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
   const int g = lane >> 2, t = lane & 3;
 
   __shared__ int valid_s[kBlockSize], ctx_s[kMaxNextN];
-  int max_ctx = 0;
-  for (int r = 0; r < p.rows; ++r) max_ctx = max(max_ctx, p.context_lens[b * p.rows + r]);
-  if (threadIdx.x < p.rows) ctx_s[threadIdx.x] = p.context_lens[b * p.rows + threadIdx.x];
-  // a row is read only for a block someone sees, inside the table and the summaries
-  auto page_of = [&](int i) -> int64_t {
-    const int j = j0 + i;
-    if (j >= p.num_blocks || j >= p.max_pages ||
-        static_cast<int64_t>(j) * p.page_slots >= max_ctx)
-      return -1;
-    const int64_t page = p.block_table[b * p.table_stride + j];
-    return page >= 0 && page < p.num_pages ? page : -1;
-  };
+  const ColumnPages page_of(p, b, j0, ctx_s);
   if (threadIdx.x < kBlockSize) {
     const int64_t page = page_of(threadIdx.x);
     valid_s[threadIdx.x] = page >= 0;
     *reinterpret_cast<float*>(smem + scales_at + threadIdx.x * 4) =
-        page >= 0 ? *reinterpret_cast<const float*>(p.summaries + page * kSummaryBytes + kHeadDim)
+        page >= 0 ? *reinterpret_cast<const float*>(p.summaries + page * p.summary_bytes + kHeadDim)
                   : 0.0f;
   }
-  // rows t / 8 + 16 u, chunk t % 8; rows of unread blocks are zero
-  for (int u = 0; u < kChunksPerThread; ++u) {
-    const int row = threadIdx.x / 8 + 16 * u, chunk = threadIdx.x % 8;
-    const int64_t page = page_of(row);
-    const uint32_t dst = tile + swizzled(row, chunk);
-    if (page >= 0)
-      cp_async16(base + dst, p.summaries + page * kSummaryBytes + chunk * 16);
-    else
-      *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
-  }
+  load_summary_tile(p, page_of, base, smem, tile);
   load_queries(p.q, p.weights, b, p.rows, q_rows, base, smem, weights_at);
   cp_async_commit();
-  cp_async_wait<0>();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
-#endif
-  __syncthreads();
+  tiles_ready();
 
   const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
   const int s_mine = t == 0 ? s_lo : s_hi;
@@ -150,6 +167,142 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
                 });
 }
 
+// ---- gauss ------------------------------------------------------------------------------------
+// A row of 128 bf16 values in 32-bit words, padded by 4: the fragments' rows g = 0..7 then fall
+// on banks 4 g + t, all different.
+constexpr int kBf16RowWords = kHeadDim / 2 + 4;
+
+// Two e4m3 bytes -> their squares as packed bf16 (the lower dim in the low half). An e4m3 value
+// has 4 significant bits, its square at most 8: exact in bf16, as is the range (448^2, 2^-18).
+__device__ __forceinline__ uint32_t bf16_squares(uint8_t lo, uint8_t hi) {
+  const float a = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&lo));
+  const float b = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&hi));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(__fmul_rn(a, a), __fmul_rn(b, b));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// d += A (16 x 16, row-major) B (16 x 8, column-major), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// E[relu(X)] for X ~ N(mu, var): mu Phi(mu / sd) + sd phi(mu / sd), relu(mu) where sd = 0.
+__device__ __forceinline__ float expected_relu(float mu, float var) {
+  const float sd = sqrtf(fmaxf(var, 0.0f));
+  if (!(sd > 0.0f)) return relu(mu);
+  const float a = mu / sd;
+  return mu * normcdff(a) + sd * expf(-0.5f * a * a) * 0.3989422804014327f;
+}
+
+// One CTA per (request, 64 consecutive page columns), a warp 16 columns x 64 heads, one row at a
+// time: mu = scale_mean (q_h . mean) on the tile product (page_scores<1>), var = scale_std^2
+// sum_d q_hd^2 std_d^2 on mma.sync bf16 (exact products, fp32 sums), z = sum_h w_h
+// expected_relu(mu, var); -inf where the column's page is not read or has no visible slot.
+__global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  // q rows first (load_queries writes them at base), then the mean rows' tile (swizzled e4m3),
+  // the std rows squared and q's squares (bf16), the rows' scales, the weights
+  const uint32_t mean_tile = p.rows * kQBytes;
+  const uint32_t var_at = mean_tile + kPageKeyBytes;
+  const uint32_t q2_at = var_at + kBlockSize * kBf16RowWords * 4;
+  const uint32_t scales_at = q2_at + kHeads * kBf16RowWords * 4;
+  const uint32_t weights_at = scales_at + 2 * kBlockSize * 4;
+  const int b = blockIdx.y, j0 = blockIdx.x * kBlockSize;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  __shared__ int page_s[kBlockSize], ctx_s[kMaxNextN];
+  const ColumnPages page_of(p, b, j0, ctx_s);
+  float* const scales = reinterpret_cast<float*>(smem + scales_at);  // [64] mean, [64] std
+  if (threadIdx.x < kBlockSize) {
+    const int64_t page = page_of(threadIdx.x);
+    page_s[threadIdx.x] = static_cast<int>(page);
+    const uint8_t* row = p.summaries + page * p.summary_bytes;
+    scales[threadIdx.x] = page >= 0 ? *reinterpret_cast<const float*>(row + kHeadDim) : 0.0f;
+    scales[kBlockSize + threadIdx.x] =
+        page >= 0 ? *reinterpret_cast<const float*>(row + kSummaryBytes + kHeadDim) : 0.0f;
+  }
+  load_summary_tile(p, page_of, base, smem, mean_tile);  // the mean rows
+  load_queries(p.q, p.weights, b, p.rows, p.rows, base, smem, weights_at);
+  cp_async_commit();
+  __syncthreads();  // page_s
+  uint32_t* const var = reinterpret_cast<uint32_t*>(smem + var_at);
+  for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 2; idx += kThreads) {
+    const int row = idx / (kHeadDim / 2), w = idx % (kHeadDim / 2);
+    const int page = page_s[row];
+    const uint8_t* std_row = p.summaries + static_cast<int64_t>(page) * p.summary_bytes +
+                             kSummaryBytes;
+    var[row * kBf16RowWords + w] = page >= 0 ? bf16_squares(std_row[2 * w], std_row[2 * w + 1])
+                                             : 0u;
+  }
+  tiles_ready();
+
+  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
+  const int s_mine = t == 0 ? s_lo : s_hi;
+  const float mean_lo = scales[s_lo], mean_hi = scales[s_hi];
+  const float var_lo = scales[kBlockSize + s_lo] * scales[kBlockSize + s_lo];
+  const float var_hi = scales[kBlockSize + s_hi] * scales[kBlockSize + s_hi];
+  const int j = j0 + s_mine;
+  uint32_t* const q2 = reinterpret_cast<uint32_t*>(smem + q2_at);
+  for (int r = 0; r < p.rows; ++r) {
+    __syncthreads();  // every warp has read the previous row's squares
+    const uint8_t* q_r = p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes;
+    for (int idx = threadIdx.x; idx < kHeads * kHeadDim / 2; idx += kThreads) {
+      const int h = idx / (kHeadDim / 2), w = idx % (kHeadDim / 2);
+      q2[h * kBf16RowWords + w] = bf16_squares(q_r[h * kHeadDim + 2 * w],
+                                               q_r[h * kHeadDim + 2 * w + 1]);
+    }
+    __syncthreads();
+    Acc<1> mu;
+    page_scores<1>(mu, base + mean_tile, base + r * kQBytes, [] {});
+    float sq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sq[i] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const int kw = ks * 8 + t;  // words 2t, 2t+1 of the k-step's 16 dims; +4: dims 8 on
+      const uint32_t a0 = var[s_lo * kBf16RowWords + kw], a1 = var[s_hi * kBf16RowWords + kw];
+      const uint32_t a2 = var[s_lo * kBf16RowWords + kw + 4];
+      const uint32_t a3 = var[s_hi * kBf16RowWords + kw + 4];
+#pragma unroll
+      for (int nt = 0; nt < kHeads / 8; ++nt) {
+        const uint32_t* q2_h = q2 + (nt * 8 + g) * kBf16RowWords;
+        mma_bf16(sq + nt * 4, a0, a1, a2, a3, q2_h[kw], q2_h[kw + 4]);
+      }
+    }
+    const float* w = reinterpret_cast<const float*>(smem + weights_at) + r * kHeads;
+    float z_lo = 0.0f, z_hi = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kHeads / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float wh = w[nt * 8 + 2 * t + (e & 1)];
+        if (e < 2) z_lo = fmaf(wh, expected_relu(mu[nt * 4 + e] * mean_lo,
+                                                 sq[nt * 4 + e] * var_lo), z_lo);
+        else z_hi = fmaf(wh, expected_relu(mu[nt * 4 + e] * mean_hi,
+                                           sq[nt * 4 + e] * var_hi), z_hi);
+      }
+    }
+    z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
+    z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
+    z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
+    z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+    if (t < 2 && j < p.num_blocks) {
+      const bool visible = page_s[s_mine] >= 0 && static_cast<int64_t>(j) * p.page_slots < ctx_s[r];
+      p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
+          visible ? (t == 0 ? z_lo : z_hi) : -CUDART_INF_F;
+    }
+  }
+}
+
 template <int G>
 cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
   const int q_rows = (p.rows + G - 1) / G * G;
@@ -168,6 +321,20 @@ cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
   if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
   if (p.row_bytes < (p.with_std ? 2 : 1) * kSummaryBytes) return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
+  if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
+  if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
+  if (p.summary_bytes < 2 * kSummaryBytes) return cudaErrorInvalidValue;
+  const int smem = p.rows * kQBytes + kPageKeyBytes + (kBlockSize + kHeads) * kBf16RowWords * 4 +
+                   2 * kBlockSize * 4 + p.rows * kHeads * 4 + 1024;
+  cudaError_t err = allow_dynamic_smem(gauss_kernel, smem);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.num_blocks + kBlockSize - 1) / kBlockSize, p.batch);
+  gauss_kernel<<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
-// spin_native::summarize, summarize_gauss and probe -> spin::launch_summarize, spin::launch_probe
-// (cpp/src/probe.cu): page summaries and the query-aware block scores read from them.
+// spin_native::summarize, summarize_gauss, probe and gauss -> spin::launch_summarize,
+// launch_probe, launch_gauss (cpp/src/probe.cu): page summaries and the query-aware block
+// scores read from them.
 #include "binding.h"
 
 namespace {
@@ -37,8 +38,11 @@ void spin_summarize_gauss(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill
   summarize_rows(kv_cache, pages, fill, summaries, true);
 }
 
-void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
-                at::Tensor block_table, int64_t page_slots, at::Tensor out) {
+// spin_native::probe and gauss: the same arguments, the same columns; `launch` scores them.
+void score_columns(const char* op, cudaError_t (*launch)(const spin::ProbeParams&, cudaStream_t),
+                   at::Tensor q, at::Tensor summaries, at::Tensor weights,
+                   at::Tensor context_lens, at::Tensor block_table, int64_t page_slots,
+                   at::Tensor out) {
   const c10::cuda::CUDAGuard guard(q.device());
   spin::ProbeParams p;
   p.q = static_cast<const uint8_t*>(q.data_ptr());
@@ -54,7 +58,20 @@ void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
   p.table_stride = block_table.stride(0);
   p.out = out.data_ptr<float>();
   p.page_slots = static_cast<int>(page_slots);
-  spin_native::check(spin::launch_probe(p, c10::cuda::getCurrentCUDAStream()), "probe");
+  p.summary_bytes = static_cast<int>(summaries.size(1));
+  spin_native::check(launch(p, c10::cuda::getCurrentCUDAStream()), op);
+}
+
+void spin_probe(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
+                at::Tensor block_table, int64_t page_slots, at::Tensor out) {
+  score_columns("probe", spin::launch_probe, q, summaries, weights, context_lens, block_table,
+                page_slots, out);
+}
+
+void spin_gauss(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tensor context_lens,
+                at::Tensor block_table, int64_t page_slots, at::Tensor out) {
+  score_columns("gauss", spin::launch_gauss, q, summaries, weights, context_lens, block_table,
+                page_slots, out);
 }
 
 }  // namespace
@@ -64,10 +81,13 @@ TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("summarize_gauss(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
   m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) out) -> ()");
+  m.def("gauss(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
+        "int page_slots, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
   m.impl("summarize", &spin_summarize);
   m.impl("summarize_gauss", &spin_summarize_gauss);
   m.impl("probe", &spin_probe);
+  m.impl("gauss", &spin_gauss);
 }

@@ -33,8 +33,9 @@ SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
 PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
                 "Tensor block_table, int page_slots, Tensor(a!) out) -> ()")
 # gauss: the same arguments over rows of GAUSS_SUMMARY_BYTES (the mean row, then the std row);
-# the reference on every device. summarize_gauss's kernel (spin_native.summarize_gauss) becomes
-# its CUDA path once test_gpu_native_summarize_gauss_equals_reference has passed on a GPU.
+# the reference on every device. The kernels (spin_native.summarize_gauss, spin_native.gauss)
+# become their CUDA paths once test_gpu_native_summarize_gauss_equals_reference and
+# test_gpu_native_gauss_matches_reference have passed on a GPU.
 SUMMARIZE_GAUSS_SCHEMA = SUMMARIZE_SCHEMA.replace("summarize(", "summarize_gauss(")
 GAUSS_SCHEMA = PROBE_SCHEMA.replace("probe(", "gauss(")
 

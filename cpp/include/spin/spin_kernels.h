@@ -142,8 +142,13 @@ struct ProbeParams {
   int64_t num_pages, table_stride;
   float* out;                  // [B*R, num_blocks]
   int page_slots = 64;         // slots per page: 64 or 32
+  int summary_bytes = kSummaryBytes;  // bytes per summaries row (gauss: 2 * kSummaryBytes)
 };
 cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream);
+// gauss: out[b*R + r, j] = sum_h w_h E[relu(X_h)], X_h ~ N(q_h . m, sum_d q_hd^2 s_d^2) with m, s
+// the mean and std rows of page block_table[b, j]'s gauss summary (reference.gauss_scores);
+// the columns and -inf as the probe's.
+cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream);
 
 struct TopKParams {
   const float* logits;         // [B*R, >= m_cap * 64], rows logits_stride apart (m_cap*64 read)
