@@ -15,7 +15,9 @@ from spin_trtllm.testing.standin import SPIN_MODULES, imported_standin
 from spin_trtllm.testing.traces import make_trace
 
 STANDIN = Path(__file__).resolve().parent / "trtllm_standin"
-pytest_plugins = ["pytester", "spin_trtllm.testing.times_plugin"]   # SPIN_TEST_TIMES=FILE
+# SPIN_TEST_TIMES=FILE; SPIN_TEST_QUEUE=DIR, SPIN_TEST_ORDER=FILE[:FILE...]
+pytest_plugins = ["pytester", "spin_trtllm.testing.times_plugin",
+                  "spin_trtllm.testing.queue_plugin"]
 
 
 def shard_of(spec: str) -> tuple[int, int]:

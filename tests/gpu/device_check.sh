@@ -6,9 +6,11 @@
 #       (SPIN_KERNEL_LOG, tests/gpu/kernel_coverage.py)
 #   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
 #       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
-#       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS shards (default: as
-#       many as keep one process per CPU core; racecheck twice as many; SPIN_SHARD in
-#       tests/conftest.py) with a limit of SANITIZER_LIMIT seconds (default 480)
+#       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS processes (default: as
+#       many as keep one process per CPU core; racecheck twice as many) that share its tests
+#       out as they go (SPIN_TEST_QUEUE, spin_trtllm/testing/queue_plugin.py), the longest
+#       first where SANITIZER_ORDER names .times files of an earlier run (SPIN_TEST_ORDER), with
+#       a limit of SANITIZER_LIMIT seconds (default 480)
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # Never run two steps at once: on 16 cores, plain beside 15 sanitizer processes finished 13 tests
 # in 390 s (alone: 312 tests in 371 s). Every test's seconds and outcome go to a .times file
@@ -79,13 +81,15 @@ shards=${SANITIZER_SHARDS:-$(( $(nproc) / shares > 0 ? $(nproc) / shares : 1 ))}
 start=$SECONDS
 read -ra opts <<< "$only_spin"
 shard_dir="$out/shards"; mkdir -p "$shard_dir"   # top level: the summary and one archive of these
+queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
 for tool in "${tools[@]}"; do
   n=$shards
   [ "$tool" = racecheck ] && n=$((2 * shards))   # about half memcheck's speed on these tests
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_SHARD="$i/$n" SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
+      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER:-}" \
+        SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
@@ -106,7 +110,7 @@ for tool in "${tools[@]}"; do
   done
   grep -hE "(ERROR|RACECHECK) SUMMARY" "$shard_dir/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
   echo "$tool: $(cat "$shard_dir/"${tool}_*.log | grep -cE "$report") reports in all shards' logs;" \
-    "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | wc -l) tests ended; slowest:"
+    "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran; slowest:"
   grep -hE "$report" "$shard_dir/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
   sort -rn "$shard_dir/${tool}"_*.times 2>/dev/null | head -15
 done 2>&1 | tee "$out/summary.txt"

@@ -1,0 +1,85 @@
+"""A pytest plugin that shares tests out among processes started together (the sanitizer runs).
+
+SPIN_TEST_QUEUE=DIR: the processes running the same tests with the same DIR share them. Each test
+runs in the first process that claims it (creates its file in DIR, O_EXCL); the others skip it.
+So the processes finish together however unevenly the tests' times are spread (hash shards, on
+the same tests, left one done in 46 s and eleven of sixteen cut off at 555 s).
+
+SPIN_TEST_ORDER=FILE[:FILE...] (SPIN_TEST_TIMES files of an earlier run) starts the longest
+first. Modules are ordered by their known total, and tests within a module by their own. A module
+stays contiguous, so its module-scoped fixtures are set up once per process that runs any of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import pytest
+
+CLAIMED = "run by another process of SPIN_TEST_QUEUE"
+TIMES_LINE = re.compile(r"\s*([\d.]+) s\s+(\w+)\s+(.+)")   # times_plugin's format
+
+
+def known_seconds(paths: list[str]) -> dict[str, float]:
+    """Each test's seconds in SPIN_TEST_TIMES files (its longest run; skips do not count)."""
+    seconds: dict[str, float] = {}
+    for path in paths:
+        with open(path) as lines:
+            for line in lines:
+                match = TIMES_LINE.fullmatch(line.rstrip("\n"))
+                if match and match.group(2) != "skipped":
+                    node = match.group(3)
+                    seconds[node] = max(seconds.get(node, 0.0), float(match.group(1)))
+    return seconds
+
+
+def longest_first(items: list, seconds: dict[str, float]) -> list:
+    """Modules by their known total seconds, each module's tests by their own, longest first
+    (stable: unknown tests keep their order, after the known ones of their module)."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def total(tests: list) -> float:
+        return sum(seconds.get(t.nodeid, 0.0) for t in tests)
+
+    ordered = []
+    for name in sorted(modules, key=lambda m: -total(modules[m])):
+        ordered += sorted(modules[name], key=lambda t: -seconds.get(t.nodeid, 0.0))
+    return ordered
+
+
+class TestQueue:
+    __test__ = False      # not a test class
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def claim(self, nodeid: str) -> bool:
+        path = os.path.join(self.directory, hashlib.sha1(nodeid.encode()).hexdigest())
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    # first, as the skip marks: a test another process claimed sets up no fixture here
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        if not self.claim(item.nodeid):
+            pytest.skip(CLAIMED)
+
+
+def pytest_configure(config) -> None:
+    directory = os.environ.get("SPIN_TEST_QUEUE")
+    if directory and not config.pluginmanager.has_plugin("spin_test_queue"):
+        config.pluginmanager.register(TestQueue(directory), "spin_test_queue")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    order = os.environ.get("SPIN_TEST_ORDER")
+    if order:
+        items[:] = longest_first(items, known_seconds(order.split(os.pathsep)))

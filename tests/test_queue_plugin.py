@@ -1,0 +1,88 @@
+"""SPIN_TEST_QUEUE=DIR: processes started together run each test once between them, whoever
+claims it first; SPIN_TEST_ORDER starts the longest known tests first, modules kept whole."""
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from spin_trtllm.testing.queue_plugin import CLAIMED, known_seconds, longest_first
+
+TESTS = """
+import os, time, pytest
+
+@pytest.fixture(scope="module")
+def module_setup():
+    with open(os.environ["FIXTURE_LOG"], "a") as log:
+        log.write(f"{os.getpid()}\\n")
+
+@pytest.mark.parametrize("i", range(12))
+def test_case(i, module_setup):
+    time.sleep(0.05 * (i % 3))
+    with open(os.environ["RAN_LOG"], "a") as log:
+        log.write(f"{i}\\n")
+"""
+
+
+def run_together(pytester, processes: int, queue, env_extra=None) -> list[str]:
+    env = dict(os.environ, SPIN_TEST_QUEUE=str(queue), RAN_LOG=str(pytester.path / "ran.txt"),
+               FIXTURE_LOG=str(pytester.path / "fixture.txt"), **(env_extra or {}))
+    env.pop("SPIN_TEST_TIMES", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p",
+           "spin_trtllm.testing.queue_plugin", "test_queue_sample.py"]
+    procs = [subprocess.Popen(cmd, cwd=pytester.path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(processes)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    return outputs
+
+
+def passed(output: str) -> int:
+    words = output.strip().splitlines()[-1].replace(",", "").split()
+    return int(words[words.index("passed") - 1]) if "passed" in words else 0
+
+
+def test_processes_started_together_run_each_test_once(pytester, tmp_path):
+    pytester.makepyfile(test_queue_sample=TESTS)
+    outputs = run_together(pytester, 3, tmp_path / "queue")
+    ran = sorted(int(x) for x in (pytester.path / "ran.txt").read_text().split())
+    assert ran == list(range(12))
+    assert sum(passed(o) for o in outputs) == 12
+    assert all(CLAIMED in o for o in outputs if passed(o) < 12)
+
+
+def test_a_claimed_test_sets_up_no_fixture_in_the_other_processes(pytester, tmp_path):
+    pytester.makepyfile(test_queue_sample=TESTS)
+    first = run_together(pytester, 1, tmp_path / "queue")
+    again = run_together(pytester, 1, tmp_path / "queue")      # every test claimed already
+    assert passed(first[0]) == 12 and passed(again[0]) == 0 and "12 skipped" in again[0]
+    assert len((pytester.path / "fixture.txt").read_text().split()) == 1   # the first's only
+    # without the queue every process runs everything
+    pytester.makepyfile(test_queue_sample=TESTS)
+    env = dict(os.environ, RAN_LOG=str(pytester.path / "ran2.txt"),
+               FIXTURE_LOG=str(pytester.path / "fixture2.txt"))
+    env.pop("SPIN_TEST_QUEUE", None)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                          "spin_trtllm.testing.queue_plugin", "test_queue_sample.py"],
+                         cwd=pytester.path, env=env, capture_output=True, text=True, timeout=120)
+    assert passed(out.stdout) == 12
+
+
+def test_longest_first_keeps_modules_whole(tmp_path):
+    times = tmp_path / "a.times"
+    times.write_text("   300.0 s  passed   m1.py::slow\n"
+                     "     1.0 s  passed   m2.py::x\n"
+                     "     9.0 s  skipped  m1.py::fast\n"         # skips do not count
+                     "     2.0 s  failed   m1.py::fast\n"
+                     "   100.0 s  passed   m2.py::y\n"
+                     "garbage line\n")
+    other = tmp_path / "b.times"
+    other.write_text("   500.0 s  passed   m2.py::x\n")          # the longest run counts
+    seconds = known_seconds([str(times), str(other)])
+    assert seconds == {"m1.py::slow": 300.0, "m1.py::fast": 2.0, "m2.py::x": 500.0,
+                       "m2.py::y": 100.0}
+    items = [SimpleNamespace(nodeid=n) for n in
+             ("m0.py::new", "m1.py::fast", "m1.py::slow", "m2.py::y", "m2.py::new", "m2.py::x")]
+    order = [i.nodeid for i in longest_first(items, seconds)]
+    assert order == ["m2.py::x", "m2.py::y", "m2.py::new", "m1.py::slow", "m1.py::fast",
+                     "m0.py::new"]
