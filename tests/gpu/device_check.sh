@@ -9,7 +9,8 @@
 #       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS processes (default: as
 #       many as keep one process per CPU core; racecheck twice as many) that share its tests
 #       out as they go (SPIN_TEST_QUEUE, spin_trtllm/testing/queue_plugin.py), the longest
-#       first where SANITIZER_ORDER names .times files of an earlier run (SPIN_TEST_ORDER), with
+#       known first (SANITIZER_ORDER: .times files of an earlier run, colon-separated; default
+#       tests/gpu/sanitizer_order.times; empty: collection order; SPIN_TEST_ORDER), with
 #       a limit of SANITIZER_LIMIT seconds (default 480)
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # Never run two steps at once: on 16 cores, plain beside 15 sanitizer processes finished 13 tests
@@ -88,7 +89,7 @@ for tool in "${tools[@]}"; do
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER:-}" \
+      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-tests/gpu/sanitizer_order.times}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
