@@ -139,6 +139,20 @@ def test_serve_options_merge_the_spin_block(tmp_path):
         serve_options(str(cfg), SpinConfig(), None)
 
 
+@pytest.mark.parametrize("predictor,row", [("probe", 144), ("hybrid", 144), ("gauss", 288)])
+def test_the_memory_line_counts_each_predictors_summary_rows(tmp_path, predictor, row):
+    """The summary tables' bytes per page: one 144-byte row (the mean key), gauss two (the mean
+    and the std), against 64 or 32 slots of 132 B."""
+    from spin_trtllm.integrations.trtllm.bundle import BundleOptions, memory_report
+    model = tmp_path / "model"
+    model.mkdir()
+    line = memory_report(SpinConfig(), BundleOptions(model=str(model), predictor=predictor))
+    assert f"predictor {predictor}: summary tables of {row} B per indexer K-cache page" in line
+    for slots in (64, 32):
+        assert f"{row / (slots * 132):.1%} of the indexer K cache with {slots}-slot pages" in line
+    assert "summary tables" not in memory_report(SpinConfig(), BundleOptions(model=str(model)))
+
+
 def test_build_and_serve_write_the_predictor(tmp_path, capsys):
     rc, out, _ = build(tmp_path, "--predictor", "probe")
     assert rc == 0

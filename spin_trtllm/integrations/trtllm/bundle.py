@@ -143,10 +143,12 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"{spin.state_dtype}) + step buffers {(total - state) / 2**30:.2f} GiB"
             f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
-    if predictors.get(opts.predictor, engine=True).query:
+    chosen = predictors.get(opts.predictor, engine=True)
+    if chosen.query:
+        row = SUMMARY_BYTES * chosen.summary_rows_per_block     # gauss: the mean and std rows
         # a page holds tokens_per_block / compress ratio slots: V4 at 128 tokens has 32
-        share = {slots: SUMMARY_BYTES / (slots * SLOT_BYTES) for slots in PAGE_SIZES}
-        line += (f"; predictor {opts.predictor}: summary tables of {SUMMARY_BYTES} B per "
+        share = {slots: row / (slots * SLOT_BYTES) for slots in PAGE_SIZES}
+        line += (f"; predictor {opts.predictor}: summary tables of {row} B per "
                  f"indexer K-cache page per SPIN layer ("
                  + ", ".join(f"{share[s]:.1%} of the indexer K cache with {s}-slot pages"
                              for s in sorted(PAGE_SIZES, reverse=True))
