@@ -115,7 +115,7 @@ def test_the_predictor_in_the_spin_block_reaches_every_layer(env, v4):
 def test_a_bad_predictor_is_refused_by_name(env):
     trt, patch = env
     with pytest.raises(Exception, match="predictor"):
-        sparse_config(False, spin={"predictor": "gauss"})       # replay only: no kernels
+        sparse_config(False, spin={"predictor": "quest"})       # replay only: no kernels
     block = {"algorithm": "dsa", "spin": {"predictor": "quest"}}
     with pytest.raises(patch.SpinError, match=r"sparse_attention_config\.spin\.predictor: "
                                               r"must be one of spin, probe, hybrid"):
