@@ -19,6 +19,7 @@ import random
 import pytest
 import torch
 
+from spin_trtllm import predictors
 from spin_trtllm.testing.pages import pack_pages
 from spin_trtllm.testing import standin
 from spin_trtllm.testing.standin import build, check_row, sparse_config
@@ -395,12 +396,16 @@ def test_engine_loop_v4_rows_are_the_topk_of_the_selected_blocks(env, tokens_per
 PROBE_CASES = [("probe", False, 1, PAGE), ("probe", True, 1, 256), ("probe", False, 3, PAGE),
                ("hybrid", False, 1, PAGE), ("hybrid", True, 2, 256)] + \
     ([] if GPU else [("probe", True, 1, 128), ("hybrid", True, 3, 128)])
+# gauss once its kernels are its CUDA path (predictors.CUDA_PREDICTORS: what the YAML accepts)
+if "gauss" in predictors.CUDA_PREDICTORS:
+    PROBE_CASES += [("gauss", False, 1, PAGE), ("gauss", True, 2, 256)] + \
+        ([] if GPU else [("gauss", True, 1, 128)])
 
 
 @pytest.mark.parametrize("predictor,v4,next_n,tokens_per_block", PROBE_CASES)
 def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_block):
-    """spin.predictor probe / hybrid in the YAML: every decode row is the top-K of exactly the
-    blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
+    """spin.predictor probe / hybrid / gauss in the YAML: every decode row is the top-K of exactly
+    the blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
     here from the page bytes, so the prompt pages were summarized before the first decode
     step and every newer page since."""
     trt, patch = env
@@ -411,8 +416,9 @@ def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_blo
     # made before the first capture (one made inside it would be zeroed at every replay)
     assert loop.tables_at_warmup == list(range(len(loop.layers)))
     tables = sum(t.nbytes for t in adapter.indexer.summaries.values())
+    row = 144 * predictors.REGISTRY[predictor].summary_rows_per_block   # gauss: mean and std
     assert tables == len(loop.layers) * loop.manager.get_indexer_k_cache_buffers(
-        loop.layers[0].layer_idx).shape[0] * 144 and adapter.nbytes() > tables
+        loop.layers[0].layer_idx).shape[0] * row and adapter.nbytes() > tables
     assert loop.checked >= 60 * next_n and loop.pruned > 0
     if predictor == "probe" and next_n == 1:
         assert loop.ranked >= 20
