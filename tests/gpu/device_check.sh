@@ -113,7 +113,7 @@ for tool in "${tools[@]}"; do
   echo "$tool: $(cat "$shard_dir/"${tool}_*.log | grep -cE "$report") reports in all shards' logs;" \
     "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran; slowest:"
   grep -hE "$report" "$shard_dir/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
-  sort -rn "$shard_dir/${tool}"_*.times 2>/dev/null | head -15
+  cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -v " skipped " | sort -rn | head -15
 done 2>&1 | tee "$out/summary.txt"
 echo "sanitizers: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 tar -czf "$out/shards.tar.gz" -C "$out" shards
