@@ -1,4 +1,4 @@
-// spin::summarize and spin::probe: query-aware block scores from per-page summaries.
+// spin::summarize, spin::probe and their gauss forms: query-aware block scores from page summaries.
 // summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
 // reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row (gauss: and the
 // per-dimension std into the row after it).
