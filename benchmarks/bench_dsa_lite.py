@@ -43,6 +43,7 @@ import torch
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import check_plan, write_output
 from spin_trtllm.errors import SpinError
+from spin_trtllm.predictors import CUDA_PREDICTORS
 
 
 def one(spec: dict) -> dict:
@@ -163,8 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap-select", action="store_true",
                     help="SPIN selects each layer beside the previous layer's top-K, not every "
                          "layer in one launch at the step's start")
-    ap.add_argument("--predictor", nargs="+", choices=["spin", "probe", "hybrid"], default=["spin"],
-                    help="block predictors of the SPIN/auto rows (default: spin)")
+    ap.add_argument("--predictor", nargs="+", choices=CUDA_PREDICTORS, default=["spin"],
+                    help="block predictors of the SPIN/auto rows (default: spin; those with "
+                         "CUDA kernels)")
     ap.add_argument("--peak-tbs", type=float, default=PEAK_TBS,
                     help="the GPU's peak memory bandwidth in TB/s for the HBM ceiling "
                          f"(default {PEAK_TBS}: H200's HBM3e)")
