@@ -328,7 +328,9 @@ cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
   if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
   if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
-  if (p.summary_bytes < 2 * kSummaryBytes) return cudaErrorInvalidValue;
+  // rows 16-byte aligned for cp.async, each the mean and the std row
+  if (p.summary_bytes < 2 * kSummaryBytes || p.summary_bytes % 16 != 0)
+    return cudaErrorInvalidValue;
   const int smem = p.rows * kQBytes + kPageKeyBytes + (kBlockSize + kHeads) * kBf16RowWords * 4 +
                    2 * kBlockSize * 4 + p.rows * kHeads * 4 + 1024;
   cudaError_t err = allow_dynamic_smem(gauss_kernel, smem);
@@ -342,6 +344,7 @@ cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
   if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
   if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
+  if (p.summary_bytes < kSummaryBytes || p.summary_bytes % 16 != 0) return cudaErrorInvalidValue;
   switch (group_for(p.rows)) {
     case 1: return launch_probe_as<1>(p, stream);
     case 2: return launch_probe_as<2>(p, stream);
