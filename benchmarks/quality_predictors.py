@@ -3,9 +3,10 @@
     python benchmarks/quality_predictors.py TRACE.safetensors... --json OUT [--markdown OUT] [--jobs N]
 
 For each trace and predictor configuration (spin / probe / probe with 2 summaries / hybrid /
-quest / gauss, uniform or adaptive per-layer budget) replay runs a grid of target sparsities; miss is
-then interpolated at effective sparsities 0.3 / 0.5 / 0.7 (effective = 1 - (bytes of scored
-blocks + bytes the predictor read) / dense bytes: spin_trtllm.replay.evaluate.at_effective).
+quest / gauss / gauss with 2 summaries, uniform or adaptive per-layer budget) replay runs a
+grid of target sparsities; miss is then interpolated at effective sparsities 0.3 / 0.5 / 0.7
+(effective = 1 - (bytes of scored blocks + bytes the predictor read) / dense bytes:
+spin_trtllm.replay.evaluate.at_effective).
 The table gives the mean over traces of each trace's mean miss and of each trace's p99 miss;
 the oracle and random rows are the references at SPIN's own budgets (they read nothing).
 """
@@ -38,6 +39,7 @@ CONFIGS = [  # (label, predictor, budget, summaries)
     ("quest", "quest", "uniform", 1),
     ("gauss", "gauss", "uniform", 1),
     ("gauss + adaptive", "gauss", "adaptive", 1),
+    ("gauss, 2 summaries", "gauss", "uniform", 2),   # the engine's on 32-slot pages (V4)
 ]
 TARGETS = [round(0.15 + 0.05 * i, 2) for i in range(15)]        # 0.15 .. 0.85
 EFFECTIVE = [0.3, 0.5, 0.7]

@@ -22,7 +22,9 @@ class Predictor:
     query: bool                   # ranks with query-aware block scores (needs per-block keys)
     engine: bool                  # runs in SpinIndexer (has kernels), not only in replay
     summary_rows_per_block: int   # K-cache rows read per visible block to score it (replay)
-    mean_keys: bool = False       # its summaries are mean keys (replay: `summaries` per block)
+    # ranks a block by the best of its sub-blocks' summaries: the replay's `summaries` per
+    # block, the engine's pages of a block (two with 32-slot pages)
+    sub_blocks: bool = False
     max_context_len: Optional[int] = None   # longest context its select step ranks
     summary: str = ""
     cuda: bool = True             # engine predictors: its ops have CUDA kernels
@@ -37,14 +39,14 @@ REGISTRY: dict[str, Predictor] = {p.name: p for p in (
     Predictor("spin", history=True, query=False, engine=True, summary_rows_per_block=0,
               summary="EMAs of past indexer scores per slot and per offset (the paper's SPIN)"),
     Predictor("probe", history=False, query=True, engine=True, summary_rows_per_block=1,
-              mean_keys=True, summary="each block's mean key scored with the current query"),
+              sub_blocks=True, summary="each block's mean key scored with the current query"),
     Predictor("hybrid", history=True, query=True, engine=True, summary_rows_per_block=1,
-              mean_keys=True, max_context_len=MAX_HYBRID_BLOCKS * BLOCK_SLOTS,
+              sub_blocks=True, max_context_len=MAX_HYBRID_BLOCKS * BLOCK_SLOTS,
               summary="max of the rank shares of spin's and probe's scores"),
     Predictor("quest", history=False, query=True, engine=False, summary_rows_per_block=2,
               summary="upper bound from per-channel key min/max (Quest)"),
     Predictor("gauss", history=False, query=True, engine=True, summary_rows_per_block=2,
-              cuda=False,
+              sub_blocks=True, cuda=False,
               summary="expected ReLU score under a per-channel Gaussian of the keys (CPU: its "
                       "ops have no CUDA kernels yet)"),
 )}

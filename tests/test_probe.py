@@ -24,29 +24,21 @@ from spin_trtllm.testing.traces import planted_v2_trace, random_v2_trace
 
 # ---- formulas against brute force -------------------------------------------------------------
 def brute_block_scores(trace, t, layer, r, kind, parts=1):
-    """Per block, by loops over blocks, heads and dims (float64)."""
+    """Per block, the best of its `parts` sub-blocks, by loops over blocks, heads and dims
+    (float64)."""
     b = trace.block_size
     n = int(trace.row_len[t, layer, r])
     q = trace.q[t, layer, r].double()
     w = trace.w[t, layer, r].double()
     keys = trace.keys[layer].double()
-    out = []
-    for j in range(math.ceil(n / b)):
+
+    def score(blk):
+        total = 0.0
         if kind == "probe":
-            best = -math.inf
-            sub = b // parts
-            for u in range(parts):
-                lo, hi = j * b + u * sub, min(j * b + (u + 1) * sub, n)
-                if lo >= hi:
-                    continue
-                mean = keys[lo:hi].mean(0)
-                best = max(best, sum(float(w[h]) * max(float(q[h] @ mean), 0.0)
-                                     for h in range(q.shape[0])))
-            out.append(best)
-        elif kind == "gauss":
-            blk = keys[j * b:min((j + 1) * b, n)]
+            mean = blk.mean(0)
+            return sum(float(w[h]) * max(float(q[h] @ mean), 0.0) for h in range(q.shape[0]))
+        if kind == "gauss":
             mean, var = blk.mean(0), blk.var(0, unbiased=False)
-            total = 0.0
             for h in range(q.shape[0]):
                 mu = float(q[h] @ mean)
                 sd = math.sqrt(float((q[h] ** 2) @ var))
@@ -57,22 +49,26 @@ def brute_block_scores(trace, t, layer, r, kind, parts=1):
                     e = mu * 0.5 * (1 + math.erf(a / math.sqrt(2))) \
                         + sd * math.exp(-a * a / 2) / math.sqrt(2 * math.pi)
                 total += float(w[h]) * e
-            out.append(total)
-        else:
-            blk = keys[j * b:min((j + 1) * b, n)]
-            kmin, kmax = blk.min(0).values, blk.max(0).values
-            total = 0.0
-            for h in range(q.shape[0]):
-                hi = sum(max(float(q[h, d] * kmin[d]), float(q[h, d] * kmax[d]))
-                         for d in range(q.shape[1]))
-                lo = sum(min(float(q[h, d] * kmin[d]), float(q[h, d] * kmax[d]))
-                         for d in range(q.shape[1]))
-                total += float(w[h]) * (max(hi, 0.0) if w[h] >= 0 else max(lo, 0.0))
-            out.append(total)
+            return total
+        kmin, kmax = blk.min(0).values, blk.max(0).values
+        for h in range(q.shape[0]):
+            hi = sum(max(float(q[h, d] * kmin[d]), float(q[h, d] * kmax[d]))
+                     for d in range(q.shape[1]))
+            lo = sum(min(float(q[h, d] * kmin[d]), float(q[h, d] * kmax[d]))
+                     for d in range(q.shape[1]))
+            total += float(w[h]) * (max(hi, 0.0) if w[h] >= 0 else max(lo, 0.0))
+        return total
+
+    sub = b // parts
+    out = []
+    for j in range(math.ceil(n / b)):
+        spans = [(j * b + u * sub, min(j * b + (u + 1) * sub, n)) for u in range(parts)]
+        out.append(max(score(keys[lo:hi]) for lo, hi in spans if lo < hi))
     return torch.tensor(out, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("kind,parts", [("probe", 1), ("probe", 2), ("quest", 1), ("gauss", 1)])
+@pytest.mark.parametrize("kind,parts", [("probe", 1), ("probe", 2), ("quest", 1), ("gauss", 1),
+                                        ("gauss", 2)])
 def test_probe_quest_and_gauss_match_brute_force(kind, parts):
     # MTP rows see different lengths, so the partial newest block differs per row
     trace = random_v2_trace(steps=4, next_n=2, start=37, block_size=8)
@@ -290,10 +286,11 @@ def test_probe_bytes_and_effective_sparsity():
     out = {}
     for name, kw in (("spin", {}), ("probe", {"predictor": "probe"}),
                      ("probe2", {"predictor": "probe", "summaries": 2}),
-                     ("quest", {"predictor": "quest"}), ("gauss", {"predictor": "gauss"})):
+                     ("quest", {"predictor": "quest"}), ("gauss", {"predictor": "gauss"}),
+                     ("gauss2", {"predictor": "gauss", "summaries": 2})):
         (r,) = replay(trace, [0.5], **kw, keep_masks_for_layer=0)
         out[name] = r
-        rows = {"spin": 0, "probe": 1, "probe2": 2, "quest": 2, "gauss": 2}[name]
+        rows = {"spin": 0, "probe": 1, "probe2": 2, "quest": 2, "gauss": 2, "gauss2": 4}[name]
         assert r["probe_bytes_fraction"] == pytest.approx(rows * blocks / dense)
         # layer 0 by hand: visible slots of the scored blocks + summary rows
         scored = 0

@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", choices=BUDGETS, default="uniform",
                    help="per-layer blocks: uniform, or adaptive (same total per step)")
     p.add_argument("--summaries", type=int, choices=[1, 2], default=1,
-                   help="probe/hybrid: summary keys per block (2: the two halves' means)")
+                   help="probe/hybrid/gauss: summaries per block (2: the two halves', as the "
+                        "engine's with 32-slot pages)")
     p.add_argument("--effective", type=float, nargs="+", metavar="E",
                    help="also report miss interpolated at these effective sparsities "
                         "(give --sparsity targets that bracket them; default: none)")

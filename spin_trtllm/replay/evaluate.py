@@ -348,7 +348,7 @@ def replay(trace: SpinTrace, sparsities: Sequence[float], cfg: Optional[SpinConf
         if label is not None:
             entry["variant"] = label
         entry["predictor"], entry["budget"] = predictor, budget_mode
-        if chosen.mean_keys:
+        if chosen.sub_blocks:
             entry["summaries"] = summaries
         ok = np.isfinite(m)
         entry.update(_summary(m[ok], p[ok], sel_sl[s].sum(), tot_sl[s].sum(),

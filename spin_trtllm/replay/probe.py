@@ -26,8 +26,10 @@ Formulas (row r of one layer, visible blocks j < B; -inf for blocks that are not
             U_h = sum_d max(q_hd kmin_jd, q_hd kmax_jd),  L_h = sum_d min(q_hd kmin_jd, q_hd kmax_jd)
           (the Quest min/max bound; for w >= 0 it is sum_h w_h relu(sum_d max(...)));
           Q[j] >= max_{i in block j, i < n} z[i]: an upper bound of the block's true max.
-  gauss   G[j] = sum_h w_h E[relu(X_h)],  X_h ~ Normal(mu_h, s_h^2),  mu_h = q_h . mean_j,
-            s_h^2 = sum_d q_hd^2 var_jd,  E[relu(X)] = mu Phi(mu/s) + s phi(mu/s) (relu(mu) at s = 0)
+  gauss   G[j] = max over the c sub-blocks u of block j of  sum_h w_h E[relu(X_h)],
+            X_h ~ Normal(mu_h, s_h^2),  mu_h = q_h . mean_u,  s_h^2 = sum_d q_hd^2 var_ud,
+            E[relu(X)] = mu Phi(mu/s) + s phi(mu/s) (relu(mu) at s = 0)
+          (c = 2: the engine's gauss on 32-slot pages, a block's two pages)
           (the block's keys modelled as independent per-dim Gaussians: an estimate of the
           block's mean slot score that, unlike P, counts the keys' spread through the ReLU)
   hybrid  H[j] = max(rank(P)[j], rank(S)[j]), S = SPIN's V/D block prediction, and
@@ -77,7 +79,7 @@ _ADAPT_DECAY = 0.8
 def rows_read_per_block(predictor: str, summaries: int = 1) -> int:
     """K-cache rows (one slot each) the predictor reads per visible block."""
     chosen = predictors.get(predictor)
-    return summaries if chosen.mean_keys else chosen.summary_rows_per_block
+    return chosen.summary_rows_per_block * (summaries if chosen.sub_blocks else 1)
 
 
 # ---- block summaries --------------------------------------------------------------------------
@@ -224,9 +226,10 @@ def quest_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
 
 
 def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n: torch.Tensor,
-                 n_blocks: int, layer0: int = 0) -> torch.Tensor:
-    """fp32 [L, R, n_blocks]: G[j] = sum_h w_h E[relu(X_h)] (module docstring) from each block's
-    mean key and per-dim variance; -inf for blocks with nothing visible."""
+                 n_blocks: int, parts: int = 1, layer0: int = 0) -> torch.Tensor:
+    """fp32 [L, R, n_blocks]: G[j] = max_u sum_h w_h E[relu(X_h)] (module docstring) from the
+    mean key and per-dim variance of each of block j's `parts` sub-blocks; -inf for blocks
+    with nothing visible."""
     def formula(q, w, s):
         qf = q.float()
         mu = torch.einsum("lrhd,lrud->lruh", qf, s["mean"])
@@ -235,10 +238,11 @@ def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
         expected = (mu * torch.special.ndtr(a)
                     + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi))
         expected = torch.where(sd > 0, expected, mu.relu())
-        z = (expected * w.float().unsqueeze(2)).sum(-1)
-        return z.masked_fill(~s["visible"], NEG_INF)
+        z = (expected * w.float().unsqueeze(2)).sum(-1)                 # [L, R, blocks*parts]
+        z = z.masked_fill(~s["visible"], NEG_INF)
+        return z.view(*z.shape[:2], -1, parts).amax(-1)
 
-    return _in_chunks(formula, q, w, summaries, n, n_blocks, 1, layer0)
+    return _in_chunks(formula, q, w, summaries, n, n_blocks, parts, layer0)
 
 
 class QueryProbe:
@@ -254,8 +258,9 @@ class QueryProbe:
             raise SpinError(f"summaries per block ({summaries}) must be >= 1 and divide the "
                             f"block size ({block_size})")
         self.trace, self.predictor, self.b = trace, predictor, block_size
-        # quest/gauss keep two statistics rows per block; probe/hybrid `summaries` mean keys
-        self.parts = summaries if predictors.REGISTRY[predictor].mean_keys else 1
+        # probe/hybrid: `summaries` mean keys per block, gauss as many (mean, var) pairs, each
+        # block scored by its best sub-block; quest: one (min, max) pair per block
+        self.parts = summaries if predictors.REGISTRY[predictor].sub_blocks else 1
         self.summaries = BlockSummaries(trace.keys, block_size // self.parts)
 
     def scores(self, t: int, n: torch.Tensor, n_blocks: int,
@@ -268,7 +273,7 @@ class QueryProbe:
         if self.predictor == "quest":
             return quest_scores(q, w, self.summaries, n, n_blocks, l0)
         if self.predictor == "gauss":
-            return gauss_scores(q, w, self.summaries, n, n_blocks, l0)
+            return gauss_scores(q, w, self.summaries, n, n_blocks, self.parts, l0)
         return probe_scores(q, w, self.summaries, n, n_blocks, self.parts, l0)
 
 

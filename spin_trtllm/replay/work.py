@@ -218,7 +218,7 @@ def estimate_replay(trace, sparsities: int, cfg, predictor: str = "spin", summar
 
         Lk, Sk, D = trace.keys.shape
         H = trace.q.shape[3]
-        parts = summaries if chosen.mean_keys else 1
+        parts = summaries if chosen.sub_blocks else 1
         sub = max(1, b // parts)
         held.append((8 * Lk * Sk * D + 16 * Lk * -(-Sk // sub) * D,
                      f"the block summaries of keys {Lk:,} x {Sk:,} x {D:,}"))
