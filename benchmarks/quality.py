@@ -4,7 +4,8 @@
    trace v1 (dense indexer scores) of every request; one set without MTP, one with MTP rows
    from the model's draft head;
 2. replay on the traces: miss vs realized sparsity with the random and oracle references,
-   the paper's Table 1, and the exploration / reduction / MTP ablations (plots);
+   the paper's Table 1, and the exploration / reduction / MTP ablations (plots); and each
+   run of step 3 replayed (same predictor, target and pages) beside its in-engine miss;
 3. task-quality analog: held-out bits per byte of the teacher-forced continuations when the
    model's sparse attention uses the top-K of the SPIN-masked indexer, against all-keep.
 Usage: python benchmarks/quality.py --out DIR [--checkpoint CKPT] [--device cuda]
@@ -92,6 +93,36 @@ def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
           f"{traces[0].num_steps} steps [{time.time() - t0:.0f} s]", flush=True)
 
     return traces, mtp_traces
+
+
+def engine_vs_replay(traces, bpb: list[dict], page_slots: int) -> list[dict]:
+    """Each SPIN-masked run's in-engine miss beside the replay's on the all-keep run's traces
+    of the same windows: the same predictor, target sparsity and pages (the probe and gauss
+    score a block by its best page: with 32-slot pages the replay's 2 summaries). The
+    engine's miss is over its own decoding, whose masked attention moves later scores a little;
+    the replay's over the all-keep decoding's scores."""
+    rows = []
+    for run in bpb:
+        rho, predictor = run["target_sparsity"], run["predictor"]
+        if rho is None:
+            continue
+        summaries = BLOCK_SLOTS // page_slots if REGISTRY[predictor].sub_blocks else 1
+        res = [r for tr in traces for r in replay(tr, [rho], SpinConfig(), pearson=False,
+                                                   predictor=predictor, summaries=summaries)]
+        eligible = sum(r["eligible_rows"] for r in res)
+        effective = [r["effective_sparsity"] for r in res if r["effective_sparsity"] is not None]
+        miss = sum(r["mean_miss"] * r["eligible_rows"] for r in res if r["eligible_rows"])
+        rows.append({"predictor": predictor, "target_sparsity": rho, "summaries": summaries,
+                     "engine_mean_miss": run["mean_miss"],
+                     "replay_mean_miss": miss / eligible if eligible else None,
+                     "engine_effective_sparsity": run["effective_sparsity"],
+                     "replay_effective_sparsity": sum(effective) / len(effective)
+                     if effective else None})
+        last = rows[-1]
+        if last["engine_mean_miss"] is not None and last["replay_mean_miss"] is not None:
+            print(f"{predictor} {rho}: mean miss in the engine {last['engine_mean_miss']:.3f}, "
+                  f"in the replay {last['replay_mean_miss']:.3f}", flush=True)
+    return rows
 
 
 def engine_args(args) -> dict:
@@ -193,6 +224,7 @@ def main(argv=None) -> int:
     for layer in range(traces[0].num_layers):
         plot_topk_mask(traces[0], out / f"topk_mask_layer{layer}.png", layer=layer)
     report["predictors"] = [compare_predictors(tr) for tr in traces]
+    report["engine_vs_replay"] = engine_vs_replay(traces, bpb, args.page_slots)
     studies = {}
     for study in ("exploration", "reduction"):
         res = []

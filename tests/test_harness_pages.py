@@ -482,3 +482,38 @@ def test_quality_tool_runs_on_32_slot_pages(tmp_path):
     # (probe) or two each (gauss)
     assert lost["probe"] == pytest.approx(2 * 144 / (64 * 132))
     assert lost["gauss"] == pytest.approx(4 * 144 / (64 * 132))
+
+
+@pytest.mark.slow
+def test_quality_tool_puts_each_runs_replay_beside_its_engine_miss(tmp_path):
+    """Every SPIN-masked run beside the replay of the all-keep traces with the same predictor,
+    target and pages: on 32-slot pages the probe and gauss replay with 2 summaries (a block's
+    best page), and both tools count the summary rows alike (gauss reads twice the probe's)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_tool", path)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    out = tmp_path / "q"
+    assert quality.main(["--out", str(out), "--device", "cpu", "--prompts", "1",
+                         "--mtp-prompts", "0", "--prompt-tokens", "700", "--steps", "4",
+                         "--sparsity", "0.5", "--page-slots", "32",
+                         "--predictor", "spin", "probe", "gauss"]) == 0
+    report = json.loads((out / "quality.json").read_text())
+    rows = {r["predictor"]: r for r in report["engine_vs_replay"]}
+    assert sorted(rows) == ["gauss", "probe", "spin"]
+    assert {p: r["summaries"] for p, r in rows.items()} == {"spin": 1, "probe": 2, "gauss": 2}
+    engine = {r["predictor"]: r for r in report["bpb"] if r["predictor"]}
+    for p, r in rows.items():
+        assert r["engine_mean_miss"] == engine[p]["mean_miss"]
+        assert 0.0 <= r["replay_mean_miss"] <= 1.0
+    for effective in ("engine_effective_sparsity", "replay_effective_sparsity"):
+        assert rows["gauss"][effective] < rows["probe"][effective] < rows["spin"][effective]
+    # the replay's summary bytes are the engine's: the same drop from spin at the same target
+    drop = {p: rows["spin"]["replay_effective_sparsity"] - rows[p]["replay_effective_sparsity"]
+            for p in ("probe", "gauss")}
+    assert drop["gauss"] == pytest.approx(2 * drop["probe"], rel=0.05)
+
