@@ -95,6 +95,13 @@ def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
     return traces, mtp_traces
 
 
+def summary_share(predictor: str, page_slots: int) -> float:
+    """A block's summary bytes over its K-cache bytes: the predictor's rows for each of the
+    block's pages (BLOCK_SLOTS / page_slots of them), against 64 keys and scales."""
+    rows = REGISTRY[predictor].summary_rows_per_block * (BLOCK_SLOTS // page_slots)
+    return rows * SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES)
+
+
 def engine_vs_replay(traces, bpb: list[dict], page_slots: int) -> list[dict]:
     """Each SPIN-masked run's in-engine miss beside the replay's on the all-keep run's traces
     of the same windows: the same predictor, target sparsity and pages (the probe and gauss
@@ -152,6 +159,11 @@ def main(argv=None) -> int:
     ap.add_argument("--logits-backend", choices=LOGITS_BACKENDS, default="native",
                     help="the decode indexer's logits (32-slot pages: reference on CUDA, or "
                          "deepgemm on SM100; on the CPU native runs the reference)")
+    ap.add_argument("--effective", action="store_true",
+                    help="--sparsity values are effective sparsities: a query-aware "
+                         "predictor's target block sparsity adds its summary rows' share of "
+                         "the K-cache bytes (the same bytes read as spin's at that target, "
+                         "up to the budget's whole blocks)")
     ap.add_argument("--bpb-only", action="store_true",
                     help="only the bits-per-byte rows (no traces, replays or plots)")
     args = ap.parse_args(argv)
@@ -180,7 +192,13 @@ def main(argv=None) -> int:
     t1 = time.time()
     bpb = []
     runs = [(None, "spin")] + [(rho, p) for p in args.predictor for rho in args.sparsity]
-    for rho, predictor in runs:
+    for asked, predictor in runs:
+        rho = asked
+        if asked is not None and args.effective:
+            rho = round(asked + summary_share(predictor, args.page_slots), 6)
+            if not rho < 1.0:
+                raise SystemExit(f"quality: effective sparsity {asked} with {predictor}'s "
+                                 f"summaries needs a target of {rho}, at least 1")
         spin = None if rho is None else SpinConfig(index_topk=cfg.index_topk, target_sparsity=rho)
         engine, outs = run_forced(cfg, weights, args.device, spin, texts[:args.prompts],
                                   args.prompt_tokens, args.steps, measure_miss=spin is not None,
@@ -190,15 +208,13 @@ def main(argv=None) -> int:
         sel = sum(s.selected_blocks for s in hist)
         vis = sum(s.visible_blocks for s in hist)
         miss = [m for s in hist for m in s.miss]
-        # the predictor's summary rows count as indexer reads: one row set per page
-        rows = 0 if rho is None else REGISTRY[predictor].summary_rows_per_block
-        summary = rows * (BLOCK_SLOTS // args.page_slots) * SUMMARY_BYTES * vis
-        block = BLOCK_SLOTS * SLOT_BYTES
+        # the predictor's summary rows count as indexer reads, in blocks' worth of bytes
+        summary = 0.0 if rho is None else summary_share(predictor, args.page_slots) * vis
         bpb.append({"target_sparsity": rho, "predictor": predictor if rho is not None else None,
+                    "effective_target": asked if args.effective else None,
                     "bpb": -sum(lp) / len(lp) / math.log(2),
                     "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
-                    "effective_sparsity": (1 - (sel * block + summary) / (vis * block))
-                    if vis else 0.0,
+                    "effective_sparsity": (1 - (sel + summary) / vis) if vis else 0.0,
                     "reference_ops": engine.options.reference_on_cuda,
                     "mean_miss": sum(miss) / len(miss) if miss else None})
         miss_txt = "" if bpb[-1]["mean_miss"] is None else f", mean miss {bpb[-1]['mean_miss']:.3f}"

@@ -517,3 +517,35 @@ def test_quality_tool_puts_each_runs_replay_beside_its_engine_miss(tmp_path):
             for p in ("probe", "gauss")}
     assert drop["gauss"] == pytest.approx(2 * drop["probe"], rel=0.05)
 
+
+
+@pytest.mark.slow
+def test_quality_tool_targets_effective_sparsity(tmp_path):
+    """--effective: a query-aware predictor's target adds its summary rows' share (at long
+    contexts every predictor then lands at about the same effective sparsity); a share that
+    pushes the target to 1 is refused by name."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_tool", path)
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    out = tmp_path / "q"
+    args = ["--out", str(out), "--device", "cpu", "--prompts", "1", "--mtp-prompts", "0",
+            "--prompt-tokens", "1500", "--steps", "4", "--page-slots", "32", "--bpb-only",
+            "--effective", "--predictor", "spin", "probe", "gauss"]
+    assert quality.main(args + ["--sparsity", "0.5"]) == 0
+    rows = {r["predictor"]: r for r in json.loads((out / "quality.json").read_text())["bpb"]
+            if r["predictor"]}
+    share = {"spin": 0.0, "probe": 2 * 144 / (64 * 132), "gauss": 4 * 144 / (64 * 132)}
+    for p, r in rows.items():
+        assert r["effective_target"] == 0.5
+        assert r["target_sparsity"] == pytest.approx(0.5 + share[p])
+        assert r["realized_sparsity"] - r["effective_sparsity"] == pytest.approx(share[p])
+        # a budget of whole blocks: at this short context (23 blocks) the share moves it by
+        # a block or not at all; never below spin's
+        assert r["realized_sparsity"] >= rows["spin"]["realized_sparsity"]
+    with pytest.raises(SystemExit, match="gauss's summaries needs a target of 1.0"):
+        quality.main(args + ["--sparsity", "0.95"])
