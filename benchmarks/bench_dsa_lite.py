@@ -20,7 +20,9 @@ those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
 (null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians:
 the host's share of a step moves by milliseconds between processes, more
-than SPIN's gain at small batches. The rows keep every run's step and forward times.
+than SPIN's gain at small batches. The rows keep every run's step and forward times, and SPIN's
+rows the range of the per-round step (wall) speedups and whether the forward (GPU) speedup
+lies inside it (if not, host work around the step costs more than the runs' spread).
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
              [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
@@ -99,6 +101,19 @@ def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
             "ceiling_hbm": best["forward_ms"] / (null["forward_ms"] + r["scored_gb"] / peak_tbs)}
 
 
+def wall_against_gpu(r: dict, best: dict) -> dict:
+    """With repeated runs (round-robin: run k of each engine in round k): the step speedup of
+    each round over the same round's all-keep, its range, and whether the forward (GPU)
+    speedup lies inside it: if not, the host work around the step moves wall time by more than
+    the runs' own spread."""
+    rounds = list(zip(best.get("step_ms_runs", []), r.get("step_ms_runs", [])))
+    if len(rounds) < 2:
+        return {}
+    speedups = [dense / spin for dense, spin in rounds]
+    return {"step_speedup_range": [min(speedups), max(speedups)],
+            "wall_agrees_with_gpu": min(speedups) <= r["forward_speedup"] <= max(speedups)}
+
+
 def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], context: int,
            batch: int, mtp: int, seconds: float, peak_tbs: float = PEAK_TBS) -> dict | None:
     """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
@@ -117,6 +132,7 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], cont
             if best["indexer_ms"] > 0 else None
         if r["indexer"] in ("spin", "auto"):
             r.update(ceilings(r, null, best, peak_tbs))
+            r.update(wall_against_gpu(r, best))
     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
     rows.append(r)
     print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>24}: step "
@@ -125,7 +141,11 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], cont
           f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
           f"  x{r.get('step_speedup', 1):.3f}" + (
               f"  ceilings x{r['ceiling_kept']:.3f} kept x{r['ceiling_hbm']:.3f} HBM"
-              if "ceiling_hbm" in r else "") + f"  [{seconds:.0f} s]", flush=True)
+              if "ceiling_hbm" in r else "") + (
+              f"  wall x{r['step_speedup_range'][0]:.3f}-{r['step_speedup_range'][1]:.3f} "
+              f"{'holds' if r['wall_agrees_with_gpu'] else 'misses'} GPU "
+              f"x{r['forward_speedup']:.3f}" if "step_speedup_range" in r else "")
+          + f"  [{seconds:.0f} s]", flush=True)
     return null
 
 
@@ -262,7 +282,8 @@ def markdown(rows: list[dict], args) -> str:
            f"{args.peak_tbs} TB/s peak (module docstring)\n\n",
            "| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
            "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
-           "speedup | ceiling kept / HBM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
+           "speedup | ceiling kept / HBM | step speedup per round (holds GPU's?) |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
     for r in rows:
         out.append(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
                    f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
@@ -270,7 +291,10 @@ def markdown(rows: list[dict], args) -> str:
                    f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
                    f"{r.get('forward_speedup', 1):.3f} | " + (
                        f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
-                       if "ceiling_hbm" in r else "") + " |\n")
+                       if "ceiling_hbm" in r else "") + " | " + (
+                       f"{r['step_speedup_range'][0]:.3f}-{r['step_speedup_range'][1]:.3f} "
+                       f"({'yes' if r['wall_agrees_with_gpu'] else 'no'})"
+                       if "step_speedup_range" in r else "") + " |\n")
     return "".join(out)
 
 

@@ -56,6 +56,26 @@ def test_repeats_run_round_robin_and_report_medians(monkeypatch, tmp_path):
     assert spin["forward_speedup"] == pytest.approx(14.2 / 12.3)
     assert spin["indexer_ms"] == pytest.approx(12.3 - 10.1)
     assert spin["indexer_vs_dense"] == pytest.approx((12.3 - 10.1) / (14.2 - 10.1))
+    # per round: 25/40, 24/23, 30/22; the GPU's 14.2/12.3 lies inside
+    assert spin["step_speedup_range"] == pytest.approx([25.0 / 40.0, 30.0 / 22.0])
+    assert spin["wall_agrees_with_gpu"] is True
+    assert "step_speedup_range" not in dense
+
+
+def test_a_wall_speedup_outside_the_gpus_is_flagged(monkeypatch, tmp_path):
+    """Every round's step speedup near 1 while the GPU gains 15%: host work eats the gain."""
+    times = {"null": [(20.0, 10.0), (20.5, 10.0)],
+             "dense": [(25.0, 14.2), (25.2, 14.2)],
+             "spin": [(24.8, 12.3), (25.1, 12.3)]}
+    mod = _bench(monkeypatch, times, [])
+    monkeypatch.setattr(mod.torch.cuda, "get_device_name", lambda *a: "a faked GPU")
+    out = tmp_path / "rows.jsonl"
+    md = tmp_path / "rows.md"
+    assert mod.main(ARGS + ["--repeats", "2", "--json", str(out), "--markdown", str(md)]) == 0
+    spin = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    assert spin["step_speedup_range"] == pytest.approx([25.2 / 25.1, 25.0 / 24.8])
+    assert spin["wall_agrees_with_gpu"] is False
+    assert "1.004-1.008 (no)" in md.read_text()
 
 
 def test_one_run_writes_each_engine_as_it_ends(monkeypatch, tmp_path):
