@@ -37,6 +37,7 @@ from spin_trtllm.predictors import ENGINE_PREDICTORS, REGISTRY
 from spin_trtllm.replay.evaluate import replay, run_study
 from spin_trtllm.replay.plots import plot_miss_curve, plot_topk_mask
 from spin_trtllm.replay.predictors import compare_predictors
+from spin_trtllm.replay.probe import rows_read_per_block
 
 
 def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
@@ -98,7 +99,7 @@ def record_traces(args, cfg, cfg0, weights, texts, out, report, t0):
 def summary_share(predictor: str, page_slots: int) -> float:
     """A block's summary bytes over its K-cache bytes: the predictor's rows for each of the
     block's pages (BLOCK_SLOTS / page_slots of them), against 64 keys and scales."""
-    rows = REGISTRY[predictor].summary_rows_per_block * (BLOCK_SLOTS // page_slots)
+    rows = rows_read_per_block(predictor, summaries=BLOCK_SLOTS // page_slots)
     return rows * SUMMARY_BYTES / (BLOCK_SLOTS * SLOT_BYTES)
 
 

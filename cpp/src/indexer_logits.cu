@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   // Page i's scales of this warp's 16 slots into its part of stage i % kStages, on that stage's
   // "full" barrier (whose expected bytes, set in issue(i), count all four parts).
   auto load_warp_scales = [&](int i) {
-    if (kNamedHandoff || i >= run || page_s[i] < 0) return;
+    if (i >= run || page_s[i] < 0) return;
     const int stage = stage_of<kStages>(i);
     const uint8_t* src = p.kv_cache + static_cast<int64_t>(page_s[i]) * kBlockSize * kSlotBytes +
                          kPageKeyBytes + warp * kScalesPerWarp * 4;
@@ -252,11 +252,7 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   // the first pages; they and q complete and visible to the tensor cores before the first MMA
 #pragma unroll
   for (int i = 0; i < kStages; ++i) issue(i);
-  cp_async_wait<0>();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-  __syncthreads();
+  tiles_ready();
 
   // blocks past the selection: -inf, no page read
   for (int idx = threadIdx.x; idx < p.rows * (c_end - c_last) * kBlockSize; idx += kThreads) {

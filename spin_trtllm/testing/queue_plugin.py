@@ -2,8 +2,8 @@
 
 SPIN_TEST_QUEUE=DIR: the processes running the same tests with the same DIR share them. Each test
 runs in the first process that claims it (creates its file in DIR, O_EXCL); the others skip it.
-So the processes finish together however unevenly the tests' times are spread (hash shards, on
-the same tests, left one done in 46 s and eleven of sixteen cut off at 555 s).
+So the processes finish together however unevenly the tests' times are spread, where fixed
+shards can leave one idle while another runs past its limit.
 
 SPIN_TEST_ORDER=FILE[:FILE...] (SPIN_TEST_TIMES files of an earlier run) starts the longest
 first. Modules are ordered by their known total, and tests within a module by their own. A module
