@@ -45,7 +45,7 @@ import torch
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import check_plan, write_output
 from spin_trtllm.errors import SpinError
-from spin_trtllm.predictors import CUDA_PREDICTORS
+from spin_trtllm.predictors import ENGINE_PREDICTORS
 
 
 def one(spec: dict) -> dict:
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap-select", action="store_true",
                     help="SPIN selects each layer beside the previous layer's top-K, not every "
                          "layer in one launch at the step's start")
-    ap.add_argument("--predictor", nargs="+", choices=CUDA_PREDICTORS, default=["spin"],
+    ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin; those with "
                          "CUDA kernels)")
     ap.add_argument("--peak-tbs", type=float, default=PEAK_TBS,

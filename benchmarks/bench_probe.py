@@ -1,5 +1,5 @@
-"""The probe predictor's per-layer cost on a CUDA GPU (issue 17 item 5), against SPIN's select
-and the dense logits, same inputs, CUDA-graph replays (medians):
+"""The query-aware predictors' per-layer cost on a CUDA GPU, against SPIN's select and the dense
+logits, same inputs, CUDA-graph replays (medians):
 
     python benchmarks/bench_probe.py [--batch 32 96] [--slots 32768 131072] [--next-n 1 2]
         [--sparsity 0.5] [--layers 21] [--json OUT]
@@ -7,8 +7,10 @@ and the dense logits, same inputs, CUDA-graph replays (medians):
 Per case, per indexer layer: summarize (the newest page of each request, as at decode), probe
 (every block's summary scored with q), select of one layer ranked by the probe, and by the hybrid
 (the probe merged with SPIN's V/D prediction by rank: select(merge_history=True)), against SPIN's
-select (all layers in one launch, divided by --layers) and the dense logits over every page.
-Bytes: the probe reads one 144-byte summary row per block, 1/58 of the block's K-cache pages.
+select (all layers in one launch, divided by --layers) and the dense logits over every page;
+gauss's summarize and scores (two rows a page: the mean and the per-dimension std) likewise.
+Bytes: the probe reads one 144-byte summary row per block, 1/58 of the block's K-cache pages;
+gauss two.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
         spin_case(n, batch, slots, next_n, 512, rho, layers, "float16")
     sets = len(inputs)
     summaries = [ops.summaries_like(c[0]) for c in inputs]
-    for (cache, table, _, _), s in zip(inputs, summaries):   # every page, as after prefill
-        ops.summarize(cache, table.flatten().contiguous(),
-                      torch.full((table.numel(),), 64, dtype=torch.int32, device="cuda"), s)
+    gauss_summaries = [ops.gauss_summaries_like(c[0]) for c in inputs]
+    for (cache, table, _, _), s, g in zip(inputs, summaries, gauss_summaries):
+        every_page = table.flatten().contiguous()            # as after prefill
+        full = torch.full((table.numel(),), 64, dtype=torch.int32, device="cuda")
+        ops.summarize(cache, every_page, full, s)
+        ops.summarize_gauss(cache, every_page, full, g)
     newest = [t[:, -1].contiguous() for _, t, _, _ in inputs]
     fill = torch.full((batch,), 64, dtype=torch.int32, device="cuda")
     scores = torch.empty(batch * next_n, m_cap, device="cuda")
@@ -45,6 +50,10 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
     t_sum = time_ms(lambda i: ops.summarize(inputs[i][0], newest[i], fill, summaries[i]),
                     iters, sets)
     t_probe = time_ms(lambda i: ops.probe(inputs[i][2], summaries[i], inputs[i][3], n,
+                                          inputs[i][1], m_cap, scores), iters, sets)
+    t_gsum = time_ms(lambda i: ops.summarize_gauss(inputs[i][0], newest[i], fill,
+                                                   gauss_summaries[i]), iters, sets)
+    t_gauss = time_ms(lambda i: ops.gauss(inputs[i][2], gauss_summaries[i], inputs[i][3], n,
                                           inputs[i][1], m_cap, scores), iters, sets)
     t_psel = time_ms(lambda i: ops.select(state, slot, n, q_pos, req, step, cfg, m_cap, slots,
                                           ids, cnt, block_scores=scores.view(batch, next_n, -1),
@@ -59,13 +68,18 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
                       iters, sets)
     us = 1e3
     probe_path = t_sum + t_probe + t_psel
+    gauss_path = t_gsum + t_gauss + t_psel      # the same one-layer select ranks its scores
     return {"batch": batch, "slots": slots, "next_n": next_n, "target_sparsity": rho,
             "summarize_us": us * t_sum, "probe_us": us * t_probe,
             "probe_select_us": us * t_psel, "probe_path_us": us * probe_path,
             "hybrid_select_us": us * t_hsel, "hybrid_path_us": us * (probe_path - t_psel + t_hsel),
+            "gauss_summarize_us": us * t_gsum, "gauss_us": us * t_gauss,
+            "gauss_path_us": us * gauss_path,
             "spin_select_per_layer_us": us * t_sel, "dense_logits_us": us * t_dense,
             "probe_path_over_dense": probe_path / t_dense,
+            "gauss_path_over_dense": gauss_path / t_dense,
             "probe_tbs": batch * m_cap * 144 / (t_probe * 1e-3) / 1e12,
+            "gauss_tbs": batch * m_cap * 288 / (t_gauss * 1e-3) / 1e12,
             "dense_tbs": batch * m_cap * PAGE_BYTES / (t_dense * 1e-3) / 1e12}
 
 
@@ -84,9 +98,10 @@ def main() -> int:
         return 2
     rows = []
     print("| batch | slots | next_n | summarize us | probe us (TB/s) | select by probe us | "
-          "probe path us | select by hybrid us | SPIN select / layer us | dense logits us | "
-          "probe path / dense |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "probe path us | select by hybrid us | gauss summarize us | gauss us (TB/s) | "
+          "gauss path us | SPIN select / layer us | dense logits us | probe path / dense | "
+          "gauss path / dense |")
+    print("|---" * 15 + "|")
     for seed, (batch, slots, next_n) in enumerate(
             itertools.product(args.batch, args.slots, args.next_n)):
         inputs, n = make_inputs(batch, slots, next_n, args.sets, seed + 1)
@@ -94,8 +109,11 @@ def main() -> int:
         rows.append(r)
         print(f"| {batch} | {slots} | {next_n} | {r['summarize_us']:.1f} | {r['probe_us']:.1f} "
               f"({r['probe_tbs']:.2f}) | {r['probe_select_us']:.1f} | {r['probe_path_us']:.1f} "
-              f"| {r['hybrid_select_us']:.1f} | {r['spin_select_per_layer_us']:.1f} | {r['dense_logits_us']:.1f} "
-              f"| {r['probe_path_over_dense']:.3f} |", flush=True)
+              f"| {r['hybrid_select_us']:.1f} | {r['gauss_summarize_us']:.1f} "
+              f"| {r['gauss_us']:.1f} ({r['gauss_tbs']:.2f}) | {r['gauss_path_us']:.1f} "
+              f"| {r['spin_select_per_layer_us']:.1f} | {r['dense_logits_us']:.1f} "
+              f"| {r['probe_path_over_dense']:.3f} | {r['gauss_path_over_dense']:.3f} |",
+              flush=True)
         del inputs
         torch.cuda.empty_cache()
     if args.json:

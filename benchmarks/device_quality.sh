@@ -5,7 +5,7 @@
 # SPIN trace v2 of held-out windows 0..3, the predictor replays at equal effective sparsity
 # and quality_bounds at 50% (QUALITY.md).
 # Results under ${OUT:-/tmp/spin-quality}; DEVICE=cpu runs it without a GPU (slow).
-# PREDICTORS (default "spin probe hybrid"; gauss runs its reference ops on CUDA), PAGE_SLOTS
+# PREDICTORS (default "spin probe hybrid"; also gauss), PAGE_SLOTS
 # (64, or 32: V4's tokens_per_block 128) and LOGITS (the engine's logits backend; default
 # native, reference where the pages are 32 slots: neither the native kernel nor DeepGEMM's
 # SM90 kernel reads them) choose the engine rows.

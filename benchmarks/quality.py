@@ -50,11 +50,8 @@ def slices(held: torch.Tensor, count: int, length: int) -> list[bytes]:
 
 def run_forced(cfg, weights, device, spin, texts, prompt_tokens, steps, trace=False,
                measure_miss=False, predictor="spin", page_slots=64, logits_backend="native"):
-    # switch="spin": SPIN (or the probe) on every step, as the quality question asks; a
-    # predictor without CUDA kernels (gauss) runs its reference ops there
-    reference_on_cuda = torch.device(device).type == "cuda" and not REGISTRY[predictor].cuda
+    # switch="spin": SPIN (or the probe) on every step, as the quality question asks
     engine = Engine(cfg, spin, weights=weights, device=device, max_batch=len(texts),
-                    reference_on_cuda=reference_on_cuda,
                     trace_request=list(range(len(texts))) if trace else None,
                     measure_miss=measure_miss, predictor=predictor,
                     switch="spin" if spin is not None else None, page_slots=page_slots,
@@ -216,7 +213,6 @@ def main(argv=None) -> int:
                     "bpb": -sum(lp) / len(lp) / math.log(2),
                     "tokens": len(lp), "realized_sparsity": (1 - sel / vis) if vis else 0.0,
                     "effective_sparsity": (1 - (sel + summary) / vis) if vis else 0.0,
-                    "reference_ops": engine.options.reference_on_cuda,
                     "mean_miss": sum(miss) / len(miss) if miss else None})
         miss_txt = "" if bpb[-1]["mean_miss"] is None else f", mean miss {bpb[-1]['mean_miss']:.3f}"
         print(f"bpb {'all-keep' if rho is None else f'{predictor} {rho}'}: {bpb[-1]['bpb']:.4f} "

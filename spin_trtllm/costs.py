@@ -113,8 +113,6 @@ class CostModel:
             raise ValueError(f"CostModel: unknown predictor {predictor!r} (one of "
                              f"{', '.join(ENGINE_PREDICTORS)})")
         chosen = REGISTRY[predictor]
-        if not chosen.cuda:
-            raise ValueError(f"CostModel: predictor {predictor!r} has no CUDA kernels to price")
         if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
         longest = max(_block_slots([s]) for s in visible_slots)

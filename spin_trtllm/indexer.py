@@ -21,10 +21,9 @@ steps. The V/D update still runs (warm-up and exploration ages come from it). Th
 builds the summaries of prompt pages with summarize_context() after prefill (see its
 docstring). predictor="hybrid" does the same and ranks by the max of the rank shares of the
 probe's scores and of SPIN's history prediction (reference.hybrid_scores;
-select(merge_history=True), contexts up to 512K slots). predictor="gauss" (CPU only, no CUDA
-kernels yet; IndexerOptions.reference_on_cuda runs its reference ops on CUDA, for quality
-measurements) keeps each page's mean and per-dimension std and ranks by the expected ReLU
-score (reference.gauss_scores, the replay's gauss).
+select(merge_history=True), contexts up to 512K slots). predictor="gauss" keeps each page's
+mean and per-dimension std (two rows, 288 bytes a page) and ranks by the expected ReLU score
+(reference.gauss_scores, the replay's gauss).
 """
 
 from __future__ import annotations
@@ -153,10 +152,6 @@ class SpinIndexer:
             raise SpinError(f"SpinIndexer: predictor={chosen.name!r} ranks at most "
                             f"{chosen.max_context_len} slots, got max_context_len="
                             f"{max_context_len} (use 'probe')")
-        if not chosen.cuda and pool.device.type == "cuda" and not options.reference_on_cuda:
-            raise SpinError(f"SpinIndexer: predictor={chosen.name!r} has no CUDA kernels yet; "
-                            f"it runs on the CPU (use probe on CUDA, or reference_on_cuda=True "
-                            f"to run its reference ops there for quality measurements)")
         self.options = options
         self.predictor = chosen
         # the summary ops of a query-aware predictor: gauss rows hold the mean and the std

@@ -20,15 +20,13 @@ SWITCHES = ("auto", "spin", "dense")
 @dataclass(frozen=True)
 class IndexerOptions:
     """logits_backend: where the compact logits come from (spin_trtllm.logits).
-    predictor: what ranks the blocks (spin_trtllm.predictors: spin, probe, hybrid).
+    predictor: what ranks the blocks (spin_trtllm.predictors: spin, probe, hybrid, gauss).
     switch: "spin" runs SPIN every step, "dense" the all-keep indexer, "auto" picks per step
     from the cost model (spin_trtllm.costs); None: "auto" on CUDA, "spin" on the CPU.
     overlap_update: without MTP, each layer's EMA update runs beside its top-K (sm_90+).
     overlap_select: with predictor spin, each layer's select runs beside the previous layer's
     top-K instead of every layer in one launch (sm_90+; see SpinIndexer).
-    page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages).
-    reference_on_cuda: a predictor without CUDA kernels (gauss) runs its reference ops on CUDA
-    tensors instead of being refused there: slow, eager steps only; for quality measurements."""
+    page_slots: slots per K-cache page (64, or 32: one SPIN block spans two pages)."""
 
     logits_backend: str = "native"
     predictor: str = "spin"
@@ -36,7 +34,6 @@ class IndexerOptions:
     overlap_update: bool = True
     overlap_select: bool = False
     page_slots: int = BLOCK_SLOTS
-    reference_on_cuda: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("logits_backend", LOGITS_BACKENDS), ("switch", SWITCHES + (None,)),
@@ -45,7 +42,7 @@ class IndexerOptions:
                 shown = ", ".join(str(c) for c in choices if c is not None)
                 raise SpinError(f"{name} must be one of {shown}, got {getattr(self, name)!r}")
         predictors.get(self.predictor, engine=True)
-        for name in ("overlap_update", "overlap_select", "reference_on_cuda"):
+        for name in ("overlap_update", "overlap_select"):
             if not isinstance(getattr(self, name), bool):
                 raise SpinError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

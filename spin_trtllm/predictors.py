@@ -1,9 +1,9 @@
 """The block predictors: what each one ranks blocks by, what it needs, and where it runs.
 
 Torch-free, so the CLI reads its choices from here. The engine (SpinIndexer, the cost model,
-dsa-lite) runs spin, probe and hybrid, and gauss on the CPU (its ops run the reference; no CUDA
-kernels yet); the replay evaluator also runs quest, which needs a trace v2 (queries and keys)
-and has no kernels.
+dsa-lite, the TensorRT-LLM integration) runs spin, probe, hybrid and gauss, each with CUDA kernels
+and a CPU reference; the replay evaluator also runs quest, which needs a trace v2 (queries and
+keys) and has no kernels.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class Predictor:
     sub_blocks: bool = False
     max_context_len: Optional[int] = None   # longest context its select step ranks
     summary: str = ""
-    cuda: bool = True             # engine predictors: its ops have CUDA kernels
 
     @property
     def merges(self) -> bool:
@@ -46,13 +45,10 @@ REGISTRY: dict[str, Predictor] = {p.name: p for p in (
     Predictor("quest", history=False, query=True, engine=False, summary_rows_per_block=2,
               summary="upper bound from per-channel key min/max (Quest)"),
     Predictor("gauss", history=False, query=True, engine=True, summary_rows_per_block=2,
-              sub_blocks=True, cuda=False,
-              summary="expected ReLU score under a per-channel Gaussian of the keys (CPU: its "
-                      "ops have no CUDA kernels yet)"),
+              sub_blocks=True,
+              summary="expected ReLU score under a per-channel Gaussian of the keys"),
 )}
 ENGINE_PREDICTORS = tuple(name for name, p in REGISTRY.items() if p.engine)
-# what TensorRT-LLM (CUDA only) can run
-CUDA_PREDICTORS = tuple(name for name in ENGINE_PREDICTORS if REGISTRY[name].cuda)
 # replay: how the per-step block budget is spread over layers (replay.probe.AdaptiveBudget)
 BUDGETS = ("uniform", "adaptive")
 REPLAY_PREDICTORS = tuple(REGISTRY)

@@ -10,7 +10,7 @@ from spin_trtllm.testing.harness import Scheduled, arrivals, schedule_run
 @pytest.mark.gpu
 @pytest.mark.parametrize("mtp", [0, 2])
 @pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (True, "hybrid"),
-                                            (False, "spin")])
+                                            (True, "gauss"), (False, "spin")])
 def test_cuda_graph_replay_equals_eager(mtp, spin, predictor):
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)

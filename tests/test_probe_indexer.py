@@ -3,7 +3,6 @@ block summaries the indexer keeps beside the K cache, the probe-ranked selection
 the engine wiring."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from spin_trtllm import SpinConfig, SpinError
 from spin_trtllm import ops
 from spin_trtllm import reference as ref
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
-from spin_trtllm.harness.engine import EngineOptions
 from spin_trtllm.indexer import SpinIndexer
 from spin_trtllm.limits import KEY_BYTES, SLOT_BYTES, SUMMARY_BYTES
 from spin_trtllm.options import IndexerOptions
@@ -364,28 +362,11 @@ def test_engine_hybrid_decodes_and_selects_unlike_either_part():
 
 
 @pytest.mark.gpu
-def test_gauss_is_refused_on_cuda_until_it_has_kernels():
-    cfg = spin_cfg()
-    pool = StatePool(L, max_requests=2, cfg=cfg, device="cuda")
-    with pytest.raises(SpinError, match="predictor='gauss' has no CUDA kernels yet"):
-        SpinIndexer(cfg, pool, 1, 1, 256, IndexerOptions(predictor="gauss"))
-
-
-@pytest.mark.gpu
-def test_gauss_runs_its_reference_ops_on_cuda_when_asked():
-    """reference_on_cuda: gauss's reference ops on CUDA tensors, eager steps, summaries equal
-    to from-scratch ones at every step (engine_check)."""
+def test_gauss_runs_its_kernels_on_cuda_in_captured_steps():
+    """gauss on CUDA: its kernels inside CUDA-graph replays, summaries equal to from-scratch
+    ones at every step (engine_check)."""
     cfg = tiny().with_overrides(compress_ratios=(0, 1, 128, 1))
-    e, picks, tokens = selections(cfg, init_weights(cfg), "gauss", device="cuda",
-                                  reference_on_cuda=True)
-    assert e.spin_indexer.predictor.name == "gauss" and e.options.cuda_graphs is False
-    assert picks and len(tokens[1]) == 10 and len(tokens[2]) == 7
-
-
-def test_reference_on_cuda_is_a_flag_that_runs_eager_steps():
-    with pytest.raises(SpinError, match="reference_on_cuda must be true or false, got 'yes'"):
-        IndexerOptions(predictor="gauss", reference_on_cuda="yes")
-    opts = EngineOptions(predictor="gauss", reference_on_cuda=True)
-    assert opts.eager_only and opts.indexer.reference_on_cuda
-    with pytest.raises(SpinError, match="cuda_graphs needs .* or reference_on_cuda"):
-        replace(opts, cuda_graphs=True).resolve(spin_cfg(), torch.device("cuda"))
+    e, picks, tokens = selections(cfg, init_weights(cfg), "gauss", device="cuda", switch="spin")
+    assert e.spin_indexer.predictor.name == "gauss" and e.options.cuda_graphs
+    assert sum(s.graph for s in e.history) > 0 and len(picks) > 1
+    assert len(tokens[1]) == 10 and len(tokens[2]) == 7

@@ -394,12 +394,9 @@ def test_engine_loop_v4_rows_are_the_topk_of_the_selected_blocks(env, tokens_per
 # (predictor, v4, next_n, tokens_per_block): V4 with 128 has 32-slot pages (two a block),
 # which DeepGEMM's SM90 kernel does not take: CPU only
 PROBE_CASES = [("probe", False, 1, PAGE), ("probe", True, 1, 256), ("probe", False, 3, PAGE),
-               ("hybrid", False, 1, PAGE), ("hybrid", True, 2, 256)] + \
-    ([] if GPU else [("probe", True, 1, 128), ("hybrid", True, 3, 128)])
-# gauss once its kernels are its CUDA path (predictors.CUDA_PREDICTORS: what the YAML accepts)
-if "gauss" in predictors.CUDA_PREDICTORS:
-    PROBE_CASES += [("gauss", False, 1, PAGE), ("gauss", True, 2, 256)] + \
-        ([] if GPU else [("gauss", True, 1, 128)])
+               ("hybrid", False, 1, PAGE), ("hybrid", True, 2, 256),
+               ("gauss", False, 1, PAGE), ("gauss", True, 2, 256)] + \
+    ([] if GPU else [("probe", True, 1, 128), ("hybrid", True, 3, 128), ("gauss", True, 1, 128)])
 
 
 @pytest.mark.parametrize("predictor,v4,next_n,tokens_per_block", PROBE_CASES)

@@ -51,14 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
                           LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, MAX_BLOCK_SIZE, MAX_INDEX_TOPK,
                           MAX_NEXT_N, TRTLLM_ALGORITHM_TOPK)
     from ..options import LOGITS_BACKENDS, SWITCHES
-    from ..predictors import BUDGETS, CUDA_PREDICTORS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
+    from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
     from ._common import (INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
                           _add_device, _add_traces, _int, _Parser, _rule, _Version, or_config,
                           state_defaults)
     from .deploy import cmd_build, cmd_serve
     DEPLOY_PREDICTOR_HELP = ("what ranks the blocks in TensorRT-LLM (spin.predictor): spin (V/D "
-                             "history), probe or hybrid (page summaries scored with the query; "
-                             "FP8 keys)")
+                             "history), probe or hybrid (page summaries scored with the query), "
+                             "gauss (the expected ReLU score under a Gaussian of each page's keys)")
     from .engine import cmd_demo, cmd_trace, cmd_train_tiny, train_tiny_outputs
 
     cmd_replay, cmd_ablate, cmd_compare_predictors, cmd_synth, cmd_info = (
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SPIN engine's block predictor in the quality run: spin (V/D history), "
                         "probe (each block's mean key scored with the current query), hybrid "
                         "(the max of both rank shares) or gauss (the expected ReLU score under "
-                        "each page's per-dimension Gaussian; CPU only)")
+                        "each page's per-dimension Gaussian)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--speed-size", type=int, nargs=2, metavar=("BATCH", "CONTEXT"),
                    help="GPU: the step timing's batch and context tokens (default: the largest "
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                               f"loads (default: found next to an installed tensorrt_llm, else "
                               f"{LLMAPI_MODEL_ENV} must name it where tritonserver runs)"),
           "in", _inputs.CONFIG_MAX_BYTES)
-    p.add_argument("--predictor", choices=CUDA_PREDICTORS, default="spin",
+    p.add_argument("--predictor", choices=ENGINE_PREDICTORS, default="spin",
                    help=DEPLOY_PREDICTOR_HELP)
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty OUTPUT")
     _add_config_flags(p)
@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{or_config(DEFAULT_EXPLORATION, spin_config)}")
     p.add_argument("--seed", type=int,
                    help=f"exploration RNG seed {or_config(DEFAULT_SEED, spin_config)}")
-    p.add_argument("--predictor", choices=CUDA_PREDICTORS,
+    p.add_argument("--predictor", choices=ENGINE_PREDICTORS,
                    help=DEPLOY_PREDICTOR_HELP + " (default: --config's spin block, else spin)")
     p.set_defaults(func=cmd_serve, spec_=p, passthrough=True)
     state_defaults(parser)

@@ -32,10 +32,7 @@ SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
 PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, "
                 "Tensor block_table, int page_slots, Tensor(a!) out) -> ()")
-# gauss: the same arguments over rows of GAUSS_SUMMARY_BYTES (the mean row, then the std row);
-# the reference on every device. The kernels (spin_native.summarize_gauss, spin_native.gauss)
-# become their CUDA paths once test_gpu_native_summarize_gauss_equals_reference and
-# test_gpu_native_gauss_matches_reference have passed on a GPU.
+# gauss: the same arguments over rows of GAUSS_SUMMARY_BYTES (the mean row, then the std row)
 SUMMARIZE_GAUSS_SCHEMA = SUMMARIZE_SCHEMA.replace("summarize(", "summarize_gauss(")
 GAUSS_SCHEMA = PROBE_SCHEMA.replace("probe(", "gauss(")
 
@@ -104,9 +101,9 @@ register(SUMMARIZE_SCHEMA, _validate_summarize, _summarize_with(_mean_rows))
 register(PROBE_SCHEMA, _validate_probe, _probe_reference)
 register(SUMMARIZE_GAUSS_SCHEMA, functools.partial(_validate_summarize, op="summarize_gauss",
                                                    width=GAUSS_SUMMARY_BYTES),
-         _summarize_with(ref.summarize_pages_gauss), native=False)
+         _summarize_with(ref.summarize_pages_gauss))
 register(GAUSS_SCHEMA, functools.partial(_validate_probe, op="gauss", width=GAUSS_SUMMARY_BYTES),
-         _gauss_reference, native=False)
+         _gauss_reference)
 
 
 def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:

@@ -81,8 +81,6 @@ class EngineOptions:
     decode indexers all page by it. 32-slot pages need a logits backend that reads them
     (reference, deepgemm; not the native kernel): on the CPU, where "native" runs the
     reference op anyway, "native" resolves to "reference".
-    reference_on_cuda: a predictor without CUDA kernels (gauss) runs its reference ops on CUDA
-    (IndexerOptions); its steps run eagerly.
     """
 
     max_batch: int = 8
@@ -101,7 +99,6 @@ class EngineOptions:
     overlap_update: bool = True
     overlap_select: bool = False
     page_slots: int = BLOCK_SLOTS
-    reference_on_cuda: bool = False
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -119,8 +116,7 @@ class EngineOptions:
                               predictor=self.predictor, switch=self.switch,
                               overlap_update=self.overlap_update,
                               overlap_select=self.overlap_select,
-                              page_slots=self.page_slots,
-                              reference_on_cuda=self.reference_on_cuda)
+                              page_slots=self.page_slots)
 
     @property
     def trace_requests(self) -> set[int]:
@@ -129,10 +125,8 @@ class EngineOptions:
 
     @property
     def eager_only(self) -> bool:
-        """The shadow indexer (misses, traces), indexer timing and reference ops on CUDA
-        (not made to be captured) need eager steps."""
-        return self.measure_miss or bool(self.trace_requests) or self.time_indexer or \
-            self.reference_on_cuda
+        """The shadow indexer (misses, traces) and indexer timing need eager steps."""
+        return self.measure_miss or bool(self.trace_requests) or self.time_indexer
 
     def resolve(self, spin: Optional[SpinConfig], device: torch.device) -> "EngineOptions":
         """These options with every default that depends on the device filled in (max_requests,
@@ -143,8 +137,8 @@ class EngineOptions:
         cuda_graphs = (device.type == "cuda" and not self.eager_only) \
             if self.cuda_graphs is None else self.cuda_graphs
         if cuda_graphs and (device.type != "cuda" or self.eager_only):
-            raise SpinError("cuda_graphs needs a CUDA device and no miss measuring, tracing, "
-                            "indexer timing or reference_on_cuda")
+            raise SpinError("cuda_graphs needs a CUDA device and no miss measuring, tracing "
+                            "or indexer timing")
         backend = resolve_backend(self.logits_backend, device, self.page_slots)
         return replace(
             self, max_requests=self.max_requests or self.max_batch,

@@ -72,9 +72,9 @@ def spin_settings_of(block: Any) -> Optional[SpinSettings]:
                               f"settings, got {shown(spin)}")
     fields = spin.model_dump(exclude_unset=True) if isinstance(spin, SpinConfig) else dict(spin)
     predictor = fields.pop(PREDICTOR, "spin")
-    if predictor not in predictors.CUDA_PREDICTORS:
+    if predictor not in predictors.ENGINE_PREDICTORS:
         raise SpinConfigError(f"sparse_attention_config.{FIELD}.{PREDICTOR}: must be one of "
-                              f"{', '.join(predictors.CUDA_PREDICTORS)}, got "
+                              f"{', '.join(predictors.ENGINE_PREDICTORS)}, got "
                               f"{shown(predictor, 60)}")
     outer = {"algorithm": get("algorithm"), "spin": fields}
     if get("index_topk") is not None:
