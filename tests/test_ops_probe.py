@@ -403,8 +403,7 @@ def test_gpu_summarize_mxfp4_pages_equals_reference_bytes(page_slots):
 @pytest.mark.parametrize("keys,page_slots", [("fp8", 64), ("fp8", 32), ("mxfp4", 64),
                                              ("mxfp4", 32)])
 def test_gpu_native_summarize_gauss_equals_reference(keys, page_slots):
-    """The gauss summary kernel (spin::summarize_gauss still runs the reference on CUDA until
-    this passes on a GPU) against the reference: the mean row byte for byte, the std row within
+    """The gauss summary kernel (spin::summarize_gauss's CUDA path) against the reference: the mean row byte for byte, the std row within
     one e4m3 step (fp64 sums of squares in another order may round the fp32 std apart); edge
     fills, pages outside the cache skipped."""
     if not ops.NATIVE:
@@ -469,8 +468,8 @@ def test_gpu_probe_of_32_slot_pages_matches_reference(R, page_slots):
 @pytest.mark.usefixtures("require_native")
 @pytest.mark.parametrize("R,page_slots", [(1, 64), (2, 64), (5, 64), (1, 32), (3, 32)])
 def test_gpu_native_gauss_matches_reference(R, page_slots):
-    """The gauss score kernel (spin::gauss still runs the reference on CUDA until this passes on
-    a GPU) against reference.gauss_scores in float64: the same -inf columns (pages outside the
+    """The gauss score kernel (spin::gauss's CUDA path) against reference.gauss_scores in
+    float64: the same -inf columns (pages outside the
     table or the summaries, no visible slot, past the table), the finite scores within the FP8
     tile product's error, and a check that a wrong variance would fail."""
     if not ops.NATIVE:

@@ -75,18 +75,24 @@ def expected_table(kv, tables, lens, gauss=False):
 
 
 def check_table(table, kv, tables, lens):
+    """On CUDA the kernels' std rows may round one e4m3 step from the reference's
+    (test_gpu_native_summarize_gauss_equals_reference): there the table must equal the same op
+    run from scratch, and its mean rows the reference."""
     gauss = table.shape[1] == 2 * SUMMARY_BYTES
-    want = expected_table(kv, tables, lens, gauss)
+    tables = [row.cpu() for row in tables]
+    want = expected_table(kv.cpu(), tables, lens, gauss)
     # the building block agrees with the independent reference (one call over every page)
     scratch = (ops.gauss_summaries_like if gauss else ops.summaries_like)(kv)
     pages = torch.cat([row[:math.ceil(int(n) / 64)] for row, n in zip(tables, lens)])
     fill = torch.cat([(int(n) - 64 * torch.arange(math.ceil(int(n) / 64))).clamp(max=64)
                       for n in lens]).to(torch.int32)
-    (ops.summarize_gauss if gauss else ops.summarize)(kv, pages.contiguous(),
-                                                      fill.contiguous(), scratch)
+    (ops.summarize_gauss if gauss else ops.summarize)(kv, pages.to(kv.device).contiguous(),
+                                                      fill.to(kv.device).contiguous(), scratch)
     used = pages.long()
-    assert torch.equal(scratch[used], want[used])
-    assert torch.equal(table[used], want[used]), "a visible page's summary is stale"
+    scratch, table = scratch.cpu(), table.cpu()
+    exact = slice(None) if kv.device.type == "cpu" else slice(0, SUMMARY_BYTES)
+    assert torch.equal(scratch[used][:, exact], want[used][:, exact])
+    assert torch.equal(table[used], scratch[used]), "a visible page's summary is stale"
 
 
 class Sim:

@@ -172,13 +172,22 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
 // on banks 4 g + t, all different.
 constexpr int kBf16RowWords = kHeadDim / 2 + 4;
 
-// Two e4m3 bytes -> their squares as packed bf16 (the lower dim in the low half). An e4m3 value
-// has 4 significant bits, its square at most 8: exact in bf16, as is the range (448^2, 2^-18).
-__device__ __forceinline__ uint32_t bf16_squares(uint8_t lo, uint8_t hi) {
-  const float a = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&lo));
-  const float b = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&hi));
-  const __nv_bfloat162 v = __floats2bfloat162_rn(__fmul_rn(a, a), __fmul_rn(b, b));
-  return *reinterpret_cast<const uint32_t*>(&v);
+// 16 e4m3 bytes (global, 16-byte aligned) -> their squares as 8 words of packed bf16 at `dst`
+// (shared, 16-byte aligned; the lower dim in each word's low half). An e4m3 value has 4
+// significant bits, its square at most 8: exact in bf16, as is the range (448^2, 2^-18).
+__device__ __forceinline__ void store_bf16_squares(const uint8_t* src, uint32_t* dst) {
+  const uint4 bytes = *reinterpret_cast<const uint4*>(src);
+  const uint32_t in[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(in[i / 2] >> (16 * (i & 1)));
+    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    const __nv_bfloat162 sq = __floats2bfloat162_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y));
+    out[i] = *reinterpret_cast<const uint32_t*>(&sq);
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // d += A (16 x 16, row-major) B (16 x 8, column-major), bf16 in, fp32 accumulate.
@@ -191,12 +200,21 @@ __device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// E[relu(X)] for X ~ N(mu, var): mu Phi(mu / sd) + sd phi(mu / sd), relu(mu) where sd = 0.
+// E[relu(X)] for X ~ N(mu, var): mu Phi(a) + sd phi(a) with a = mu / sd, relu(mu) where var
+// is 0. Phi's tail is erfc's Abramowitz-Stegun 7.1.26 form (|error| < 1e-7), whose exponential
+// is phi's: without branches, 32 of these per thread and row are the kernel's main cost.
 __device__ __forceinline__ float expected_relu(float mu, float var) {
-  const float sd = sqrtf(fmaxf(var, 0.0f));
-  if (!(sd > 0.0f)) return relu(mu);
-  const float a = mu / sd;
-  return mu * normcdff(a) + sd * expf(-0.5f * a * a) * 0.3989422804014327f;
+  const bool spread = var > 0.0f;
+  const float inv_sd = spread ? rsqrtf(var) : 0.0f;
+  const float a = mu * inv_sd, sd = var * inv_sd;
+  const float t = __fdividef(1.0f, fmaf(0.3275911f * 0.70710678f, fabsf(a), 1.0f));
+  const float poly =
+      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                       -0.284496736f), 0.254829592f);
+  const float e = __expf(-0.5f * a * a);
+  const float tail = 0.5f * poly * e;  // Phi(-|a|)
+  const float z = fmaf(mu, a >= 0.0f ? 1.0f - tail : tail, sd * e * 0.3989422804014327f);
+  return spread ? z : relu(mu);
 }
 
 // One CTA per (request, 64 consecutive page columns), a warp 16 columns x 64 heads, one row at a
@@ -235,13 +253,15 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
   cp_async_commit();
   __syncthreads();  // page_s
   uint32_t* const var = reinterpret_cast<uint32_t*>(smem + var_at);
-  for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 2; idx += kThreads) {
-    const int row = idx / (kHeadDim / 2), w = idx % (kHeadDim / 2);
+  for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 16; idx += kThreads) {
+    const int row = idx / (kHeadDim / 16), chunk = idx % (kHeadDim / 16);
+    uint32_t* const dst = var + row * kBf16RowWords + chunk * 8;
     const int page = page_s[row];
-    const uint8_t* std_row = p.summaries + static_cast<int64_t>(page) * p.summary_bytes +
-                             kSummaryBytes;
-    var[row * kBf16RowWords + w] = page >= 0 ? bf16_squares(std_row[2 * w], std_row[2 * w + 1])
-                                             : 0u;
+    if (page >= 0)
+      store_bf16_squares(p.summaries + static_cast<int64_t>(page) * p.summary_bytes +
+                             kSummaryBytes + chunk * 16, dst);
+    else
+      reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<uint4*>(dst)[1] = make_uint4(0, 0, 0, 0);
   }
   tiles_ready();
 
@@ -255,10 +275,9 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
   for (int r = 0; r < p.rows; ++r) {
     __syncthreads();  // every warp has read the previous row's squares
     const uint8_t* q_r = p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes;
-    for (int idx = threadIdx.x; idx < kHeads * kHeadDim / 2; idx += kThreads) {
-      const int h = idx / (kHeadDim / 2), w = idx % (kHeadDim / 2);
-      q2[h * kBf16RowWords + w] = bf16_squares(q_r[h * kHeadDim + 2 * w],
-                                               q_r[h * kHeadDim + 2 * w + 1]);
+    for (int idx = threadIdx.x; idx < kHeads * kHeadDim / 16; idx += kThreads) {
+      const int h = idx / (kHeadDim / 16), chunk = idx % (kHeadDim / 16);
+      store_bf16_squares(q_r + h * kHeadDim + chunk * 16, q2 + h * kBf16RowWords + chunk * 8);
     }
     __syncthreads();
     Acc<1> mu;
