@@ -172,11 +172,10 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(ProbeParams p) {
 // on banks 4 g + t, all different.
 constexpr int kBf16RowWords = kHeadDim / 2 + 4;
 
-// 16 e4m3 bytes (global, 16-byte aligned) -> their squares as 8 words of packed bf16 at `dst`
-// (shared, 16-byte aligned; the lower dim in each word's low half). An e4m3 value has 4
-// significant bits, its square at most 8: exact in bf16, as is the range (448^2, 2^-18).
-__device__ __forceinline__ void store_bf16_squares(const uint8_t* src, uint32_t* dst) {
-  const uint4 bytes = *reinterpret_cast<const uint4*>(src);
+// 16 e4m3 bytes -> their squares as 8 words of packed bf16 at `dst` (shared, 16-byte aligned;
+// the lower dim in each word's low half). An e4m3 value has 4 significant bits, its square at
+// most 8: exact in bf16, as is the range (448^2, 2^-18).
+__device__ __forceinline__ void store_bf16_squares(uint4 bytes, uint32_t* dst) {
   const uint32_t in[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
   uint32_t out[8];
 #pragma unroll
@@ -248,20 +247,35 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
     scales[kBlockSize + threadIdx.x] =
         page >= 0 ? *reinterpret_cast<const float*>(row + kSummaryBytes + kHeadDim) : 0.0f;
   }
-  load_summary_tile(p, page_of, base, smem, mean_tile);  // the mean rows
+  // Thread t: chunk t % 8 of rows t / 8 + 16 u (load_summary_tile's split) of the mean rows
+  // (cp.async), the std rows and row 0's query heads (into registers), every load in flight at
+  // once: the kernel is bound by their latency, not by bytes
+  uint32_t* const var = reinterpret_cast<uint32_t*>(smem + var_at);
+  uint32_t* const q2 = reinterpret_cast<uint32_t*>(smem + q2_at);
+  const uint8_t* const q_b = p.q + static_cast<int64_t>(b) * p.rows * kQBytes;
+  const int chunk = threadIdx.x % 8;
+  uint4 std_bytes[kChunksPerThread], q_bytes[kChunksPerThread];
+#pragma unroll
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int row = threadIdx.x / 8 + 16 * u;
+    const int64_t page = page_of(row);
+    const uint32_t dst = mean_tile + swizzled(row, chunk);
+    if (page >= 0) {
+      const uint8_t* summary = p.summaries + page * p.summary_bytes + chunk * 16;
+      cp_async16(base + dst, summary);
+      std_bytes[u] = *reinterpret_cast<const uint4*>(summary + kSummaryBytes);
+    } else {
+      *reinterpret_cast<uint4*>(smem + dst) = std_bytes[u] = make_uint4(0, 0, 0, 0);
+    }
+    q_bytes[u] = *reinterpret_cast<const uint4*>(q_b + row * kHeadDim + chunk * 16);
+  }
   load_queries(p.q, p.weights, b, p.rows, p.rows, base, smem, weights_at);
   cp_async_commit();
-  __syncthreads();  // page_s
-  uint32_t* const var = reinterpret_cast<uint32_t*>(smem + var_at);
-  for (int idx = threadIdx.x; idx < kBlockSize * kHeadDim / 16; idx += kThreads) {
-    const int row = idx / (kHeadDim / 16), chunk = idx % (kHeadDim / 16);
-    uint32_t* const dst = var + row * kBf16RowWords + chunk * 8;
-    const int page = page_s[row];
-    if (page >= 0)
-      store_bf16_squares(p.summaries + static_cast<int64_t>(page) * p.summary_bytes +
-                             kSummaryBytes + chunk * 16, dst);
-    else
-      reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<uint4*>(dst)[1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int row = threadIdx.x / 8 + 16 * u;
+    store_bf16_squares(std_bytes[u], var + row * kBf16RowWords + chunk * 8);
+    store_bf16_squares(q_bytes[u], q2 + row * kBf16RowWords + chunk * 8);
   }
   tiles_ready();
 
@@ -271,15 +285,19 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
   const float var_lo = scales[kBlockSize + s_lo] * scales[kBlockSize + s_lo];
   const float var_hi = scales[kBlockSize + s_hi] * scales[kBlockSize + s_hi];
   const int j = j0 + s_mine;
-  uint32_t* const q2 = reinterpret_cast<uint32_t*>(smem + q2_at);
   for (int r = 0; r < p.rows; ++r) {
-    __syncthreads();  // every warp has read the previous row's squares
-    const uint8_t* q_r = p.q + (static_cast<int64_t>(b) * p.rows + r) * kQBytes;
-    for (int idx = threadIdx.x; idx < kHeads * kHeadDim / 16; idx += kThreads) {
-      const int h = idx / (kHeadDim / 16), chunk = idx % (kHeadDim / 16);
-      store_bf16_squares(q_r + h * kHeadDim + chunk * 16, q2 + h * kBf16RowWords + chunk * 8);
+    if (r > 0) {  // row r's query squares (row 0's came with the tiles)
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u)
+        q_bytes[u] = *reinterpret_cast<const uint4*>(q_b + r * kQBytes +
+                                                     (threadIdx.x / 8 + 16 * u) * kHeadDim +
+                                                     chunk * 16);
+      __syncthreads();  // every warp has read row r - 1's
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u)
+        store_bf16_squares(q_bytes[u], q2 + (threadIdx.x / 8 + 16 * u) * kBf16RowWords + chunk * 8);
+      __syncthreads();
     }
-    __syncthreads();
     Acc<1> mu;
     page_scores<1>(mu, base + mean_tile, base + r * kQBytes, [] {});
     float sq[32];
