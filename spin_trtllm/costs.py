@@ -19,6 +19,7 @@ benchmarks/RESULTS.md):
   probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select: 10 us + 0.14 ns per slot of the longest request per row
   hybrid   the probe's, plus 0.6 ns per slot of the longest request per row (the merge)
+  gauss    the probe's with 4.0 ps per visible slot (x 1 + 0.7 (next_n - 1)) for its scores
 State bytes s scale select's term by s / 2 and the update's by (4 + 4 s) / 12 (its fp32 logit,
 V and D read and written). In an engine's captured step SPIN pays engine_overhead_us per layer
 beyond its kernels (extra launches and their gaps, its state's traffic), fitted to dsa-lite
@@ -59,6 +60,7 @@ class CostModel:
     update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
     probe_fixed_us: float = 7.5
     probe_us_per_slot: float = 1.0e-6
+    gauss_us_per_slot: float = 4.0e-6
     probe_select_fixed_us: float = 10.0
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3
@@ -108,7 +110,8 @@ class CostModel:
     def _choose(self, visible_slots: Sequence[int], slots: float, next_n: int, state: float,
                 predictor: str) -> float:
         """Choosing the blocks, one layer: select's share of the all-layer launch (spin), or
-        summarize + probe + a one-layer select (probe; hybrid adds the merge)."""
+        summarize + probe + a one-layer select (probe; hybrid adds the merge; gauss scores at
+        its own rate)."""
         if predictor not in ENGINE_PREDICTORS:
             raise ValueError(f"CostModel: unknown predictor {predictor!r} (one of "
                              f"{', '.join(ENGINE_PREDICTORS)})")
@@ -116,8 +119,10 @@ class CostModel:
         if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
         longest = max(_block_slots([s]) for s in visible_slots)
+        per_slot, per_row = (self.gauss_us_per_slot, 0.7) if predictor == "gauss" else \
+            (self.probe_us_per_slot, 0.5)
         cost = (self.probe_fixed_us
-                + self.probe_us_per_slot * slots * (1.0 + 0.5 * (next_n - 1))
+                + per_slot * slots * (1.0 + per_row * (next_n - 1))
                 + self.probe_select_fixed_us
                 + self.probe_select_us_per_request_slot * longest * next_n)
         if chosen.merges:
@@ -127,7 +132,7 @@ class CostModel:
     def spin_us(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
                 state_bytes: int = 2, predictor: str = "spin",
                 update_beside: bool = False, index_topk: int = 0) -> float:
-        """SPIN, one layer: choosing the blocks (`predictor`: spin, probe or hybrid) + masked
+        """SPIN, one layer: choosing the blocks (`predictor`: spin, probe, hybrid or gauss) + masked
         logits + top-K + update, with a target_sparsity share of the blocks skipped, but never
         fewer than the budget floor that holds index_topk visible slots (0: no floor).
         update_beside: the update is launched beside the top-K (next_n 1 only); it overlaps

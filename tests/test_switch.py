@@ -152,18 +152,32 @@ def test_cost_model_tracks_the_measured_probe_and_hybrid(batch, slots, probe_ext
     assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.25)
 
 
+# Per layer on an H200, same run (benchmarks/results/probe/gauss_and_probe_2026-12-04.json,
+# next_n 1 and 2): (batch, slots, next_n, gauss path - probe path us).
+MEASURED_GAUSS = [(96, 131072, 1, 89.1 - 44.5), (96, 524288, 1, 272.2 - 120.5),
+                  (96, 131072, 2, 143.0 - 68.6), (96, 524288, 2, 463.9 - 190.6)]
+
+
+@pytest.mark.parametrize("batch,slots,next_n,gauss_extra", MEASURED_GAUSS)
+def test_cost_model_tracks_the_measured_gauss(batch, slots, next_n, gauss_extra):
+    ctx = [slots] * batch
+    probe = H200.spin_us(ctx, 0.5, next_n=next_n, predictor="probe")
+    gauss = H200.spin_us(ctx, 0.5, next_n=next_n, predictor="gauss")
+    assert gauss - probe == pytest.approx(gauss_extra, rel=0.25)
+
+
 def test_query_aware_predictors_need_more_to_pay():
     with pytest.raises(ValueError, match="unknown predictor"):
         H200.spin_us([4096], 0.5, predictor="quest")
-    paid = {p: 0 for p in ("spin", "probe", "hybrid")}
+    paid = {p: 0 for p in ("spin", "probe", "gauss", "hybrid")}
     for batch in (4, 16, 32, 96):
         for slots in (8192, 32768, 131072, 524288):
             ctx = [slots] * batch
             use = {p: H200.prefer_spin(ctx, 0.5, predictor=p) for p in paid}
-            assert use["spin"] >= use["probe"] >= use["hybrid"]
+            assert use["spin"] >= use["probe"] >= use["gauss"] and use["probe"] >= use["hybrid"]
             for p in paid:
                 paid[p] += use[p]
-    assert paid["spin"] > paid["probe"] > paid["hybrid"] > 0
+    assert paid["spin"] > paid["probe"] > paid["hybrid"] > 0 and paid["probe"] >= paid["gauss"] > 0
     # the longest request sets the one-layer select's time, not the batch's total
     assert H200.spin_us([131072] + [1024] * 7, 0.5, predictor="hybrid") > \
         H200.spin_us([16384] * 8, 0.5, predictor="hybrid")
