@@ -12,6 +12,7 @@ from spin_trtllm import SpinConfig
 from spin_trtllm.cli import main
 from spin_trtllm.integrations.trtllm.config_ext import spin_config_of, spin_settings_of
 from spin_trtllm.integrations.trtllm.serve import serve_options
+from spin_trtllm.predictors import TRTLLM_DEFAULT_PREDICTOR
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 text_format = pytest.importorskip("google.protobuf.text_format")
@@ -150,7 +151,8 @@ def test_the_memory_line_counts_each_predictors_summary_rows(tmp_path, predictor
     assert f"predictor {predictor}: summary tables of {row} B per indexer K-cache page" in line
     for slots in (64, 32):
         assert f"{row / (slots * 132):.1%} of the indexer K cache with {slots}-slot pages" in line
-    assert "summary tables" not in memory_report(SpinConfig(), BundleOptions(model=str(model)))
+    assert "summary tables" not in memory_report(SpinConfig(), BundleOptions(model=str(model),
+                                                                           predictor="spin"))
 
 
 def test_build_and_serve_write_the_predictor(tmp_path, capsys):
@@ -165,12 +167,19 @@ def test_build_and_serve_write_the_predictor(tmp_path, capsys):
     block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
     assert block["spin"]["predictor"] == "probe"
     assert spin_settings_of(block).predictor == "probe"
-    (tmp_path / "plain").mkdir()
-    rc, out, _ = build(tmp_path / "plain")
+    (tmp_path / "history").mkdir()
+    rc, out, _ = build(tmp_path / "history", "--predictor", "spin")
     printed = capsys.readouterr().out
     assert rc == 0 and "summary tables" not in printed
     block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
-    assert "predictor" not in block["spin"]          # spin, the default, is not written
+    assert block["spin"]["predictor"] == "spin"
+    # no --predictor: the default, written out, so the bundle keeps it if the default changes
+    (tmp_path / "plain").mkdir()
+    rc, out, _ = build(tmp_path / "plain")
+    assert rc == 0 and f"predictor {TRTLLM_DEFAULT_PREDICTOR}: summary tables" in \
+        capsys.readouterr().out
+    block = yaml.safe_load((out / "llm_api_options.yaml").read_text())["sparse_attention_config"]
+    assert block["spin"]["predictor"] == TRTLLM_DEFAULT_PREDICTOR
 
     opts = serve_options(None, SpinConfig(), "dsa", "hybrid")
     assert spin_settings_of(opts["sparse_attention_config"]).predictor == "hybrid"
@@ -182,8 +191,13 @@ def test_build_and_serve_write_the_predictor(tmp_path, capsys):
                                         "sparse_attention_config.spin.predictor 'probe'"):
         serve_options(str(cfg), SpinConfig(), None, "hybrid")
     cfg.write_text("sparse_attention_config:\n  algorithm: dsa\n")
-    assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None, "probe")[
-        "sparse_attention_config"]).predictor == "probe"
+    assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None, "hybrid")[
+        "sparse_attention_config"]).predictor == "hybrid"
+    assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None)[
+        "sparse_attention_config"]).predictor == TRTLLM_DEFAULT_PREDICTOR
+    # a spin: block that names no predictor runs the default
+    assert spin_settings_of({"algorithm": "deepseek_v4", "spin": {}}).predictor == \
+        TRTLLM_DEFAULT_PREDICTOR
 
 
 def test_the_example_bundle_is_what_build_writes(tmp_path):

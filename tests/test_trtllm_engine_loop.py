@@ -122,9 +122,8 @@ class Loop:
         self.device = torch.device(os.environ.get("TRTLLM_STANDIN_DEVICE", "cpu"))
         self.predictor = predictor
         # the probe's ranking is checked without exploration's random blocks
-        spin = {"target_sparsity": 0.5, "exploration": 0.0 if predictor == "probe" else 0.1}
-        if predictor != "spin":
-            spin["predictor"] = predictor
+        spin = {"target_sparsity": 0.5, "exploration": 0.0 if predictor == "probe" else 0.1,
+                "predictor": predictor}
         cfg = sparse_config(v4, spin=spin)
         self.batch, self.ratio = 4, 4 if v4 else 1
         ckpt = V4_CKPT if v4 else CKPT

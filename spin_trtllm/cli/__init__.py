@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                           LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, MAX_BLOCK_SIZE, MAX_INDEX_TOPK,
                           MAX_NEXT_N, TRTLLM_ALGORITHM_TOPK)
     from ..options import LOGITS_BACKENDS, SWITCHES
-    from ..predictors import BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS
+    from ..predictors import (BUDGETS, ENGINE_PREDICTORS, REPLAY_PREDICTORS,
+                              TRTLLM_DEFAULT_PREDICTOR)
     from ._common import (INT32_MAX, _add_checkpoint, _add_common, _add_config_flags,
                           _add_device, _add_traces, _int, _Parser, _rule, _Version, or_config,
                           state_defaults)
@@ -282,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                               f"loads (default: found next to an installed tensorrt_llm, else "
                               f"{LLMAPI_MODEL_ENV} must name it where tritonserver runs)"),
           "in", _inputs.CONFIG_MAX_BYTES)
-    p.add_argument("--predictor", choices=ENGINE_PREDICTORS, default="spin",
-                   help=DEPLOY_PREDICTOR_HELP)
+    p.add_argument("--predictor", choices=ENGINE_PREDICTORS, default=TRTLLM_DEFAULT_PREDICTOR,
+                   help=DEPLOY_PREDICTOR_HELP + f" (default {TRTLLM_DEFAULT_PREDICTOR})")
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty OUTPUT")
     _add_config_flags(p)
     p.set_defaults(func=cmd_build, spec_=p)
@@ -311,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int,
                    help=f"exploration RNG seed {or_config(DEFAULT_SEED, spin_config)}")
     p.add_argument("--predictor", choices=ENGINE_PREDICTORS,
-                   help=DEPLOY_PREDICTOR_HELP + " (default: --config's spin block, else spin)")
+                   help=DEPLOY_PREDICTOR_HELP + f" (default: --config's spin block, else "
+                                               f"{TRTLLM_DEFAULT_PREDICTOR})")
     p.set_defaults(func=cmd_serve, spec_=p, passthrough=True)
     state_defaults(parser)
     return parser

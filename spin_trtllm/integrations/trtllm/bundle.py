@@ -24,6 +24,7 @@ from ...config import TRTLLM_ALGORITHM_TOPK, SpinConfig
 from ..._inputs import one_line
 from ..._outputs import check_plan, write_output
 from ...errors import SpinError
+from ...predictors import TRTLLM_DEFAULT_PREDICTOR
 from ...limits import (LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, PAGE_SIZES, SLOT_BYTES,
                        SUMMARY_BYTES)
 from .config_ext import PREDICTOR, spin_settings_of
@@ -40,14 +41,15 @@ class BundleOptions:
     mtp_depth: int = 0
     name: str = "spin_llm"
     llmapi_model: Optional[str] = None
-    predictor: str = "spin"
+    predictor: str = TRTLLM_DEFAULT_PREDICTOR
 
 
 def sparse_attention_block(spin: SpinConfig, algorithm: str,
                            index_topk: Optional[int] = None,
-                           predictor: str = "spin") -> dict[str, Any]:
+                           predictor: str = TRTLLM_DEFAULT_PREDICTOR) -> dict[str, Any]:
     """sparse_attention_config with a `spin:` sub-block: only the SPIN fields set explicitly
-    (so TensorRT-LLM's YAML stays short) and the predictor unless it is spin, and K at the
+    (so TensorRT-LLM's YAML stays short) and the predictor (always: a bundle keeps what it
+    was built with when the default changes), and K at the
     outer level only when the user asked for one: TensorRT-LLM keeps an explicitly set
     index_topk over the checkpoint's (V4-Flash 512, V4-Pro 1024, V3.2 2048), so writing a
     default would change the model."""
@@ -60,8 +62,7 @@ def sparse_attention_block(spin: SpinConfig, algorithm: str,
     block: dict[str, Any] = {"algorithm": algorithm}
     if k is not None:
         block["index_topk"] = k
-    if predictor != "spin":
-        fields[PREDICTOR] = predictor
+    fields[PREDICTOR] = predictor
     block["spin"] = fields
     spin_settings_of(block)                  # the runtime will accept what we write
     return block

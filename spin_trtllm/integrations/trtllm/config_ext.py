@@ -26,10 +26,10 @@ PREDICTOR = "predictor"
 @dataclass(frozen=True)
 class SpinSettings:
     """What a `spin:` block sets: the SpinConfig and the block predictor (spin_trtllm.predictors:
-    spin, probe or hybrid)."""
+    spin, probe, hybrid or gauss)."""
 
     config: SpinConfig
-    predictor: str = "spin"
+    predictor: str = predictors.TRTLLM_DEFAULT_PREDICTOR
 
 
 def add_spin_field(config_classes: Sequence[type], parent_classes: Sequence[type],
@@ -71,7 +71,7 @@ def spin_settings_of(block: Any) -> Optional[SpinSettings]:
         raise SpinConfigError(f"sparse_attention_config.{FIELD} must be a mapping of SPIN "
                               f"settings, got {shown(spin)}")
     fields = spin.model_dump(exclude_unset=True) if isinstance(spin, SpinConfig) else dict(spin)
-    predictor = fields.pop(PREDICTOR, "spin")
+    predictor = fields.pop(PREDICTOR, predictors.TRTLLM_DEFAULT_PREDICTOR)
     if predictor not in predictors.ENGINE_PREDICTORS:
         raise SpinConfigError(f"sparse_attention_config.{FIELD}.{PREDICTOR}: must be one of "
                               f"{', '.join(predictors.ENGINE_PREDICTORS)}, got "

@@ -53,7 +53,7 @@ except ImportError as err:  # one clear error instead of an AttributeError later
 from ...config import SpinConfig
 from ...errors import SpinError
 from ...logits.deepgemm import SCHEDULE_FN, compact_paged_logits
-from ...predictors import ENGINE_PREDICTORS
+from ...predictors import ENGINE_PREDICTORS, TRTLLM_DEFAULT_PREDICTOR
 from .runtime import (_BASE_LAYERS, _LAYERS, _RUNTIME_ATTR, _SPEC_WORKERS, SPEC_MODULES,  # noqa: F401
                       _Runtime, _runtime, _warn_once)
 from .config_ext import FIELD, SpinSettings, add_spin_field, spin_settings_of
@@ -67,11 +67,11 @@ V41_MODULE = "tensorrt_llm._torch.models.modeling_deepseekv41"
 
 
 class SpinBlock(SpinConfig):
-    """The `spin:` field type: SpinConfig's fields and the block predictor (spin, probe or
-    hybrid; spin_settings_of splits them). Unpickling it (e.g. in TensorRT-LLM's worker
+    """The `spin:` field type: SpinConfig's fields and the block predictor (spin, probe, hybrid
+    or gauss; spin_settings_of splits them). Unpickling it (e.g. in TensorRT-LLM's worker
     processes) imports this module, which activates SPIN there too."""
 
-    predictor: Literal[ENGINE_PREDICTORS] = "spin"
+    predictor: Literal[ENGINE_PREDICTORS] = TRTLLM_DEFAULT_PREDICTOR
 
 
 def _version() -> tuple[int, ...]:

@@ -11,6 +11,7 @@ import yaml
 from ..._inputs import load_yaml_file, one_line, shown
 from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
+from ...predictors import TRTLLM_DEFAULT_PREDICTOR
 from .bundle import sparse_attention_block
 from .config_ext import spin_settings_of
 
@@ -31,7 +32,8 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
         if algorithm is None:
             raise SpinConfigError("no sparse_attention_config in --config: pass --algorithm "
                                   "dsa|deepseek_v4 or add the block")
-        block = sparse_attention_block(spin, algorithm, predictor=predictor or "spin")
+        block = sparse_attention_block(spin, algorithm,
+                                       predictor=predictor or TRTLLM_DEFAULT_PREDICTOR)
     elif not isinstance(block, dict):
         raise SpinConfigError("sparse_attention_config must be a mapping")
     else:
@@ -45,7 +47,7 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
         if "spin" not in block:
             block["spin"] = sparse_attention_block(spin, block.get("algorithm", "dsa"),
                                                    block.get("index_topk"),
-                                                   predictor or "spin")["spin"]
+                                                   predictor or TRTLLM_DEFAULT_PREDICTOR)["spin"]
     settings = spin_settings_of(block)       # validate now, not inside a worker process
     if predictor is not None and settings.predictor != predictor:
         raise SpinConfigError(f"--predictor {predictor} conflicts with the --config's "
