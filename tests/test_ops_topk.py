@@ -58,9 +58,15 @@ def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.
     return z
 
 
+# 1100 blocks under a sanitizer take about 250 s a kind: the rows read from global memory keep
+# ties at K (zeros) and non-finite entries (wide) there; 700 blocks keep every kind
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
-@pytest.mark.parametrize("blocks,k", [(1, 512), (40, 512), (40, 2048), (700, 512), (1100, 2048)])
+@pytest.mark.parametrize("blocks,k,kind", [
+    pytest.param(blocks, k, kind, id=f"{blocks}-{k}-{kind}",
+                 marks=[pytest.mark.large] if blocks == 1100 and kind not in ("zeros", "wide")
+                 else [])
+    for blocks, k in [(1, 512), (40, 512), (40, 2048), (700, 512), (1100, 2048)]
+    for kind in ["randn", "zeros", "narrow", "few_ties", "wide"]])
 def test_gpu_topk_matches_reference_on_ties_and_long_rows(kind, blocks, k):
     # 700 / 1100 blocks (44.8K / 70.4K slots): rows cached in shared memory and read from global
     gen = torch.Generator().manual_seed(blocks * 7 + k)

@@ -53,11 +53,14 @@ def schedule_run(engine, arrivals):
     return outs
 
 
-def arrivals():
-    """Four requests arriving at steps 0, 0, 3 (with a second turn) and 6, greedy and sampled."""
-    return {0: [Request(ARRIVAL_TEXT[:1500], max_new_tokens=24, request_id=0),
-                Request(ARRIVAL_TEXT[7:900], max_new_tokens=10, temperature=0.8, seed=2,
+def arrivals(decode_share: float = 1.0):
+    """Four requests arriving at steps 0, 0, 3 (with a second turn) and 6, greedy and sampled.
+    decode_share scales their new tokens (at least 3 each): the same schedule with fewer decode
+    steps, for runs under a sanitizer."""
+    new = lambda n: max(3, round(n * decode_share))     # noqa: E731
+    return {0: [Request(ARRIVAL_TEXT[:1500], max_new_tokens=new(24), request_id=0),
+                Request(ARRIVAL_TEXT[7:900], max_new_tokens=new(10), temperature=0.8, seed=2,
                         request_id=1)],
-            3: [Request(ARRIVAL_TEXT[3:1200], max_new_tokens=16, request_id=2,
+            3: [Request(ARRIVAL_TEXT[3:1200], max_new_tokens=new(16), request_id=2,
                         turns=[ARRIVAL_TEXT[50:150]])],
-            6: [Request(ARRIVAL_TEXT[9:400], max_new_tokens=12, request_id=3)]}
+            6: [Request(ARRIVAL_TEXT[9:400], max_new_tokens=new(12), request_id=3)]}
