@@ -338,3 +338,24 @@ def test_state_grows_with_context_without_changing_results():
     big = Engine(cfg, spin_cfg(), weights=w, max_batch=2, state_initial_capacity=10 ** 6)
     assert big.pool.capacity >= cfg.index_slots
     assert [o.tokens for o in a] == [o.tokens for o in big.run(reqs())]
+
+
+@pytest.mark.parametrize("mtp", [0, 2])
+def test_the_short_arrival_schedule_keeps_what_the_graph_tests_check(mtp):
+    """arrivals(0.5), the GPU graph tests' schedule under sanitizers: the same requests, fewer
+    new tokens each (at least 3), and still the second turn, the pool's growth from a small
+    capacity and steps with more than one request (what the graph tests compare and count)."""
+    from spin_trtllm.testing.harness import arrivals, schedule_run
+    full, short = arrivals(), arrivals(0.5)
+    assert sorted(full) == sorted(short) == [0, 3, 6]
+    pairs = [(f, s) for t in full for f, s in zip(full[t], short[t])]
+    assert [f.request_id for f, _ in pairs] == [s.request_id for _, s in pairs]
+    assert all(3 <= s.max_new_tokens < f.max_new_tokens for f, s in pairs)
+    cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
+    sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1)
+    e = Engine(cfg, sc, weights=init_weights(cfg), max_batch=3, state_initial_capacity=64,
+               switch="spin")
+    outs = schedule_run(e, short)
+    assert sorted(outs) == [0, 1, 2, 3] and len(outs[2].turns) == 2 and outs[2].turns[1]
+    assert e.pool.generation >= 1
+    assert sum(s.batch > 1 for s in e.history if s.spin) >= 3
