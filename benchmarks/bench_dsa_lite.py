@@ -185,8 +185,7 @@ def main(argv=None) -> int:
                     help="SPIN selects each layer beside the previous layer's top-K, not every "
                          "layer in one launch at the step's start")
     ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
-                    help="block predictors of the SPIN/auto rows (default: spin; those with "
-                         "CUDA kernels)")
+                    help="block predictors of the SPIN/auto rows (default: spin)")
     ap.add_argument("--peak-tbs", type=float, default=PEAK_TBS,
                     help="the GPU's peak memory bandwidth in TB/s for the HBM ceiling "
                          f"(default {PEAK_TBS}: H200's HBM3e)")

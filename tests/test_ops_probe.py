@@ -403,9 +403,9 @@ def test_gpu_summarize_mxfp4_pages_equals_reference_bytes(page_slots):
 @pytest.mark.parametrize("keys,page_slots", [("fp8", 64), ("fp8", 32), ("mxfp4", 64),
                                              ("mxfp4", 32)])
 def test_gpu_native_summarize_gauss_equals_reference(keys, page_slots):
-    """The gauss summary kernel (spin::summarize_gauss's CUDA path) against the reference: the mean row byte for byte, the std row within
-    one e4m3 step (fp64 sums of squares in another order may round the fp32 std apart); edge
-    fills, pages outside the cache skipped."""
+    """The gauss summary kernel (spin::summarize_gauss's CUDA path) against the reference: the
+    mean row byte for byte, the std row within one e4m3 step (fp64 sums of squares in another
+    order may round the fp32 std apart); edge fills, pages outside the cache skipped."""
     if not ops.NATIVE:
         pytest.skip("needs the native library")
     gen = torch.Generator().manual_seed(70 + page_slots + len(keys))

@@ -195,6 +195,11 @@ def test_build_and_serve_write_the_predictor(tmp_path, capsys):
         "sparse_attention_config"]).predictor == "hybrid"
     assert spin_settings_of(serve_options(str(cfg), SpinConfig(), None)[
         "sparse_attention_config"]).predictor == TRTLLM_DEFAULT_PREDICTOR
+    # --predictor fills in a spin: block that names none (and conflicts only with one it names)
+    cfg.write_text("sparse_attention_config:\n  algorithm: dsa\n  spin: {target_sparsity: 0.4}\n")
+    block = serve_options(str(cfg), SpinConfig(), None, "spin")["sparse_attention_config"]
+    assert spin_settings_of(block).predictor == "spin"
+    assert spin_settings_of(block).config.target_sparsity == 0.4
     # a spin: block that names no predictor runs the default
     assert spin_settings_of({"algorithm": "deepseek_v4", "spin": {}}).predictor == \
         TRTLLM_DEFAULT_PREDICTOR

@@ -13,6 +13,7 @@ with real CUDA graphs and DeepGEMM, and graph replays must equal eager steps bit
 """
 import contextlib
 import importlib
+import logging
 import os
 import random
 
@@ -399,12 +400,13 @@ PROBE_CASES = [("probe", False, 1, PAGE), ("probe", True, 1, 256), ("probe", Fal
 
 
 @pytest.mark.parametrize("predictor,v4,next_n,tokens_per_block", PROBE_CASES)
-def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_block):
+def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_block, caplog):
     """spin.predictor probe / hybrid / gauss in the YAML: every decode row is the top-K of exactly
     the blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
     here from the page bytes, so the prompt pages were summarized before the first decode
     step and every newer page since."""
     trt, patch = env
+    caplog.set_level(logging.INFO, logger="spin_trtllm")
     loop = run_loop(trt, patch, next_n, graphs=True, overlap=next_n > 1, v4=v4,
                     tokens_per_block=tokens_per_block, predictor=predictor)
     adapter = loop.manager._spin_trtllm_runtime.adapter
@@ -413,6 +415,7 @@ def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_blo
     assert loop.tables_at_warmup == list(range(len(loop.layers)))
     tables = sum(t.nbytes for t in adapter.indexer.summaries.values())
     row = 144 * predictors.REGISTRY[predictor].summary_rows_per_block   # gauss: mean and std
+    assert f"of {predictor} summary tables ({row} B per indexer page per layer)" in caplog.text
     assert tables == len(loop.layers) * loop.manager.get_indexer_k_cache_buffers(
         loop.layers[0].layer_idx).shape[0] * row and adapter.nbytes() > tables
     assert loop.checked >= 60 * next_n and loop.pruned > 0

@@ -180,7 +180,7 @@ __device__ __forceinline__ void store_bf16_squares(uint4 bytes, uint32_t* dst) {
   uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(in[i / 2] >> (16 * (i & 1)));
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(in[i / 2] >> (16 * (i & 1)));
     const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
     const __nv_bfloat162 sq = __floats2bfloat162_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y));
     out[i] = *reinterpret_cast<const uint32_t*>(&sq);
@@ -254,6 +254,7 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
   uint32_t* const q2 = reinterpret_cast<uint32_t*>(smem + q2_at);
   const uint8_t* const q_b = p.q + static_cast<int64_t>(b) * p.rows * kQBytes;
   const int chunk = threadIdx.x % 8;
+  static_assert(kHeads == kBlockSize, "the query heads share the page rows' load split");
   uint4 std_bytes[kChunksPerThread], q_bytes[kChunksPerThread];
 #pragma unroll
   for (int u = 0; u < kChunksPerThread; ++u) {

@@ -1,6 +1,6 @@
 """SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap,
 summarize, probe, summarize_gauss, gauss}, one module per op with its schema, checks, reference
-and wrapper (REFERENCE_ONLY: the ops that have no kernel yet, or need none).
+and wrapper (REFERENCE_ONLY: the ops that need no kernel).
 
 Every op validates its arguments in Python (shapes, dtypes, devices, contiguity, config ranges:
 clear errors before any launch), then runs the native kernels of cpp/ (libspin_native, built by

@@ -66,8 +66,8 @@ class DecodeBatch:
                   which grow by accepted + 1 from one step to the next
     prefill_ids   requests (re)starting their context in this step (context phase: a new
                   request, a new turn, a resume after preemption): their state starts over
-    kv_caches     each SPIN layer's indexer K cache, in SPIN's layer order (predictor probe or
-                  hybrid: the pages written since a request's last step, its prompt's at its
+    kv_caches     each SPIN layer's indexer K cache, in SPIN's layer order (predictor probe,
+                  hybrid or gauss: the pages written since a request's last step, its prompt's at its
                   first, are summarized from them before the step)
     """
 
@@ -94,7 +94,7 @@ class SpinDecodeAdapter:
         sized for max_next_n (the largest draft length + 1; default next_n), made up front so
         a new draft length mid-serving allocates no large buffer. page_slots: slots per
         K-cache page. predictor: what ranks the blocks (spin_trtllm.predictors: spin, probe,
-        hybrid); probe and hybrid summarize pages from DecodeBatch.kv_caches.
+        hybrid, gauss); the query-aware ones summarize pages from DecodeBatch.kv_caches.
 
         A request keeps its state while it sits out steps (pipeline micro-batches, partial
         scheduling); it starts over when it (re)starts its context (prefill_ids), when its
@@ -173,7 +173,8 @@ class SpinDecodeAdapter:
 
     @property
     def query_aware(self) -> bool:
-        """The predictor scores block summaries (probe, hybrid): DecodeBatch.kv_caches needed."""
+        """The predictor scores block summaries (probe, hybrid, gauss): DecodeBatch.kv_caches
+        needed."""
         return self.options.block_predictor.query
 
     @property

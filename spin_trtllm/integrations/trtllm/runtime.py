@@ -88,8 +88,10 @@ class _Runtime:
         self.caches = caches = self._caches(md)
         if caches is not None:      # made now, before any CUDA-graph capture of the probe
             made = self.adapter.make_summaries(caches)
-            log.info("spin_trtllm: %.1f MB of probe summary tables (%d B per indexer page per "
-                     "layer)", made / 2**20, SUMMARY_BYTES)
+            chosen = self.adapter.indexer.predictor
+            log.info("spin_trtllm: %.1f MB of %s summary tables (%d B per indexer page per "
+                     "layer)", made / 2**20, chosen.name,
+                     SUMMARY_BYTES * chosen.summary_rows_per_block)
 
     def _settle_previous(self) -> None:
         """Did the last step's MTP updates run inside its forward? (Then the host must not

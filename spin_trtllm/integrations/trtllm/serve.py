@@ -13,6 +13,7 @@ from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from ...predictors import TRTLLM_DEFAULT_PREDICTOR
 from .bundle import sparse_attention_block
+from .config_ext import PREDICTOR
 from .config_ext import spin_settings_of
 
 
@@ -48,6 +49,9 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
             block["spin"] = sparse_attention_block(spin, block.get("algorithm", "dsa"),
                                                    block.get("index_topk"),
                                                    predictor or TRTLLM_DEFAULT_PREDICTOR)["spin"]
+        elif predictor is not None and isinstance(block["spin"], dict) and \
+                PREDICTOR not in block["spin"]:
+            block["spin"] = {**block["spin"], PREDICTOR: predictor}   # the block names none
     settings = spin_settings_of(block)       # validate now, not inside a worker process
     if predictor is not None and settings.predictor != predictor:
         raise SpinConfigError(f"--predictor {predictor} conflicts with the --config's "
