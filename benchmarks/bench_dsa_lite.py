@@ -106,12 +106,17 @@ def wall_against_gpu(r: dict, best: dict) -> dict:
     each round over the same round's all-keep, its range, and whether the forward (GPU)
     speedup lies inside it: if not, the host work around the step moves wall time by more than
     the runs' own spread."""
-    rounds = list(zip(best.get("step_ms_runs", []), r.get("step_ms_runs", [])))
+    rounds = list(zip(best["step_ms_runs"], r["step_ms_runs"]))
     if len(rounds) < 2:
         return {}
     speedups = [dense / spin for dense, spin in rounds]
     return {"step_speedup_range": [min(speedups), max(speedups)],
             "wall_agrees_with_gpu": min(speedups) <= r["forward_speedup"] <= max(speedups)}
+
+
+def speedup_range(r: dict) -> str:
+    low, high = r["step_speedup_range"]
+    return f"{low:.3f}-{high:.3f}"
 
 
 def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], context: int,
@@ -142,7 +147,7 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], cont
           f"  x{r.get('step_speedup', 1):.3f}" + (
               f"  ceilings x{r['ceiling_kept']:.3f} kept x{r['ceiling_hbm']:.3f} HBM"
               if "ceiling_hbm" in r else "") + (
-              f"  wall x{r['step_speedup_range'][0]:.3f}-{r['step_speedup_range'][1]:.3f} "
+              f"  wall x{speedup_range(r)} "
               f"{'holds' if r['wall_agrees_with_gpu'] else 'misses'} GPU "
               f"x{r['forward_speedup']:.3f}" if "step_speedup_range" in r else "")
           + f"  [{seconds:.0f} s]", flush=True)
@@ -291,7 +296,7 @@ def markdown(rows: list[dict], args) -> str:
                    f"{r.get('forward_speedup', 1):.3f} | " + (
                        f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
                        if "ceiling_hbm" in r else "") + " | " + (
-                       f"{r['step_speedup_range'][0]:.3f}-{r['step_speedup_range'][1]:.3f} "
+                       f"{speedup_range(r)} "
                        f"({'yes' if r['wall_agrees_with_gpu'] else 'no'})"
                        if "step_speedup_range" in r else "") + " |\n")
     return "".join(out)

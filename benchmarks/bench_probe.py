@@ -26,6 +26,7 @@ import torch
 from spin_trtllm import ops
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import write_output
+from spin_trtllm.limits import GAUSS_SUMMARY_BYTES, SUMMARY_BYTES
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import (PAGE_BYTES, cannot_run, make_inputs, spin_case,  # noqa: E402
@@ -78,8 +79,8 @@ def run_case(inputs, n, batch, slots, next_n, rho, layers, iters):
             "spin_select_per_layer_us": us * t_sel, "dense_logits_us": us * t_dense,
             "probe_path_over_dense": probe_path / t_dense,
             "gauss_path_over_dense": gauss_path / t_dense,
-            "probe_tbs": batch * m_cap * 144 / (t_probe * 1e-3) / 1e12,
-            "gauss_tbs": batch * m_cap * 288 / (t_gauss * 1e-3) / 1e12,
+            "probe_tbs": batch * m_cap * SUMMARY_BYTES / (t_probe * 1e-3) / 1e12,
+            "gauss_tbs": batch * m_cap * GAUSS_SUMMARY_BYTES / (t_gauss * 1e-3) / 1e12,
             "dense_tbs": batch * m_cap * PAGE_BYTES / (t_dense * 1e-3) / 1e12}
 
 

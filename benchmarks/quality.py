@@ -148,8 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
                     help="block predictors of the bits-per-byte rows (probe: the query-aware "
                          "page summaries, hybrid: those merged with SPIN's history, gauss: "
-                         "the mean and spread rows, its reference ops on CUDA too; "
-                         "spin_trtllm.indexer)")
+                         "the mean and spread rows; spin_trtllm.indexer)")
     ap.add_argument("--page-slots", type=int, choices=PAGE_SIZES, default=BLOCK_SLOTS,
                     help="slots per indexer K-cache page (32: DeepSeek-V4's tokens_per_block "
                          "128, one SPIN block spans two pages); the same tokens and blocks "
@@ -191,9 +190,9 @@ def main(argv=None) -> int:
     bpb = []
     runs = [(None, "spin")] + [(rho, p) for p in args.predictor for rho in args.sparsity]
     for asked, predictor in runs:
-        rho = asked
+        rho, share = asked, summary_share(predictor, args.page_slots)
         if asked is not None and args.effective:
-            rho = round(asked + summary_share(predictor, args.page_slots), 6)
+            rho = round(asked + share, 6)
             if not rho < 1.0:
                 raise SystemExit(f"quality: effective sparsity {asked} with {predictor}'s "
                                  f"summaries needs a target of {rho}, at least 1")
@@ -207,7 +206,7 @@ def main(argv=None) -> int:
         vis = sum(s.visible_blocks for s in hist)
         miss = [m for s in hist for m in s.miss]
         # the predictor's summary rows count as indexer reads, in blocks' worth of bytes
-        summary = 0.0 if rho is None else summary_share(predictor, args.page_slots) * vis
+        summary = 0.0 if rho is None else share * vis
         bpb.append({"target_sparsity": rho, "predictor": predictor if rho is not None else None,
                     "effective_target": asked if args.effective else None,
                     "bpb": -sum(lp) / len(lp) / math.log(2),

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from .limits import BLOCK_SLOTS, SLOT_BYTES, SUMMARY_BYTES
+from .limits import BLOCK_SLOTS, SLOT_BYTES
 from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
 
@@ -60,7 +60,9 @@ class CostModel:
     update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
     probe_fixed_us: float = 7.5
     probe_us_per_slot: float = 1.0e-6
+    probe_next_n_share: float = 0.5   # of the per-slot term, each MTP row after the first
     gauss_us_per_slot: float = 4.0e-6
+    gauss_next_n_share: float = 0.7
     probe_select_fixed_us: float = 10.0
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3
@@ -119,8 +121,8 @@ class CostModel:
         if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
         longest = max(_block_slots([s]) for s in visible_slots)
-        per_slot, per_row = (self.gauss_us_per_slot, 0.7) if predictor == "gauss" else \
-            (self.probe_us_per_slot, 0.5)
+        per_slot, per_row = (self.gauss_us_per_slot, self.gauss_next_n_share) \
+            if predictor == "gauss" else (self.probe_us_per_slot, self.probe_next_n_share)
         cost = (self.probe_fixed_us
                 + per_slot * slots * (1.0 + per_row * (next_n - 1))
                 + self.probe_select_fixed_us
@@ -211,7 +213,7 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
     chosen = REGISTRY[predictor]
     if chosen.query:
-        k_cache += visible_blocks * SUMMARY_BYTES * chosen.summary_rows_per_block
+        k_cache += visible_blocks * chosen.summary_bytes
     if chosen.history:
         state += visible_blocks * BLOCK_SLOTS * 2 * s
     return k_cache, state

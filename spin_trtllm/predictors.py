@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import SpinError
-from .limits import BLOCK_SLOTS, MAX_HYBRID_BLOCKS
+from .limits import BLOCK_SLOTS, MAX_HYBRID_BLOCKS, SUMMARY_BYTES
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,11 @@ class Predictor:
     sub_blocks: bool = False
     max_context_len: Optional[int] = None   # longest context its select step ranks
     summary: str = ""
+
+    @property
+    def summary_bytes(self) -> int:
+        """Its summary table's bytes per K-cache page (0: it reads no summaries)."""
+        return SUMMARY_BYTES * self.summary_rows_per_block
 
     @property
     def merges(self) -> bool:

@@ -9,7 +9,8 @@ from spin_trtllm import SpinConfig, SpinConfigError, SpinError
 from spin_trtllm.harness import (DsaLiteConfig, Engine, Request, RequestError, init_weights,
                                  load_checkpoint, save_checkpoint, tiny)
 from spin_trtllm.replay.evaluate import replay
-from spin_trtllm.testing.harness import TEXT, copy_drafter, prompt, spin_cfg
+from spin_trtllm.testing.harness import (TEXT, arrivals, copy_drafter, prompt, schedule_run,
+                                        spin_cfg)
 
 
 def run_schedule(engine, schedule):
@@ -345,7 +346,6 @@ def test_the_short_arrival_schedule_keeps_what_the_graph_tests_check(mtp):
     """arrivals(0.5), the GPU graph tests' schedule under sanitizers: the same requests, fewer
     new tokens each (at least 3), and still the second turn, the pool's growth from a small
     capacity and steps with more than one request (what the graph tests compare and count)."""
-    from spin_trtllm.testing.harness import arrivals, schedule_run
     full, short = arrivals(), arrivals(0.5)
     assert sorted(full) == sorted(short) == [0, 3, 6]
     pairs = [(f, s) for t in full for f, s in zip(full[t], short[t])]

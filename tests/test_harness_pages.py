@@ -3,7 +3,10 @@ SPIN block spans two pages) against 64-slot pages: the paged reference logits, t
 tokens and selections (the keys are the same, only their paging differs), the probe's page
 summaries and ranking, and the errors of a bad page size."""
 
+import importlib.util
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -446,16 +449,17 @@ def test_bad_page_sizes_are_refused_naming_the_value():
 
 
 # ---- benchmarks/quality.py --------------------------------------------------------------------
-@pytest.mark.slow
-def test_quality_tool_runs_on_32_slot_pages(tmp_path):
-    import importlib.util
-    import json
-    from pathlib import Path
-
+@pytest.fixture(scope="module")
+def quality():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
     spec = importlib.util.spec_from_file_location("quality_tool", path)
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quality_tool_runs_on_32_slot_pages(tmp_path, quality):
     reports = {}
     for slots in (64, 32):
         out = tmp_path / str(slots)
@@ -485,18 +489,10 @@ def test_quality_tool_runs_on_32_slot_pages(tmp_path):
 
 
 @pytest.mark.slow
-def test_quality_tool_puts_each_runs_replay_beside_its_engine_miss(tmp_path):
+def test_quality_tool_puts_each_runs_replay_beside_its_engine_miss(tmp_path, quality):
     """Every SPIN-masked run beside the replay of the all-keep traces with the same predictor,
     target and pages: on 32-slot pages the probe and gauss replay with 2 summaries (a block's
     best page), and both tools count the summary rows alike (gauss reads twice the probe's)."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
-    spec = importlib.util.spec_from_file_location("quality_tool", path)
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
     out = tmp_path / "q"
     assert quality.main(["--out", str(out), "--device", "cpu", "--prompts", "1",
                          "--mtp-prompts", "0", "--prompt-tokens", "700", "--steps", "4",
@@ -518,20 +514,11 @@ def test_quality_tool_puts_each_runs_replay_beside_its_engine_miss(tmp_path):
     assert drop["gauss"] == pytest.approx(2 * drop["probe"], rel=0.05)
 
 
-
 @pytest.mark.slow
-def test_quality_tool_targets_effective_sparsity(tmp_path):
+def test_quality_tool_targets_effective_sparsity(tmp_path, quality):
     """--effective: a query-aware predictor's target adds its summary rows' share (at long
     contexts every predictor then lands at about the same effective sparsity); a share that
     pushes the target to 1 is refused by name."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
-    spec = importlib.util.spec_from_file_location("quality_tool", path)
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
     out = tmp_path / "q"
     args = ["--out", str(out), "--device", "cpu", "--prompts", "1", "--mtp-prompts", "0",
             "--prompt-tokens", "1500", "--steps", "4", "--page-slots", "32", "--bpb-only",

@@ -400,7 +400,7 @@ PROBE_CASES = [("probe", False, 1, PAGE), ("probe", True, 1, 256), ("probe", Fal
 
 
 @pytest.mark.parametrize("predictor,v4,next_n,tokens_per_block", PROBE_CASES)
-def test_engine_loop_probe_and_hybrid(env, predictor, v4, next_n, tokens_per_block, caplog):
+def test_engine_loop_query_aware_predictors(env, predictor, v4, next_n, tokens_per_block, caplog):
     """spin.predictor probe / hybrid / gauss in the YAML: every decode row is the top-K of exactly
     the blocks selected, and (probe, next_n 1) the selected blocks are the best by summaries made
     here from the page bytes, so the prompt pages were summarized before the first decode

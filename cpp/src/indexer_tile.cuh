@@ -228,6 +228,15 @@ __device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t
 }
 #endif
 
+// The four lanes of a quad (t = 0..3) each hold part of slots s_lo's and s_hi's sums: every lane
+// gets the whole.
+__device__ __forceinline__ void quad_sum(float& z_lo, float& z_hi) {
+  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
+  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
+  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
+  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+}
+
 // Per thread: sum over its 16 heads of w_h relu(scale * S) for its two slots (scale applied
 // only when kScaleIn; four independent sums keep the FMA chains short). w(nt) is the thread's
 // float2 of heads 8 nt + 2 t, +1.
@@ -259,10 +268,7 @@ __device__ __forceinline__ void slot_scores(const float* s, W w, float sc_lo, fl
   } else {
     weighted_relu_sum<true>(s, w, sc_lo, sc_hi, z_lo, z_hi);
   }
-  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
-  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
-  z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
-  z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+  quad_sum(z_lo, z_hi);
 }
 
 // The rows' q (swizzled, q_rows * 8 KB from `base`, rows past `rows` zeroed: they pad the

@@ -329,10 +329,7 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
                                            sq[nt * 4 + e] * var_hi), z_hi);
       }
     }
-    z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 1);
-    z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 1);
-    z_lo += __shfl_xor_sync(0xffffffffu, z_lo, 2);
-    z_hi += __shfl_xor_sync(0xffffffffu, z_hi, 2);
+    quad_sum(z_lo, z_hi);
     if (t < 2 && j < p.num_blocks) {
       const bool visible = page_s[s_mine] >= 0 && static_cast<int64_t>(j) * p.page_slots < ctx_s[r];
       p.out[(static_cast<int64_t>(b) * p.rows + r) * p.num_blocks + j] =
@@ -357,18 +354,22 @@ cudaError_t launch_probe_as(const ProbeParams& p, cudaStream_t stream) {
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
   if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
-  if (p.row_bytes < (p.with_std ? 2 : 1) * kSummaryBytes) return cudaErrorInvalidValue;
+  if (p.row_bytes < (p.with_std ? kGaussSummaryBytes : kSummaryBytes)) return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
+// What probe and gauss launches need: rows of at least min_row_bytes, 16-byte aligned for
+// cp.async, and page sizes the column lookup knows.
+static bool columns_launchable(const ProbeParams& p, int min_row_bytes) {
+  return p.rows >= 1 && p.rows <= kMaxNextN &&
+         (p.page_slots == kBlockSize || p.page_slots == kBlockSize / 2) &&
+         p.summary_bytes >= min_row_bytes && p.summary_bytes % 16 == 0;
+}
+
 cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
-  if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
-  if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
-  // rows 16-byte aligned for cp.async, each the mean and the std row
-  if (p.summary_bytes < 2 * kSummaryBytes || p.summary_bytes % 16 != 0)
-    return cudaErrorInvalidValue;
+  if (!columns_launchable(p, kGaussSummaryBytes)) return cudaErrorInvalidValue;
   const int smem = p.rows * kQBytes + kPageKeyBytes + (kBlockSize + kHeads) * kBf16RowWords * 4 +
                    2 * kBlockSize * 4 + p.rows * kHeads * 4 + 1024;
   cudaError_t err = allow_dynamic_smem(gauss_kernel, smem);
@@ -380,9 +381,7 @@ cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream) {
 
 cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
-  if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;
-  if (p.page_slots != kBlockSize && p.page_slots != kBlockSize / 2) return cudaErrorInvalidValue;
-  if (p.summary_bytes < kSummaryBytes || p.summary_bytes % 16 != 0) return cudaErrorInvalidValue;
+  if (!columns_launchable(p, kSummaryBytes)) return cudaErrorInvalidValue;
   switch (group_for(p.rows)) {
     case 1: return launch_probe_as<1>(p, stream);
     case 2: return launch_probe_as<2>(p, stream);

@@ -174,15 +174,20 @@ class BlockSummaries:
 # ---- the predictors ---------------------------------------------------------------------------
 def _in_chunks(formula, q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries,
                n: torch.Tensor, n_blocks: int, parts: int, layer0: int) -> torch.Tensor:
-    """fp32 [L', R, n_blocks]: formula(q, w, summaries.at(...)) over chunks of layers and blocks
-    that each hold about CHUNK_VALUES fp32 temporaries (every block's score depends only on
-    its own summaries and the row's query)."""
+    """fp32 [L', R, n_blocks]: formula(q, w, summaries.at(...)) (scores [L, R, blocks * parts]),
+    -inf where nothing is visible, each block's best of its `parts` sub-blocks; over chunks of
+    layers and blocks that each hold about CHUNK_VALUES fp32 temporaries (every block's score
+    depends only on its own summaries and the row's query)."""
+    def block_scores(q, w, s):
+        z = formula(q, w, s).masked_fill(~s["visible"], NEG_INF)
+        return z.view(*z.shape[:2], -1, parts).amax(-1)
+
     Lc, R, H, D = q.shape
     per_block = R * parts * (8 * D + 4 * H)          # at()'s summaries and the formula's terms
     layers = max(1, min(Lc, CHUNK_VALUES // max(1, per_block * n_blocks)))
     blocks = n_blocks if layers > 1 else max(1, min(n_blocks, CHUNK_VALUES // per_block))
     if layers == Lc and blocks == n_blocks:
-        return formula(q, w, summaries.at(n, n_blocks * parts, layer0=layer0))
+        return block_scores(q, w, summaries.at(n, n_blocks * parts, layer0=layer0))
     out = torch.empty(Lc, R, n_blocks)
     for l0 in range(0, Lc, layers):
         l1 = min(Lc, l0 + layers)
@@ -190,7 +195,7 @@ def _in_chunks(formula, q: torch.Tensor, w: torch.Tensor, summaries: BlockSummar
         for j0 in range(0, n_blocks, blocks):
             j1 = min(n_blocks, j0 + blocks)
             s = summaries.at(n[l0:l1], (j1 - j0) * parts, j0 * parts, layer0 + l0, part)
-            out[l0:l1, :, j0:j1] = formula(q[l0:l1], w[l0:l1], s)
+            out[l0:l1, :, j0:j1] = block_scores(q[l0:l1], w[l0:l1], s)
     return out
 
 
@@ -200,9 +205,7 @@ def probe_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
     sub-blocks (q [L, R, H, D], w [L, R, H]); -inf for blocks with nothing visible."""
     def formula(q, w, s):
         z = torch.einsum("lrhd,lrud->lruh", q.float(), s["mean"]).relu()
-        z = (z * w.float().unsqueeze(2)).sum(-1)                        # [L, R, blocks*parts]
-        z = z.masked_fill(~s["visible"], NEG_INF)
-        return z.view(*z.shape[:2], -1, parts).amax(-1)
+        return (z * w.float().unsqueeze(2)).sum(-1)
 
     return _in_chunks(formula, q, w, summaries, n, n_blocks, parts, layer0)
 
@@ -219,8 +222,7 @@ def quest_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
         lower = (torch.einsum("lrhd,lrud->lruh", qp, s["kmin"])
                  + torch.einsum("lrhd,lrud->lruh", qn, s["kmax"]))
         wf = w.float().unsqueeze(2)
-        z = torch.where(wf >= 0, wf * upper.relu(), wf * lower.relu()).sum(-1)
-        return z.masked_fill(~s["visible"], NEG_INF)
+        return torch.where(wf >= 0, wf * upper.relu(), wf * lower.relu()).sum(-1)
 
     return _in_chunks(formula, q, w, summaries, n, n_blocks, 1, layer0)
 
@@ -238,9 +240,7 @@ def gauss_scores(q: torch.Tensor, w: torch.Tensor, summaries: BlockSummaries, n:
         expected = (mu * torch.special.ndtr(a)
                     + sd * torch.exp(-0.5 * a * a) / math.sqrt(2 * math.pi))
         expected = torch.where(sd > 0, expected, mu.relu())
-        z = (expected * w.float().unsqueeze(2)).sum(-1)                 # [L, R, blocks*parts]
-        z = z.masked_fill(~s["visible"], NEG_INF)
-        return z.view(*z.shape[:2], -1, parts).amax(-1)
+        return (expected * w.float().unsqueeze(2)).sum(-1)
 
     return _in_chunks(formula, q, w, summaries, n, n_blocks, parts, layer0)
 

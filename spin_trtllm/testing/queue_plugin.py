@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 
 import pytest
 
+from .times_plugin import LINE as TIMES_LINE
+
 CLAIMED = "run by another process of SPIN_TEST_QUEUE"
-TIMES_LINE = re.compile(r"\s*([\d.]+) s\s+(\w+)\s+(.+)")   # times_plugin's format
 
 
 def known_seconds(paths: list[str]) -> dict[str, float]:

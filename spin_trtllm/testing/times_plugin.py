@@ -3,8 +3,11 @@ and outcome to FILE as the test ends, so a run cut off at its limit (the device 
 sanitizer runs) still shows which tests ran and where the time went."""
 
 import os
+import re
 
 import pytest
+
+LINE = re.compile(r"\s*([\d.]+) s\s+(\w+)\s+(.+)")   # seconds, outcome, node id: as written below
 
 
 class TimesLog:

@@ -83,9 +83,11 @@ start=$SECONDS
 read -ra opts <<< "$only_spin"
 shard_dir="$out/shards"; mkdir -p "$shard_dir"   # top level: the summary and one archive of these
 queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
+trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
-  n=$shards
-  [ "$tool" = racecheck ] && n=$((2 * shards))   # about half memcheck's speed on these tests
+  n=$shards marks="gpu and not large"
+  [ "$tool" = racecheck ] && n=$((2 * shards)) &&   # about half memcheck's speed on these tests
+    marks="$marks and not no_racecheck"
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
@@ -94,7 +96,7 @@ for tool in "${tools[@]}"; do
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
-        "${pytest[@]}" -m "gpu and not large$([ "$tool" = racecheck ] && echo " and not no_racecheck")" \
+        "${pytest[@]}" -m "$marks" \
         tests/ > "$shard_dir/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$shard_dir/${tool}_$i.log"
@@ -110,7 +112,7 @@ for tool in "${tools[@]}"; do
     echo "== $(basename "$log"): $(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
   done
   grep -hE "(ERROR|RACECHECK) SUMMARY" "$shard_dir/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
-  echo "$tool: $(cat "$shard_dir/"${tool}_*.log | grep -cE "$report") reports in all shards' logs;" \
+  echo "$tool: $(grep -hE "$report" "$shard_dir/${tool}"_*.log | wc -l) reports in all shards' logs;" \
     "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran; slowest:"
   grep -hE "$report" "$shard_dir/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
   cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -v " skipped " | sort -rn | head -15

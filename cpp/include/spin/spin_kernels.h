@@ -17,7 +17,9 @@ constexpr int kHeadDim = 128;           // fp8 bytes per key row [HEAD_DIM]
 constexpr int kSlotBytes = 132;         // key row + fp32 scale [SLOT_BYTES]
 constexpr int kSummaryBytes = 144;      // summary row, 16-byte aligned [SUMMARY_BYTES]
 constexpr int kFp4Block = 32;           // MXFP4 key values per UE8M0 exponent [FP4_BLOCK]
-constexpr int kFp4SlotBytes = 68;       // MXFP4 key: 64 B of E2M1 pairs, 4 exponents [FP4_SLOT_BYTES]
+// MXFP4 key: E2M1 pairs, then a UE8M0 exponent per kFp4Block values [FP4_SLOT_BYTES]
+constexpr int kFp4SlotBytes = kHeadDim / 2 + kHeadDim / kFp4Block;
+constexpr int kGaussSummaryBytes = 2 * kSummaryBytes;  // mean row, std row [GAUSS_SUMMARY_BYTES]
 constexpr int kMaxNextN = 8;            // MTP rows per request supported [MAX_NEXT_N]
 constexpr int kMaxSortedK = 4096;       // remap(ascending): k one CTA sorts [MAX_SORTED_K]
 constexpr int kMaxHybridBlocks = 8192;  // merge_history rank sort [MAX_HYBRID_BLOCKS]
@@ -125,7 +127,7 @@ struct SummarizeParams {
   int page_slots = 64;         // slots per page: 64 or 32
   int slot_bytes = kSlotBytes; // kSlotBytes (FP8 keys) or kFp4SlotBytes (MXFP4 keys)
   int row_bytes = kSummaryBytes;
-  bool with_std = false;       // gauss rows (2 * kSummaryBytes): the std row after the mean row
+  bool with_std = false;       // gauss rows (kGaussSummaryBytes): the std row after the mean row
 };
 cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
 
@@ -134,7 +136,7 @@ cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream);
 // summaries, else -inf.
 struct ProbeParams {
   const uint8_t* q;            // fp8 e4m3 [B*R, 64, 128]
-  const uint8_t* summaries;    // [num_pages, kSummaryBytes]
+  const uint8_t* summaries;    // [num_pages, summary_bytes]
   const float* weights;        // [B*R, 64]
   const int32_t* context_lens; // [B, R]
   const int32_t* block_table;  // [B, table_stride], max_pages valid columns
@@ -142,7 +144,7 @@ struct ProbeParams {
   int64_t num_pages, table_stride;
   float* out;                  // [B*R, num_blocks]
   int page_slots = 64;         // slots per page: 64 or 32
-  int summary_bytes = kSummaryBytes;  // bytes per summaries row (gauss: 2 * kSummaryBytes)
+  int summary_bytes = kSummaryBytes;  // bytes per summaries row (gauss: kGaussSummaryBytes)
 };
 cudaError_t launch_probe(const ProbeParams& p, cudaStream_t stream);
 // gauss: out[b*R + r, j] = sum_h w_h E[relu(X_h)], X_h ~ N(q_h . m, sum_d q_hd^2 s_d^2) with m, s

@@ -24,9 +24,8 @@ from ...config import TRTLLM_ALGORITHM_TOPK, SpinConfig
 from ..._inputs import one_line
 from ..._outputs import check_plan, write_output
 from ...errors import SpinError
+from ...limits import LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, PAGE_SIZES, SLOT_BYTES
 from ...predictors import TRTLLM_DEFAULT_PREDICTOR
-from ...limits import (LLMAPI_MODEL_ENV, LLMAPI_MODEL_PATH, PAGE_SIZES, SLOT_BYTES,
-                       SUMMARY_BYTES)
 from .config_ext import PREDICTOR, spin_settings_of
 
 
@@ -146,7 +145,7 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     chosen = predictors.get(opts.predictor, engine=True)
     if chosen.query:
-        row = SUMMARY_BYTES * chosen.summary_rows_per_block     # gauss: the mean and std rows
+        row = chosen.summary_bytes                 # gauss: the mean and std rows
         # a page holds tokens_per_block / compress ratio slots: V4 at 128 tokens has 32
         share = {slots: row / (slots * SLOT_BYTES) for slots in PAGE_SIZES}
         line += (f"; predictor {opts.predictor}: summary tables of {row} B per "

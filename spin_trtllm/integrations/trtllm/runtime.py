@@ -11,7 +11,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from ...errors import SpinError
-from ...limits import SUMMARY_BYTES
 from .adapter import DecodeBatch, EngineKernel, SpinDecodeAdapter
 from .config_ext import SpinSettings
 
@@ -90,8 +89,7 @@ class _Runtime:
             made = self.adapter.make_summaries(caches)
             chosen = self.adapter.indexer.predictor
             log.info("spin_trtllm: %.1f MB of %s summary tables (%d B per indexer page per "
-                     "layer)", made / 2**20, chosen.name,
-                     SUMMARY_BYTES * chosen.summary_rows_per_block)
+                     "layer)", made / 2**20, chosen.name, chosen.summary_bytes)
 
     def _settle_previous(self) -> None:
         """Did the last step's MTP updates run inside its forward? (Then the host must not

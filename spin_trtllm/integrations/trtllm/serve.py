@@ -13,16 +13,17 @@ from ...config import SpinConfig
 from ...errors import SpinConfigError, SpinError
 from ...predictors import TRTLLM_DEFAULT_PREDICTOR
 from .bundle import sparse_attention_block
-from .config_ext import PREDICTOR
-from .config_ext import spin_settings_of
+from .config_ext import PREDICTOR, spin_settings_of
 
 
 def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[str],
                   predictor: Optional[str] = None) -> dict[str, Any]:
     """The LLM-API options trtllm-serve gets: the user's YAML with a `spin:` block in its
     sparse_attention_config (added from the SPIN flags and `predictor` when it has none; a
-    `predictor` other than the block's is refused)."""
+    `predictor` fills in a block that names none, and one other than the block's is
+    refused)."""
     data: dict[str, Any] = {}
+    chosen = predictor or TRTLLM_DEFAULT_PREDICTOR
     if config is not None:
         where = f"--config {one_line(config, 300)}"
         data = load_yaml_file(config, where, SpinConfigError) or {}
@@ -33,8 +34,7 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
         if algorithm is None:
             raise SpinConfigError("no sparse_attention_config in --config: pass --algorithm "
                                   "dsa|deepseek_v4 or add the block")
-        block = sparse_attention_block(spin, algorithm,
-                                       predictor=predictor or TRTLLM_DEFAULT_PREDICTOR)
+        block = sparse_attention_block(spin, algorithm, predictor=chosen)
     elif not isinstance(block, dict):
         raise SpinConfigError("sparse_attention_config must be a mapping")
     else:
@@ -47,8 +47,7 @@ def serve_options(config: Optional[str], spin: SpinConfig, algorithm: Optional[s
                                   f"{block.get('algorithm')!r}")
         if "spin" not in block:
             block["spin"] = sparse_attention_block(spin, block.get("algorithm", "dsa"),
-                                                   block.get("index_topk"),
-                                                   predictor or TRTLLM_DEFAULT_PREDICTOR)["spin"]
+                                                   block.get("index_topk"), chosen)["spin"]
         elif predictor is not None and isinstance(block["spin"], dict) and \
                 PREDICTOR not in block["spin"]:
             block["spin"] = {**block["spin"], PREDICTOR: predictor}   # the block names none
