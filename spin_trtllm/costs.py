@@ -16,10 +16,10 @@ benchmarks/RESULTS.md):
   select   0.5 us + 1.44 ps per visible slot (a layer's share of the one launch)
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
            top-K) a step pays update_beside_share of it
-  probe    summarize + probe 7.5 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
+  probe    summarize + probe 2.7 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select: 10 us + 0.14 ns per slot of the longest request per row
   hybrid   the probe's, plus 0.6 ns per slot of the longest request per row (the merge)
-  gauss    the probe's with 4.0 ps per visible slot (x 1 + 0.7 (next_n - 1)) for its scores
+  gauss    the probe's with 3.0 ps per visible slot (x 1 + 0.5 (next_n - 1)) for its scores
 State bytes s scale select's term by s / 2 and the update's by (4 + 4 s) / 12 (its fp32 logit,
 V and D read and written). In an engine's captured step SPIN pays engine_overhead_us per layer
 beyond its kernels (extra launches and their gaps, its state's traffic), fitted to dsa-lite
@@ -58,11 +58,11 @@ class CostModel:
     update_fixed_us: float = 3.0
     update_us_per_slot: float = 4.1e-6
     update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
-    probe_fixed_us: float = 7.5
+    probe_fixed_us: float = 2.7
     probe_us_per_slot: float = 1.0e-6
     probe_next_n_share: float = 0.5   # of the per-slot term, each MTP row after the first
-    gauss_us_per_slot: float = 4.0e-6
-    gauss_next_n_share: float = 0.7
+    gauss_us_per_slot: float = 3.0e-6
+    gauss_next_n_share: float = 0.5
     probe_select_fixed_us: float = 10.0
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3

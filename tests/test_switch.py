@@ -135,11 +135,10 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
 
 
-# Per layer on an H200, same run (benchmarks/results/probe/select_by_predictor_2026-12-01.json,
+# Per layer on an H200, same run (benchmarks/results/probe/gauss_and_probe_2026-12-04.json,
 # fp16 state, next_n 1):
 # (batch, slots, probe path - SPIN's select share us, hybrid's select - the probe's select us).
-MEASURED_PROBE = [(32, 32768, 22.8 - 2.7, 31.2 - 14.2), (32, 131072, 39.3 - 7.8, 99.1 - 27.8),
-                  (96, 32768, 25.8 - 6.1, 32.7 - 14.9), (96, 131072, 51.5 - 18.4, 111.6 - 28.3)]
+MEASURED_PROBE = [(96, 131072, 39.7 - 15.2, 103.4 - 19.4), (96, 524288, 116.7 - 58.5, 433.6 - 54.0)]
 
 
 @pytest.mark.parametrize("batch,slots,probe_extra,hybrid_extra", MEASURED_PROBE)
@@ -152,10 +151,11 @@ def test_cost_model_tracks_the_measured_probe_and_hybrid(batch, slots, probe_ext
     assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.25)
 
 
-# Per layer on an H200, same run (benchmarks/results/probe/gauss_and_probe_2026-12-04.json,
-# next_n 1 and 2): (batch, slots, next_n, gauss path - probe path us).
-MEASURED_GAUSS = [(96, 131072, 1, 89.1 - 44.5), (96, 524288, 1, 272.2 - 120.5),
-                  (96, 131072, 2, 143.0 - 68.6), (96, 524288, 2, 463.9 - 190.6)]
+# Per layer on an H200, the same run (next_n 1, 2 and 4): (batch, slots, next_n, gauss path -
+# probe path us).
+MEASURED_GAUSS = [(96, 131072, 1, 69.3 - 39.7), (96, 524288, 1, 211.4 - 116.7),
+                  (96, 131072, 2, 104.3 - 63.7), (96, 524288, 2, 336.7 - 188.9),
+                  (96, 131072, 4, 173.2 - 111.3), (96, 524288, 4, 583.7 - 358.2)]
 
 
 @pytest.mark.parametrize("batch,slots,next_n,gauss_extra", MEASURED_GAUSS)
