@@ -4,9 +4,10 @@ Each engine is measured in a fresh process (spin_trtllm/harness/speed.py says wh
 a time: the no-indexer step ("null"), all-keep, SPIN at each target sparsity every step, and
 SPIN with the cost-model switch ("auto": all-keep where SPIN would not pay), with the native
 logits kernel and, when deep_gemm imports, with DeepGEMM's (what TensorRT-LLM runs). With
---predictor spin probe hybrid, the SPIN and auto rows run once per predictor (probe: blocks
+--predictor spin probe hybrid gauss, the SPIN and auto rows run once per predictor (probe: blocks
 ranked by their summaries scored with the current query, hybrid: by the max of the rank shares of
-those and of SPIN's history; rows labelled "probe 0.5 (native)"). Columns:
+those and of SPIN's history, gauss: by the expected ReLU under the summaries' mean and std; rows
+labelled "probe 0.5 (native)"). Columns:
   step ms      wall time of Engine.step() (host scheduling, verification and drafting included)
   forward ms   GPU time of the captured step (select + all layers), CUDA events
   indexer ms   forward ms minus the null step's
@@ -25,7 +26,7 @@ rows the range of the per-round step (wall) speedups and whether the forward (GP
 lies inside it (if not, host work around the step costs more than the runs' spread).
 Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--batches 32 96]
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
-             [--state-dtype float16] [--predictor spin probe hybrid] [--repeats N]
+             [--state-dtype float16] [--predictor spin probe hybrid gauss] [--repeats N]
              [--no-overlap-update] [--overlap-select] [--peak-tbs 4.8] [--json F]
              [--markdown F]
 """

@@ -60,9 +60,9 @@ class CostModel:
     update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
     probe_fixed_us: float = 2.7
     probe_us_per_slot: float = 1.0e-6
-    probe_next_n_share: float = 0.5   # of the per-slot term, each MTP row after the first
+    query_next_n_share: float = 0.5   # of probe's or gauss's per-slot term, each MTP row after
+                                      # the first
     gauss_us_per_slot: float = 3.0e-6
-    gauss_next_n_share: float = 0.5
     probe_select_fixed_us: float = 10.0
     probe_select_us_per_request_slot: float = 0.14e-3
     hybrid_us_per_request_slot: float = 0.6e-3
@@ -121,10 +121,9 @@ class CostModel:
         if not chosen.query:
             return self.select_fixed_us + self.select_us_per_slot * slots * state
         longest = max(_block_slots([s]) for s in visible_slots)
-        per_slot, per_row = (self.gauss_us_per_slot, self.gauss_next_n_share) \
-            if predictor == "gauss" else (self.probe_us_per_slot, self.probe_next_n_share)
+        per_slot = self.gauss_us_per_slot if predictor == "gauss" else self.probe_us_per_slot
         cost = (self.probe_fixed_us
-                + per_slot * slots * (1.0 + per_row * (next_n - 1))
+                + per_slot * slots * (1.0 + self.query_next_n_share * (next_n - 1))
                 + self.probe_select_fixed_us
                 + self.probe_select_us_per_request_slot * longest * next_n)
         if chosen.merges:

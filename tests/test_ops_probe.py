@@ -469,9 +469,9 @@ def test_gpu_probe_of_32_slot_pages_matches_reference(R, page_slots):
 @pytest.mark.parametrize("R,page_slots", [(1, 64), (2, 64), (5, 64), (1, 32), (3, 32)])
 def test_gpu_native_gauss_matches_reference(R, page_slots):
     """The gauss score kernel (spin::gauss's CUDA path) against reference.gauss_scores in
-    float64: the same -inf columns (pages outside the
-    table or the summaries, no visible slot, past the table), the finite scores within the FP8
-    tile product's error, and a check that a wrong variance would fail."""
+    float64: the same -inf columns (pages outside the table or the summaries, no visible slot,
+    past the table), the finite scores within the FP8 tile product's error, and a check that a
+    wrong variance would fail."""
     if not ops.NATIVE:
         pytest.skip("needs the native library")
     gen = torch.Generator().manual_seed(90 + R + page_slots)

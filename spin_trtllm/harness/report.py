@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .._inputs import printable
-from ..limits import BLOCK_SLOTS, SLOT_BYTES, SUMMARY_BYTES
+from ..limits import BLOCK_SLOTS, SLOT_BYTES
 from ..predictors import REGISTRY
 
 WIDTH = 96                       # notes wrap here
@@ -114,9 +114,10 @@ def bytes_note(res: dict[str, Any]) -> list[str]:
              f"hardware: K cache {BLOCK_SLOTS} x {SLOT_BYTES} B per scored block")
     if query:
         select_reads = " and by select over the visible slots" if merges else ""
-        return _wrap(f"({parts} and one {SUMMARY_BYTES}-byte summary row per visible block, "
-                     f"which the probe reads; the {cfg['state_dtype']} V/D state read and "
-                     f"written by update over the scored slots{select_reads})")
+        return _wrap(f"({parts} and {REGISTRY[predictor].summary_bytes} bytes of summary rows "
+                     f"per visible block, which {_name(predictor)} reads; the "
+                     f"{cfg['state_dtype']} V/D state read and written by update over the "
+                     f"scored slots{select_reads})")
     return _wrap(f"({parts}; SPIN's {cfg['state_dtype']} V/D state read by select over the "
                  f"visible slots, read and written by update over the scored slots)")
 

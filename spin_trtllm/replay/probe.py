@@ -180,7 +180,7 @@ def _in_chunks(formula, q: torch.Tensor, w: torch.Tensor, summaries: BlockSummar
     depends only on its own summaries and the row's query)."""
     def block_scores(q, w, s):
         z = formula(q, w, s).masked_fill(~s["visible"], NEG_INF)
-        return z.view(*z.shape[:2], -1, parts).amax(-1)
+        return z if parts == 1 else z.view(*z.shape[:2], -1, parts).amax(-1)
 
     Lc, R, H, D = q.shape
     per_block = R * parts * (8 * D + 4 * H)          # at()'s summaries and the formula's terms

@@ -57,7 +57,9 @@ def arrivals(decode_share: float = 1.0):
     """Four requests arriving at steps 0, 0, 3 (with a second turn) and 6, greedy and sampled.
     decode_share scales their new tokens (at least 3 each): the same schedule with fewer decode
     steps, for runs under a sanitizer."""
-    new = lambda n: max(3, round(n * decode_share))     # noqa: E731
+    def new(n: int) -> int:
+        return max(3, round(n * decode_share))
+
     return {0: [Request(ARRIVAL_TEXT[:1500], max_new_tokens=new(24), request_id=0),
                 Request(ARRIVAL_TEXT[7:900], max_new_tokens=new(10), temperature=0.8, seed=2,
                         request_id=1)],

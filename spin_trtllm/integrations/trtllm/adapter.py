@@ -67,8 +67,8 @@ class DecodeBatch:
     prefill_ids   requests (re)starting their context in this step (context phase: a new
                   request, a new turn, a resume after preemption): their state starts over
     kv_caches     each SPIN layer's indexer K cache, in SPIN's layer order (predictor probe,
-                  hybrid or gauss: the pages written since a request's last step, its prompt's at its
-                  first, are summarized from them before the step)
+                  hybrid or gauss: the pages written since a request's last step, its
+                  prompt's at its first, are summarized from them before the step)
     """
 
     request_ids: Sequence[int]

@@ -145,7 +145,7 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     chosen = predictors.get(opts.predictor, engine=True)
     if chosen.query:
-        row = chosen.summary_bytes                 # gauss: the mean and std rows
+        row = chosen.summary_bytes
         # a page holds tokens_per_block / compress ratio slots: V4 at 128 tokens has 32
         share = {slots: row / (slots * SLOT_BYTES) for slots in PAGE_SIZES}
         line += (f"; predictor {opts.predictor}: summary tables of {row} B per "

@@ -87,7 +87,7 @@ class _Runtime:
         self.caches = caches = self._caches(md)
         if caches is not None:      # made now, before any CUDA-graph capture of the probe
             made = self.adapter.make_summaries(caches)
-            chosen = self.adapter.indexer.predictor
+            chosen = self.adapter.options.block_predictor
             log.info("spin_trtllm: %.1f MB of %s summary tables (%d B per indexer page per "
                      "layer)", made / 2**20, chosen.name, chosen.summary_bytes)
 
