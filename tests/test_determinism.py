@@ -3,8 +3,8 @@ the same batch through select -> indexer logits -> top-K -> update (one case wit
 scores, so ties decide the selections and the top-K), and dsa-lite over 64 decode steps with
 exploration on. CPU: the reference ops; CUDA (marked gpu): the kernels and CUDA graphs.
 
-The second process runs this file as a script (`python tests/test_determinism.py DEVICE OUT`),
-which saves the outputs of every case with torch.save."""
+The second process runs this file as a script (`python tests/test_determinism.py DEVICE OUT
+PART`), which saves one part's outputs (an op case's, or "engine") with torch.save."""
 
 import contextlib
 import os
@@ -151,10 +151,13 @@ def engine_outputs(device: str, stream=None) -> dict[str, torch.Tensor]:
     return out
 
 
-def all_outputs(device: str) -> dict:
-    """What the second process computes: every op case and the engine run."""
-    return {"ops": {case: op_outputs(case, device) for case in OP_CASES},
-            "engine": engine_outputs(device)}
+def part_outputs(device: str, part: str) -> dict[str, torch.Tensor]:
+    """What the second process computes: one op case, or "engine" (the dsa-lite run)."""
+    if part == "engine":
+        return engine_outputs(device)
+    if part not in OP_CASES:
+        raise ValueError(f"unknown part {part!r}: expected 'engine' or one of {list(OP_CASES)}")
+    return op_outputs(part, device)
 
 
 # ---- comparison and the second process ------------------------------------------------------
@@ -173,23 +176,19 @@ def assert_bit_identical(a: dict, b: dict, what: str) -> None:
     assert not differ, f"{what}: not bit-identical: {differ}"
 
 
-@pytest.fixture(scope="module")
-def second_process(tmp_path_factory):
-    """device -> all_outputs(device) computed in another Python process (once per module and
-    device: one interpreter start for every test)."""
-    done = {}
-
-    def get(device: str) -> dict:
-        if device not in done:
-            path = tmp_path_factory.mktemp("determinism") / f"{device}.pt"
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
-                                                              env.get("PYTHONPATH")]))
-            r = subprocess.run([sys.executable, __file__, device, str(path)], cwd=REPO,
-                               env=env, capture_output=True, text=True, timeout=600)
-            assert r.returncode == 0, f"second process failed:\n{r.stderr[-4000:]}"
-            done[device] = torch.load(path)
-        return done[device]
+@pytest.fixture
+def second_process(tmp_path):
+    """(device, part) -> part_outputs(device, part) computed in another Python process. One
+    part a process: under a sanitizer the tests are shared out over many processes, and each
+    would otherwise pay for every case (the large ones too) and the engine run."""
+    def get(device: str, part: str) -> dict:
+        path = tmp_path / f"{device}-{part}.pt"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        r = subprocess.run([sys.executable, __file__, device, str(path), part], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"second process failed:\n{r.stderr[-4000:]}"
+        return torch.load(path)
 
     return get
 
@@ -215,7 +214,7 @@ def test_op_step_is_bit_identical_across_runs_streams_and_processes(case, device
     first = op_outputs(case, device)
     again = op_outputs(case, device, stream=other_stream(device))
     assert_bit_identical(first, again, f"{case}: second run in this process")
-    assert_bit_identical(first, second_process(device)["ops"][case],
+    assert_bit_identical(first, second_process(device, case),
                          f"{case}: run in another process")
     if OP_CASES[case]["ties"]:
         # the inputs do what the case is for: every row with more than K finite logits has the
@@ -235,7 +234,7 @@ def test_dsa_lite_64_steps_with_exploration_are_bit_identical(device, second_pro
     first = engine_outputs(device)
     again = engine_outputs(device, stream=other_stream(device))
     assert_bit_identical(first, again, "dsa-lite: second run in this process")
-    assert_bit_identical(first, second_process(device)["engine"], "dsa-lite: another process")
+    assert_bit_identical(first, second_process(device, "engine"), "dsa-lite: another process")
     # SPIN pruned after warm-up: about half the visible blocks selected
     selected, visible = torch.stack([first[f"{t}/selected_of_visible"]
                                      for t in range(1, ENGINE_STEPS)]).sum(0).tolist()
@@ -243,9 +242,9 @@ def test_dsa_lite_64_steps_with_exploration_are_bit_identical(device, second_pro
 
 
 if __name__ == "__main__":
-    device, path = sys.argv[1:]
+    device, path, part = sys.argv[1:]
     torch.set_num_threads(THREADS)
     ops.set_topk_backend("spin")           # as the spins_own_topk fixture in the test process
     if device == "cuda" and os.environ.get("SPIN_REQUIRE_NATIVE") == "1":
         assert ops.NATIVE, "the native library did not load"
-    torch.save(all_outputs(device), path)
+    torch.save(part_outputs(device, part), path)
