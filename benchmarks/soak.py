@@ -70,7 +70,7 @@ MIB = 1 << 20
 # the fixed-cost terms of the cost model: scaling them moves the switch's boundary to the
 # soak's contexts (the H200 constants pick SPIN only past ~100K slots per batch)
 FIXED_COSTS = ("logits_fixed_us", "topk_floor_us", "topk_fixed_us", "select_fixed_us",
-               "update_fixed_us", "probe_fixed_us", "probe_select_fixed_us",
+               "update_fixed_us", "probe_fixed_us", "gauss_fixed_us", "probe_select_fixed_us",
                "engine_overhead_us", "engine_overhead_beside_us", "peer_topk_fixed_us")
 
 

@@ -13,13 +13,15 @@ benchmarks/RESULTS.md):
            (x 1 + 0.45 (next_n - 1))
   top-K    spin's kernel max(16 us, 7.5 us + 7.75 ps per scored slot per row); FlashInfer's
            path (where ops.topk hands it the rows) 19 us + 4.3 ps per scored slot per row
-  select   0.5 us + 1.44 ps per visible slot (a layer's share of the one launch)
+  select   0.5 us + 1.25 ps per visible slot (a layer's share of the one launch); each MTP
+           row after the first adds 0.85 of its per-slot term (every row is scored)
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
            top-K) a step pays update_beside_share of it
-  probe    summarize + probe 2.7 us + 1.0 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
-           one-layer select: 10 us + 0.14 ns per slot of the longest request per row
-  hybrid   the probe's, plus 0.6 ns per slot of the longest request per row (the merge)
-  gauss    the probe's with 3.0 ps per visible slot (x 1 + 0.5 (next_n - 1)) for its scores
+  probe    summarize + probe 6.2 us + 1.19 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
+           one-layer select: 8.3 us + 0.091 ns per slot of the longest request per row
+  hybrid   the probe's, plus 0.67 ns per slot of the longest request per row (the merge)
+  gauss    the probe's with its summarize + scores at 13.2 us + 2.98 ps per visible slot
+           (x 1 + 0.5 (next_n - 1))
 State bytes s scale select's term by s / 2 and the update's by (4 + 4 s) / 12 (its fp32 logit,
 V and D read and written). In an engine's captured step SPIN pays engine_overhead_us per layer
 beyond its kernels (extra launches and their gaps, its state's traffic), fitted to dsa-lite
@@ -54,18 +56,20 @@ class CostModel:
     peer_topk_fixed_us: float = 19.0
     peer_topk_us_per_slot: float = 4.3e-6
     select_fixed_us: float = 0.5
-    select_us_per_slot: float = 1.44e-6
+    select_us_per_slot: float = 1.25e-6
+    select_next_n_share: float = 0.85  # of select's per-slot term, each MTP row after the first
     update_fixed_us: float = 3.0
     update_us_per_slot: float = 4.1e-6
     update_beside_share: float = 0.5  # of the update's term, when it runs beside the top-K
-    probe_fixed_us: float = 2.7
-    probe_us_per_slot: float = 1.0e-6
+    probe_fixed_us: float = 6.2
+    probe_us_per_slot: float = 1.19e-6
     query_next_n_share: float = 0.5   # of probe's or gauss's per-slot term, each MTP row after
                                       # the first
-    gauss_us_per_slot: float = 3.0e-6
-    probe_select_fixed_us: float = 10.0
-    probe_select_us_per_request_slot: float = 0.14e-3
-    hybrid_us_per_request_slot: float = 0.6e-3
+    gauss_fixed_us: float = 13.2
+    gauss_us_per_slot: float = 2.98e-6
+    probe_select_fixed_us: float = 8.3
+    probe_select_us_per_request_slot: float = 0.091e-3
+    hybrid_us_per_request_slot: float = 0.67e-3
     engine_overhead_us: float = 15.0  # SPIN's per-layer cost in a captured step beyond its kernels
     engine_overhead_beside_us: float = 8.0  # the same where the update runs beside the top-K
     margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
@@ -119,10 +123,12 @@ class CostModel:
                              f"{', '.join(ENGINE_PREDICTORS)})")
         chosen = REGISTRY[predictor]
         if not chosen.query:
-            return self.select_fixed_us + self.select_us_per_slot * slots * state
+            rows = 1.0 + self.select_next_n_share * (next_n - 1)
+            return self.select_fixed_us + self.select_us_per_slot * slots * state * rows
         longest = max(_block_slots([s]) for s in visible_slots)
-        per_slot = self.gauss_us_per_slot if predictor == "gauss" else self.probe_us_per_slot
-        cost = (self.probe_fixed_us
+        gauss = predictor == "gauss"
+        per_slot = self.gauss_us_per_slot if gauss else self.probe_us_per_slot
+        cost = ((self.gauss_fixed_us if gauss else self.probe_fixed_us)
                 + per_slot * slots * (1.0 + self.query_next_n_share * (next_n - 1))
                 + self.probe_select_fixed_us
                 + self.probe_select_us_per_request_slot * longest * next_n)

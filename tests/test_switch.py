@@ -136,19 +136,29 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
 
 
 # Per layer on an H200, same run (benchmarks/results/probe/gauss_and_probe_2026-12-04.json,
-# fp16 state, next_n 1):
-# (batch, slots, probe path - SPIN's select share us, hybrid's select - the probe's select us).
-MEASURED_PROBE = [(96, 131072, 39.7 - 15.2, 103.4 - 19.4), (96, 524288, 116.7 - 58.5, 433.6 - 54.0)]
+# fp16 state): (batch, slots, next_n, SPIN's select share, the probe path, hybrid's select - the
+# probe's select; us).
+MEASURED_PROBE = [(96, 131072, 1, 15.2, 39.7, 103.4 - 19.4),
+                  (96, 524288, 1, 58.5, 116.7, 433.6 - 54.0),
+                  (96, 131072, 2, 28.0, 63.7, 200.0 - 34.2),
+                  (96, 524288, 2, 111.6, 188.9, 845.8 - 101.0),
+                  (96, 131072, 4, 53.2, 111.3, 396.1 - 61.6),
+                  (96, 524288, 4, 219.5, 358.2, 1676.7 - 192.6)]
 
 
-@pytest.mark.parametrize("batch,slots,probe_extra,hybrid_extra", MEASURED_PROBE)
-def test_cost_model_tracks_the_measured_probe_and_hybrid(batch, slots, probe_extra, hybrid_extra):
+@pytest.mark.parametrize("batch,slots,next_n,select,probe_path,hybrid_extra", MEASURED_PROBE)
+def test_cost_model_tracks_the_measured_select_probe_and_hybrid(batch, slots, next_n, select,
+                                                               probe_path, hybrid_extra):
+    """Each term against its measurement. What the switch weighs is the probe's extra over SPIN,
+    a difference of two terms, so its error is bounded by theirs (both within 15%)."""
     ctx = [slots] * batch
-    spin = H200.spin_us(ctx, 0.5)
-    probe = H200.spin_us(ctx, 0.5, predictor="probe")
-    hybrid = H200.spin_us(ctx, 0.5, predictor="hybrid")
-    assert probe - spin == pytest.approx(probe_extra, rel=0.25)
-    assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.25)
+    spin = H200.spin_us(ctx, 0.5, next_n)
+    probe = H200.spin_us(ctx, 0.5, next_n, predictor="probe")
+    hybrid = H200.spin_us(ctx, 0.5, next_n, predictor="hybrid")
+    modelled_select = H200._choose(ctx, batch * slots, next_n, 1.0, "spin")
+    assert modelled_select == pytest.approx(select, rel=0.15)
+    assert probe - spin + modelled_select == pytest.approx(probe_path, rel=0.15)
+    assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.15)
 
 
 # Per layer on an H200, the same run (next_n 1, 2 and 4): (batch, slots, next_n, gauss path -
