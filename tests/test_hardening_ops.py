@@ -69,6 +69,70 @@ def test_topk_gives_minus_1_for_negative_or_overflowing_block_ids():
     assert (33554431 * 64 + 63) in out[0].tolist()   # the largest block whose slots fit int32
 
 
+def _overflowing_ids_remap():
+    """Positions over blocks -3, 2^25 - 1 (the last whose slots fit int32), 2^25 and 2^26
+    (whose slot ids would wrap int32), 7."""
+    ids = torch.tensor([[-3, 2**25 - 1, 2**25, 2**26, 7]], dtype=torch.int32)
+    positions = torch.tensor([[0, 64 + 63, 128 + 5, 192, 256 + 1, -1]], dtype=torch.int32)
+    return positions, ids, torch.tensor([5], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("ascending", [False, True])
+def test_remap_gives_minus_1_for_block_ids_whose_slots_overflow_int32(ascending):
+    positions, ids, cnt = _overflowing_ids_remap()
+    out = ops.remap(positions, ids, cnt, 1, ascending=ascending)
+    want = [-1, (2**25 - 1) * 64 + 63, -1, -1, 7 * 64 + 1, -1]
+    if ascending:
+        want = sorted(s for s in want if s >= 0) + [-1] * want.count(-1)
+    assert out[0].tolist() == want
+
+
+def _overflowing_ids_logits():
+    """One request over blocks 0, 2^25 - 1 and 2^25 of a 2^25 + 1 column block table (every
+    column page 0), context 100: only block 0's slots (the first 64 columns) are visible."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    cache = torch.randint(0, 120, (1, 64, 1, 132), generator=gen, dtype=torch.uint8)
+    cache.view(-1)[64 * 128:].view(torch.float32).fill_(0.01)
+    table = torch.zeros(1, 2**25 + 1, dtype=torch.int32)
+    ids = torch.tensor([[0, 2**25 - 1, 2**25]], dtype=torch.int32)
+    return (q, cache, torch.randn(1, 64, generator=gen), torch.tensor([[100]], dtype=torch.int32),
+            table, ids, torch.tensor([3], dtype=torch.int32))
+
+
+def test_logits_of_blocks_past_int32_slots_are_minus_inf():
+    z = ops.indexer_logits(*_overflowing_ids_logits())
+    assert bool(torch.isfinite(z[0, :64]).all())
+    assert bool(torch.isneginf(z[0, 64:]).all())
+
+
+@pytest.mark.gpu
+def test_gpu_overflowing_block_ids_match_reference():
+    positions, ids, cnt = _overflowing_ids_remap()
+    for ascending in (False, True):
+        want = ops.remap(positions, ids, cnt, 1, ascending=ascending)
+        got = ops.remap(positions.cuda(), ids.cuda(), cnt.cuda(), 1, ascending=ascending)
+        assert torch.equal(got.cpu(), want)
+    args = _overflowing_ids_logits()
+    want = ops.indexer_logits(*args)
+    got = ops.indexer_logits(*(a.cuda() for a in args))
+    assert torch.equal(torch.isneginf(got.cpu()), torch.isneginf(want))
+    assert torch.allclose(got.cpu()[:, :64], want[:, :64], rtol=1e-3, atol=1e-3)
+
+
+def test_launch_limits_are_refused_by_name():
+    from spin_trtllm.limits import MAX_LAUNCH_BATCH, MAX_M_CAP
+
+    n = torch.ones(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32)
+    ids = torch.zeros(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32)
+    cnt = torch.ones(MAX_LAUNCH_BATCH + 1, dtype=torch.int32)
+    with pytest.raises(SpinError, match=f"65536 requests; one launch takes at most 65535"):
+        ops.compact(ids, cnt, n, torch.zeros(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32))
+    wide = torch.empty(1, MAX_M_CAP + 1, dtype=torch.int32)           # pages never touched
+    with pytest.raises(SpinError, match=f"m_cap {MAX_M_CAP + 1} .last dim.; at most {MAX_M_CAP}"):
+        ops.topk(torch.zeros(1, 64), wide, torch.ones(1, dtype=torch.int32), 1, 8)
+
+
 @pytest.mark.parametrize("op", ["topk", "compact", "remap", "indexer_logits"])
 def test_a_meta_tensor_among_real_ones_is_refused(op):
     n, ids, cnt = _selection()
@@ -93,6 +157,16 @@ def test_gpu_topk_invalid_block_ids_match_reference(monkeypatch):
     z, ids, cnt = _invalid_ids_case()
     want = ops.topk(z, ids, cnt, 1, 256)
     assert torch.equal(ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, 256).cpu(), want)
+    # counts far below 0 (x 64 would wrap int32 to a huge row) select nothing, with and without
+    # row lengths, at one CTA and a cluster a row
+    for blocks in (4, 2048):
+        z = torch.randn(2, blocks * 64)
+        ids = torch.arange(blocks, dtype=torch.int32).repeat(2, 1)
+        cnt = torch.tensor([-2**25 - 1, -2**26 + 1], dtype=torch.int32)
+        for lens in (None, torch.full((2, 1), blocks * 64, dtype=torch.int32)):
+            got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, 256,
+                           row_lens=None if lens is None else lens.cuda())
+            assert bool((got == -1).all())
 
 
 @pytest.fixture(scope="module")

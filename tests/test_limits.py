@@ -21,8 +21,8 @@ CSRC = ROOT / "spin_trtllm" / "csrc"
 CONSTANTS = {"BLOCK_SLOTS": "kBlockSize", "MAX_NEXT_N": "kMaxNextN", "INDEX_HEADS": "kHeads",
              "HEAD_DIM": "kHeadDim", "SLOT_BYTES": "kSlotBytes", "SUMMARY_BYTES": "kSummaryBytes",
              "MAX_SORTED_K": "kMaxSortedK", "MAX_HYBRID_BLOCKS": "kMaxHybridBlocks",
-             "MAX_M_CAP": "kMaxMCap", "FP4_BLOCK": "kFp4Block", "FP4_SLOT_BYTES": "kFp4SlotBytes",
-             "GAUSS_SUMMARY_BYTES": "kGaussSummaryBytes"}
+             "MAX_M_CAP": "kMaxMCap", "MAX_LAUNCH_BATCH": "kMaxGridYZ", "FP4_BLOCK": "kFp4Block",
+             "FP4_SLOT_BYTES": "kFp4SlotBytes", "GAUSS_SUMMARY_BYTES": "kGaussSummaryBytes"}
 # Python dict/tuple in spin_trtllm.limits -> C++ enum (enumerators in value order)
 ENUMS = {"POOLING": "Pooling", "EXPLORATION_POLICY": "ExplorePolicy", "STATE_DTYPES": "StateType"}
 

@@ -274,6 +274,46 @@ def test_select_follows_the_given_scores():
     assert ids[0, 0, :5].tolist() == [2, 5, 7, 8, 9]
 
 
+@pytest.mark.parametrize("keep_sink,keep_newest", [(True, False), (True, True), (False, True)])
+def test_select_ranks_every_unforced_block_before_the_forced_ones(keep_sink, keep_newest):
+    """Given scores narrower than the blocks (-inf past them), a NaN (ranks as -inf) and a
+    -inf: the budget's blocks are the forced ones plus the best of the rest by (score
+    descending, id ascending), -inf ones included, so exactly m blocks however few are finite
+    (a forced block must not take a rank among the -inf ones)."""
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0, keep_sink=keep_sink,
+                     keep_newest=keep_newest)
+    p = Problem(B=1, R=1, L=1, lens=(640,), seed=3, cfg=cfg)            # 10 blocks, m = 5
+    for given in ([0.5, 2.0], [1.0, math.nan, 3.0, -math.inf, 2.0, 0.0]):
+        scores = torch.tensor(given).view(1, 1, -1)
+        ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,
+                              p.max_ctx, block_scores=scores, layer=0)
+        forced = {0} if keep_sink else set()
+        forced |= {9} if keep_newest else set()
+        key = {j: given[j] if j < len(given) and given[j] == given[j] else -math.inf
+               for j in range(10)}
+        rest = sorted((j for j in range(10) if j not in forced), key=lambda j: (-key[j], j))
+        want = sorted(forced | set(rest[:5 - len(forced)]))
+        assert int(cnt[0, 0]) == 5
+        assert ids[0, 0, :5].tolist() == want, (given, ids[0, 0, :5].tolist(), want)
+
+
+def test_staleness_ranks_blocks_without_a_finite_score_by_age():
+    """Exploration by staleness normalizes over the candidates' finite scores: with one finite
+    candidate score there is no span, so every candidate's priority is its age, as under the
+    age policy (a -inf score must not make a NaN priority)."""
+    picks = {}
+    for policy in ("staleness", "age"):
+        cfg = SpinConfig(index_topk=64, target_sparsity=0.2, exploration=0.5,
+                         exploration_policy=policy, keep_newest=False)
+        p = Problem(B=1, R=1, L=1, lens=(1280,), seed=5, cfg=cfg)        # 20 blocks
+        scores = torch.tensor([[[3.0, 2.0, 1.0]]])                        # -inf past block 2
+        ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,
+                              p.max_ctx, block_scores=scores, layer=0)
+        picks[policy] = ids[0, 0, :int(cnt[0, 0])].tolist()
+    assert picks["staleness"] == picks["age"]
+    assert len(picks["age"]) == 16 and set(picks["age"]) >= {0, 1, 2}
+
+
 def _layer_history(p, layer, cfg):
     """SPIN's V/D block prediction of one layer, as the reference computes it."""
     idx = p.slot.long()
@@ -526,8 +566,12 @@ def test_gpu_probe_matches_reference(R):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,R", [("random", 1), ("staleness", 2), ("age", 4)])
-def test_gpu_select_with_block_scores_matches_reference(policy, R):
-    cfg = SpinConfig(index_topk=128, target_sparsity=0.4, exploration=0.2,
+@pytest.mark.parametrize("narrow", [False, True])
+def test_gpu_select_with_block_scores_matches_reference(policy, R, narrow):
+    """narrow: scores that end 20 blocks short (-inf past them; 24 blocks of the longest
+    request), a NaN and a -inf among them, at a sparsity that takes more blocks than have
+    finite scores."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.1 if narrow else 0.4, exploration=0.2,
                      exploration_policy=policy)
     p_cpu = Problem(B=4, R=R, L=3, lens=(700, 64, 1500, 33), seed=8, cfg=cfg,
                     warm=(False, True, False, False))
@@ -535,8 +579,11 @@ def test_gpu_select_with_block_scores_matches_reference(policy, R):
                     warm=(False, True, False, False), device="cuda")
     gen = torch.Generator().manual_seed(9)
     nb = math.ceil(p_cpu.max_ctx / 64)
-    scores = torch.randn(4, R, nb + 3, generator=gen)
+    scores = torch.randn(4, R, nb - 20 if narrow else nb + 3, generator=gen)
     scores[0, 0, 3] = scores[0, 0, 4]                     # a tie: the lower id wins
+    if narrow:
+        scores[:, :, 1] = math.nan
+        scores[:, :, 2] = -math.inf
     out = []
     for p, s in ((p_cpu, scores), (p_gpu, scores.cuda())):
         out.append([t.cpu() for t in ops.select(p.state, p.slot, p.n, p.q, p.request, p.step,

@@ -192,17 +192,19 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
       if (p.merge_history)
         merge_by_rank(score, given, p.scores_width, B, sorted_s, sorted_p);
       else
-        for (int j = threadIdx.x; j < B; j += kThreads)
-          score[j] = j < p.scores_width ? given[j] : -CUDART_INF_F;
+        for (int j = threadIdx.x; j < B; j += kThreads) {
+          const float x = j < p.scores_width ? given[j] : -CUDART_INF_F;
+          score[j] = x == x ? x : -CUDART_INF_F;  // NaN ranks as -inf (the reference's rule)
+        }
     }
     const int n_forced = (p.keep_sink ? 1 : 0) + ((p.keep_newest && !(p.keep_sink && B == 1)) ? 1 : 0);
     const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);
     // the floor holds K visible slots whichever blocks it takes: one more block when the
     // newest is partly filled
     const int empty = max(B * kBlockSize - n, 0);
-    const int min_blocks = (p.index_topk + empty + kBlockSize - 1) / kBlockSize;
-    long long m = min(static_cast<long long>(B), max(static_cast<long long>(min_blocks),
-                                                     static_cast<long long>(keep)));
+    const long long min_blocks =
+        (static_cast<long long>(p.index_topk) + empty + kBlockSize - 1) / kBlockSize;
+    long long m = min(static_cast<long long>(B), max(min_blocks, static_cast<long long>(keep)));
     m = max(m, static_cast<long long>(min(n_forced, B)));
     long long e = 0;
     if (p.gamma > 0.0) {
@@ -244,9 +246,12 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     if (e > 0) {
       auto candidate = [&](int j) { return row_flag[j] == 0; };
       float lo = CUDART_INF_F, hi = -CUDART_INF_F;
-      if (p.policy == kExploreStaleness) {
+      if (p.policy == kExploreStaleness) {  // over the candidates' finite scores
         for (int j = threadIdx.x; j < B; j += kThreads)
-          if (candidate(j)) { lo = fminf(lo, score[j]); hi = fmaxf(hi, score[j]); }
+          if (candidate(j) && isfinite(score[j])) {
+            lo = fminf(lo, score[j]);
+            hi = fmaxf(hi, score[j]);
+          }
         lo = block_min_max<kThreads>(lo, false, fscratch);
         hi = block_min_max<kThreads>(hi, true, fscratch);
       }
@@ -258,7 +263,8 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
         long long age = step - (j < s.block_cap ? last_seen[j] : 0);
         age = max(age, 0ll);  // the reference clamps too
         if (p.policy == kExploreAge) return static_cast<uint32_t>(min(age, 0xFFFFFFFFll));
-        const float norm = span > 0.0f ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
+        const float norm =  // a non-finite score: the age alone
+            span > 0.0f && isfinite(score[j]) ? __fdiv_rn(__fsub_rn(score[j], lo), span) : 0.0f;
         return ordered_key(__fmul_rn(static_cast<float>(age), __fadd_rn(1.0f, norm)));
       };
       // each priority once, over the scores: they are not read again for this row

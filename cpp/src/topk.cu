@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks (and within the row's compact length, when given) with a
   // finite score take part; segments stay whole 16-byte loads
-  int limit = min(p.counts[b * p.counts_stride], p.m_cap) * kBlockSize;
+  int limit = max(0, min(p.counts[b * p.counts_stride], p.m_cap)) * kBlockSize;  // no wrap
   if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
   const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
@@ -445,35 +445,41 @@ cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
 }
 
 template <int kCluster>
-cudaError_t launch_cluster(const TopKParams& p, cudaStream_t stream) {
-  // each CTA caches its share of the row when it fits
+cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t stream) {
+  // each CTA caches its share of the row when it fits: beside the static shared memory, in
+  // what the device lets a CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120)
   const int64_t share = (static_cast<int64_t>(p.m_cap) * kBlockSize / 4 + kCluster - 1) / kCluster * 4;
   const size_t smem = static_cast<size_t>(share) * sizeof(uint32_t);
-  return smem <= kMaxCachedBytes ? launch_rows<true, kCluster>(p, smem, stream)
-                                 : launch_rows<false, kCluster>(p, 0, stream);
+  cudaFuncAttributes attr;
+  const bool fits = smem <= kMaxCachedBytes &&
+                    cudaFuncGetAttributes(&attr, topk_kernel<true, kCluster>) == cudaSuccess &&
+                    attr.sharedSizeBytes + smem <= static_cast<size_t>(smem_optin);
+  return fits ? launch_rows<true, kCluster>(p, smem, stream)
+              : launch_rows<false, kCluster>(p, 0, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.rows == 0) return cudaSuccess;
-  int device = 0, sms = 132, major = 0;
+  int device = 0, sms = 132, major = 0, optin = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (major < 9) return launch_cluster<1>(p, stream);  // no thread-block clusters
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (major < 9) return launch_cluster<1>(p, optin, stream);  // no thread-block clusters
   // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
   // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: below, 4
   // CTAs a row are faster (benchmarks/bench_topk.py).
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   cudaError_t err = cudaErrorNotSupported;  // a cluster size that cannot be scheduled: smaller
-  if (slots >= 8 * 8192 && rows * 8 <= sms) err = launch_cluster<8>(p, stream);
+  if (slots >= 8 * 8192 && rows * 8 <= sms) err = launch_cluster<8>(p, optin, stream);
   if (err == cudaErrorNotSupported && slots >= 4 * 4096 && rows * 4 <= sms)
-    err = launch_cluster<4>(p, stream);
+    err = launch_cluster<4>(p, optin, stream);
   if (err == cudaErrorNotSupported && slots >= 2 * 4096 && rows * 2 <= sms)
-    err = launch_cluster<2>(p, stream);
-  if (err == cudaErrorNotSupported) err = launch_cluster<1>(p, stream);
+    err = launch_cluster<2>(p, optin, stream);
+  if (err == cudaErrorNotSupported) err = launch_cluster<1>(p, optin, stream);
   return err;
 }
 

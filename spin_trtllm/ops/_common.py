@@ -11,7 +11,8 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_NEXT_N, SLOT_BYTES, STATE_DTYPES
+from ..limits import (BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_LAUNCH_BATCH, MAX_M_CAP, MAX_NEXT_N,
+                      SLOT_BYTES, STATE_DTYPES)
 from ..reference.paged import page_layout
 from . import _native
 
@@ -78,6 +79,8 @@ def check_context_lens(op: str, context_lens, dev) -> tuple[int, int]:
     check_tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
     B, R = context_lens.shape
     check_next_n(op, R, "next_n (context_lens.shape[1])")
+    if B > MAX_LAUNCH_BATCH:
+        fail(op, f"context_lens has {B} requests; one launch takes at most {MAX_LAUNCH_BATCH}")
     return B, R
 
 
@@ -101,6 +104,9 @@ def check_selection(op: str, dev, block_ids, counts, B: int, layered: bool) -> i
                  f"have {B} requests")
     if layered and tuple(counts.shape) != tuple(block_ids.shape[:2]):
         fail(op, f"counts must have shape {list(block_ids.shape[:2])}, got {list(counts.shape)}")
+    if block_ids.shape[-1] > MAX_M_CAP:
+        fail(op, f"block_ids has m_cap {block_ids.shape[-1]} (last dim); at most {MAX_M_CAP} "
+                 f"(m_cap * 64 slots must fit int32)")
     return block_ids.shape[-1]
 
 

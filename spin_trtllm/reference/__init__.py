@@ -244,16 +244,24 @@ def predict_blocks(state: SpinState, n: torch.Tensor, q: torch.Tensor, cfg: Spin
 
 
 # ---- selection --------------------------------------------------------------------------------
-def _rank_desc(key: torch.Tensor) -> torch.Tensor:
-    """Rank of every entry by descending key along the last dim; ties: lower index first."""
+def _rank_desc(key: torch.Tensor, eligible: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rank of every entry by descending key along the last dim; ties: lower index first. With
+    `eligible`, every eligible entry ranks before every other one (whatever their keys: an
+    eligible -inf before an ineligible entry, as the kernels rank only the eligible)."""
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    if eligible is not None:
+        first = eligible.gather(-1, order).to(torch.int8)
+        order = order.gather(-1, torch.sort(first, dim=-1, descending=True, stable=True).indices)
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
     return rank
 
 
-def _take_top(key: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    return _rank_desc(key) < count.unsqueeze(-1)
+def _take_top(key: torch.Tensor, count: torch.Tensor,
+              eligible: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The `count` highest-ranked entries (of the eligible ones, when given)."""
+    top = _rank_desc(key, eligible) < count.unsqueeze(-1)
+    return top if eligible is None else top & eligible
 
 
 def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.Tensor,
@@ -270,11 +278,15 @@ def _explore_priority(cfg: SpinConfig, candidates: torch.Tensor, scores: torch.T
         pri = age.expand(candidates.shape)
         if cfg.exploration_policy == "staleness":
             # fp32, one rounding per operation, so the kernels can match bit for bit
+            # over the candidates' finite scores; a non-finite one (a block the given scores
+            # do not cover) is ranked by its age alone
             s = scores.float()
-            lo = torch.where(candidates, s, torch.inf).amin(-1, keepdim=True)
-            hi = torch.where(candidates, s, -torch.inf).amax(-1, keepdim=True)
+            finite = candidates & torch.isfinite(s)
+            lo = torch.where(finite, s, torch.inf).amin(-1, keepdim=True)
+            hi = torch.where(finite, s, -torch.inf).amax(-1, keepdim=True)
             span = hi - lo
-            norm = torch.where(span > 0, (s - lo) / torch.where(span > 0, span, 1.0), 0.0)
+            norm = torch.where((span > 0) & finite,
+                               (s - lo) / torch.where(span > 0, span, 1.0), 0.0)
             pri = (pri.float() * (1.0 + norm)).to(torch.float64)
     return torch.where(candidates, pri, -torch.inf)
 
@@ -310,6 +322,8 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
     G, R, NB = block_scores.shape
     dev = block_scores.device
     b = cfg.block_size
+    # a NaN block score (given scores) ranks as -inf, as in the kernels
+    block_scores = block_scores.nan_to_num(nan=NEG_INF, posinf=torch.inf, neginf=NEG_INF)
     nblk = block_count(n, b)                                      # [G, R]
     j = torch.arange(NB, device=dev)
     valid = j < nblk.unsqueeze(-1)                                # [G, R, NB]
@@ -336,23 +350,21 @@ def select_blocks(block_scores: torch.Tensor, slot_pred: Optional[torch.Tensor],
         # keep room for K slots: top up to ceil(K/b) blocks with the best remaining ones
         deficit = (torch.minimum(nblk, budget_floor(nblk, cfg, n))
                    - chosen.sum(-1)).clamp(min=0)
-        rest = block_scores.masked_fill(chosen | ~valid, NEG_INF)
-        chosen |= _take_top(rest, deficit) & valid & ~chosen
+        chosen |= _take_top(block_scores, deficit, valid & ~chosen)
         m0 = chosen.sum(-1)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m0.to(torch.float64)), nblk - m0)
     else:
         m = torch.maximum(block_budget(nblk, rho_r, cfg, n), n_forced)
         n_explore = torch.minimum(floor_tol(cfg.exploration * m.to(torch.float64)), m - n_forced)
         # forced blocks first, then the best of the rest (ranked without them, so no score,
-        # not even an overflowed +inf, can tie with a forced block)
-        rest = block_scores.masked_fill(forced | ~valid, NEG_INF)
-        chosen = forced | (_take_top(rest, m - n_explore - n_forced) & valid & ~forced)
+        # not even an overflowed +inf or a -inf, can tie with a forced block)
+        chosen = forced | _take_top(block_scores, m - n_explore - n_forced, valid & ~forced)
 
     if cfg.exploration > 0:
         candidates = valid & ~chosen
         pri = _explore_priority(cfg, candidates, block_scores, state.last_seen, request, layer,
                                 step)
-        chosen |= _take_top(pri, n_explore.clamp(min=0)) & candidates
+        chosen |= _take_top(pri, n_explore.clamp(min=0), candidates)
 
     dense = state.decode_steps < cfg.warmup_steps                 # [G]
     row_mask = torch.where(dense.view(G, 1, 1), valid, chosen)

@@ -349,10 +349,10 @@ def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: to
     if scores is not None and scores.shape[1] > 0:   # no columns: every slot is -1 already
         at = torch.where(slots >= 0, positions.long(), 0)
         slots = torch.where(torch.isfinite(scores.gather(1, at)), slots, -1)
-    if ascending:
-        last = torch.iinfo(torch.int32).max
-        slots = torch.where(slots < 0, last, slots).sort(-1).values
-        slots = torch.where(slots == last, -1, slots)
+    if ascending:   # -1 sorts last: past every int32 id (MAX_SLOT_ID included)
+        last = MAX_SLOT_ID + 1
+        slots = torch.where(slots < 0, last, slots.to(torch.int64)).sort(-1).values
+        slots = torch.where(slots == last, -1, slots).to(torch.int32)
     return slots
 
 
@@ -368,4 +368,4 @@ def _remap(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tenso
     ids = block_ids.to(torch.int64).repeat_interleave(next_n, 0)
     block = ids.gather(1, torch.where(inside, pos // BLOCK_SLOTS, 0))
     slots = block * BLOCK_SLOTS + pos % BLOCK_SLOTS
-    return torch.where(inside & (block >= 0), slots, -1).to(torch.int32)
+    return torch.where(inside & (block >= 0) & (slots <= MAX_SLOT_ID), slots, -1).to(torch.int32)

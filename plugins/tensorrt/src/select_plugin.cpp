@@ -121,7 +121,7 @@ PluginSpec const& selectSpec() {
        intField("seed", false, 0, 0, 4294967295.0, "must satisfy 0 <= seed < 2^32"),
        maxContextField(),
        intField("m_cap", true, 0, 1, spin::kMaxMCap,
-                "block-list width, 1 <= m_cap <= 33554431; ceil(max_context / 64) keeps every block")}};
+                "block-list width, 1 <= m_cap <= 33554423; ceil(max_context / 64) keeps every block")}};
   return spec;
 }
 
