@@ -144,7 +144,10 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   const Smem lay{(p.rows + G - 1) / G * G, kStages};
 
   const int b = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // the warp index through a shuffle: ptxas then knows it is warp-uniform (CUTLASS's
+  // canonical_warp_idx_sync), so the warp 0 / warps 1-3 branches keep the uniform datapath
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t width = static_cast<int64_t>(p.m_cap) * kBlockSize;
   const int count = min(p.counts[b * p.counts_stride], p.m_cap);
