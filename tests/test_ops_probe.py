@@ -298,9 +298,9 @@ def test_select_ranks_every_unforced_block_before_the_forced_ones(keep_sink, kee
 
 
 def test_staleness_ranks_blocks_without_a_finite_score_by_age():
-    """Exploration by staleness normalizes over the candidates' finite scores: with one finite
-    candidate score there is no span, so every candidate's priority is its age, as under the
-    age policy (a -inf score must not make a NaN priority)."""
+    """Exploration by staleness normalizes over the candidates' finite scores: with none (every
+    candidate past the given scores: -inf) there is no span, so every candidate's priority is its
+    age, as under the age policy (a -inf score must not make a NaN priority)."""
     picks = {}
     for policy in ("staleness", "age"):
         cfg = SpinConfig(index_topk=64, target_sparsity=0.2, exploration=0.5,

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
   }
 }
 
-// The slot id of element col of row, or -1 (past the scored blocks, a padded id, or a
-// non-finite value or score).
+// The slot id of element col of row, or -1 (past the scored blocks, a padded id, a slot id past
+// int32, or a non-finite value or score).
 __device__ __forceinline__ int32_t remap_slot(const RemapParams& p, int64_t row, int64_t col) {
   const int64_t b = row / p.rows;
   const int pos = p.positions[row * p.positions_stride + col];

@@ -4,7 +4,8 @@
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
 // contiguous share), each warp owning a contiguous segment; a share up to 48K slots is copied
-// to shared memory as ordered keys in the same pass as:
+// to shared memory as ordered keys (where the device gives a CTA that much: sm_90) in the same
+// pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
@@ -61,7 +62,8 @@ constexpr int kRankCand = 256;
 static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
 // shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
-// shared memory this is 2.4 KB under the 227 KB a CTA may have
+// shared memory this is 2.4 KB under the 227 KB a CTA may have on sm_90 (launch_cluster checks
+// the device's limit: 99 KB on sm_89 and sm_120)
 constexpr size_t kMaxCachedBytes = 192 * 1024;
 constexpr int kWarpStep = 4 * 128;              // a warp loads 4 float4 per lane per step
 

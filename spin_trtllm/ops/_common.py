@@ -106,7 +106,7 @@ def check_selection(op: str, dev, block_ids, counts, B: int, layered: bool) -> i
         fail(op, f"counts must have shape {list(block_ids.shape[:2])}, got {list(counts.shape)}")
     if block_ids.shape[-1] > MAX_M_CAP:
         fail(op, f"block_ids has m_cap {block_ids.shape[-1]} (last dim); at most {MAX_M_CAP} "
-                 f"(m_cap * 64 slots must fit int32)")
+                 f"(m_cap * 64 slots and the top-K's 512-slot load step must fit int32)")
     return block_ids.shape[-1]
 
 

@@ -13,7 +13,8 @@ of the compact order: a kernel given (compact_table, compact_lens) as (block tab
 lengths) computes indexer_logits' compact masked logits.
 remap: positions int32 [B*next_n, K] (compact positions, request-local, -1 padded; row stride
 allowed) -> out int32 [B*next_n, K]: ids[pos // 64]*64 + pos % 64 for 0 <= pos <
-min(count, m_cap)*64 with that id >= 0, else -1, order kept. Optional values fp32
+min(count, m_cap)*64 with that id in [0, 2^25 - 1] (a slot id within int32), else -1, order
+kept. Optional values fp32
 [B*next_n, K] (the top-K's scores) or scores fp32 [B*next_n, >= m_cap*64] (the logits the
 positions index): a non-finite value makes its entry -1. ascending (K <= MAX_SORTED_K): each
 row sorted, -1 last, which turns a peer's unordered top-K into topk's output in one launch.

@@ -21,7 +21,8 @@ Definitions (paper arXiv 2610.09025, Algorithm 1 and sections 3.2.1-3.2.2, 4.6):
     random:    priority = counter_hash(seed, request, layer, step, block), a uint32
     age:       priority = max(step - last_seen[block], 0)  (steps since last scored)
     staleness: priority = age * (1 + s), s = (S - min S) / (max S - min S) over the
-               candidates (0 when they are all equal), in fp32: staleness weighted by
+               candidates' finite scores (0 when they are all equal, and for a candidate
+               whose score is not finite: its age alone), in fp32: staleness weighted by
                predicted importance, which can at most double it.
   Ties: lower block id. MTP rows share the random keys and the block ages, so they mostly
   explore the same blocks (staleness also weighs each row's own predicted scores).

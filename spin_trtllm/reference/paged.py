@@ -340,7 +340,8 @@ def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: to
     """int32 [B*next_n, K]: compact positions (-1 padded) -> request-local slot ids.
 
     Position pos of row r (request r // next_n) becomes ids[pos // 64] * 64 + pos % 64 when
-    0 <= pos < min(count, m_cap) * 64, that id is >= 0, (values given) values[r, i] is finite
+    0 <= pos < min(count, m_cap) * 64, that id is >= 0 and the slot id within int32
+    (MAX_SLOT_ID), (values given) values[r, i] is finite
     and (scores given: [B*next_n, >= m_cap * 64], the rows the positions index) scores[r, pos]
     is finite, else -1. The order is kept, or with ascending each row is sorted, -1 last."""
     slots = _remap(positions, block_ids, counts, next_n)

@@ -55,8 +55,9 @@ def _int(name: str, value, lo: int, hi: int) -> int:
 
 
 def default_m_cap(max_context: int) -> int:
-    """Every block of the longest context: warm-up steps select them all."""
-    return math.ceil(_int("max_context", max_context, 1, INT32_MAX) / BLOCK_SLOTS)
+    """Every block of the longest context (warm-up steps select them all), at most MAX_M_CAP
+    (past 64 x MAX_M_CAP tokens the lowest block ids are kept)."""
+    return min(MAX_M_CAP, math.ceil(_int("max_context", max_context, 1, INT32_MAX) / BLOCK_SLOTS))
 
 
 def select_fields(cfg: SpinConfig, *, max_context: int, m_cap: int | None = None) -> dict:
