@@ -147,9 +147,19 @@ def write_output(path: PathLike, what: str, data: Union[bytes, str, None] = None
 
 def _replace_file(target: Path, st: Optional[os.stat_result], data: Optional[bytes],
                   writer: Optional[Writer]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=".partial",
-                               dir=target.parent)
+    # The temporary's name is known before the file exists, so an interrupt at any point after
+    # its creation still removes it (one inside tempfile.mkstemp, after its open, left it).
+    fd, tmp = -1, None
     try:
+        while True:
+            tmp = os.path.join(target.parent,
+                               f".{target.name[:100]}.{os.urandom(6).hex()}.partial")
+            try:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL |
+                             getattr(os, "O_CLOEXEC", 0), 0o600)
+                break
+            except FileExistsError:
+                continue
         if writer is None:
             _write_all(fd, data)
         else:
@@ -170,10 +180,11 @@ def _replace_file(target: Path, st: Optional[os.stat_result], data: Optional[byt
     except BaseException:
         if fd >= 0:
             os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise
     try:                                            # the rename itself survives a crash
         dir_fd = os.open(target.parent, os.O_RDONLY)

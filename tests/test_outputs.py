@@ -112,6 +112,53 @@ def test_failed_or_interrupted_writer_leaves_the_old_file(tmp_path, error):
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
 
 
+def test_interrupt_right_after_the_temporary_is_created_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C lands once the temporary exists but before its descriptor is kept (inside
+    tempfile.mkstemp it could): the temporary is still removed and the old file stays."""
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    real_open = os.open
+
+    def open_then_interrupt(name, flags, *args):
+        fd = real_open(name, flags, *args)
+        if str(name).endswith(".partial"):
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_output(path, "--json", "new")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_ctrl_c_during_an_import_is_delivered_after_it(tmp_path, monkeypatch):
+    """The CLI's SIGINT handler raises KeyboardInterrupt, except inside an import (a C extension
+    running it there may abort the process): then it asks for SIGINT again shortly."""
+    from spin_trtllm import cli
+
+    retries = []
+
+    class Timer:
+        def __init__(self, delay, fn, args):
+            retries.append((delay, fn, args))
+            self.daemon = False
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(cli.threading, "Timer", Timer)
+    (tmp_path / "interrupted_import.py").write_text(
+        "import sys\nfrom spin_trtllm import cli\ncli._on_interrupt(2, sys._getframe())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import interrupted_import  # noqa: F401  (runs the handler inside its import)
+    assert retries == [(cli._RETRY_S, os.kill, (os.getpid(), signal.SIGINT))]
+    with pytest.raises(KeyboardInterrupt):
+        cli._on_interrupt(2, sys._getframe())
+    assert len(retries) == 1
+
+
 def test_device_is_written_through_and_its_errors_reported(tmp_path):
     null = mknod(tmp_path / "null", 3)
     write_output(null, "--json", "x" * 100_000)

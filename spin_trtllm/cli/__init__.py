@@ -5,16 +5,35 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 # Only the standard library at import time: the heavy imports (yaml, pydantic, torch) happen
 # inside main(), where Ctrl-C is handled.
 _interrupted = False
+_RETRY_S = 0.05
 
 
-def _on_interrupt(signum: int, frame: object) -> None:
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_interrupt(signum: int, frame) -> None:
     global _interrupted
-    _interrupted = True                  # a library may turn the KeyboardInterrupt into
-    raise KeyboardInterrupt              # another error: main() still exits 130
+    _interrupted = True
+    if _importing(frame):
+        # A module's import may run this handler from C++ (torch's, through PyErr_CheckSignals)
+        # where an exception aborts the process (std::terminate, exit -6): signal again once
+        # the import is done.
+        retry = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signal.SIGINT))
+        retry.daemon = True
+        retry.start()
+        return
+    raise KeyboardInterrupt              # a library may turn it into another error: main()
+                                         # still exits 130
 
 
 def _early_interrupt(signum: int, frame: object) -> None:
