@@ -101,6 +101,7 @@ def _overflowing_ids_logits():
 
 
 def test_logits_of_blocks_past_int32_slots_are_minus_inf():
+    """The reference (the kernel's fix is checked against it by the GPU test below)."""
     z = ops.indexer_logits(*_overflowing_ids_logits())
     assert bool(torch.isfinite(z[0, :64]).all())
     assert bool(torch.isneginf(z[0, 64:]).all())
@@ -123,11 +124,20 @@ def test_gpu_overflowing_block_ids_match_reference():
 def test_launch_limits_are_refused_by_name():
     from spin_trtllm.limits import MAX_LAUNCH_BATCH, MAX_M_CAP
 
-    n = torch.ones(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32)
-    ids = torch.zeros(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32)
-    cnt = torch.ones(MAX_LAUNCH_BATCH + 1, dtype=torch.int32)
-    with pytest.raises(SpinError, match=f"65536 requests; one launch takes at most 65535"):
-        ops.compact(ids, cnt, n, torch.zeros(MAX_LAUNCH_BATCH + 1, 1, dtype=torch.int32))
+    B = MAX_LAUNCH_BATCH + 1
+    n = torch.ones(B, 1, dtype=torch.int32)
+    ids = torch.zeros(B, 1, dtype=torch.int32)
+    cnt = torch.ones(B, dtype=torch.int32)
+    refused = f"{B} requests; one launch takes at most {MAX_LAUNCH_BATCH}"
+    with pytest.raises(SpinError, match=refused):             # the requests on the grid's y
+        ops.indexer_logits(torch.zeros(B, 64, 128).to(torch.float8_e4m3fn),
+                           torch.zeros(1, 64, 1, 132, dtype=torch.uint8), torch.zeros(B, 64), n,
+                           torch.zeros(B, 1, dtype=torch.int32), ids, cnt)
+    with pytest.raises(SpinError, match=refused):
+        ops.select(ops.OpState.zeros(2, 1, 64, CFG), torch.zeros(B, dtype=torch.int32), n, n - 1,
+                   torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64), CFG, 1, 1)
+    table, lens = ops.compact(ids, cnt, n, torch.zeros(B, 1, dtype=torch.int32))  # grid x: fine
+    assert lens.shape == (B, 1)
     wide = torch.empty(1, MAX_M_CAP + 1, dtype=torch.int32)           # pages never touched
     with pytest.raises(SpinError, match=f"m_cap {MAX_M_CAP + 1} .last dim.; at most {MAX_M_CAP}"):
         ops.topk(torch.zeros(1, 64), wide, torch.ones(1, dtype=torch.int32), 1, 8)

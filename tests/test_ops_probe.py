@@ -314,6 +314,34 @@ def test_staleness_ranks_blocks_without_a_finite_score_by_age():
     assert len(picks["age"]) == 16 and set(picks["age"]) >= {0, 1, 2}
 
 
+def test_staleness_normalizes_over_the_finite_candidate_scores():
+    """Exploration candidates with finite given scores and with -inf ones (past the scores'
+    width): the priority is age * (1 + s), s min-max normalized over the finite candidates and
+    0 for the others, computed here by hand."""
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.2, exploration=0.5,
+                     exploration_policy="staleness", keep_newest=False)
+    p = Problem(B=1, R=1, L=1, lens=(1280,), seed=6, cfg=cfg)             # 20 blocks, m = 16
+    given = [9.0, 0.5, 7.0, 3.0, 8.0, 1.5, 6.0, 2.5, 5.0, 4.0, 1.0, 2.0]    # -inf from block 12
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                          block_scores=torch.tensor(given).view(1, 1, -1), layer=0)
+    score = {j: given[j] if j < len(given) else -math.inf for j in range(20)}
+    top = sorted(range(1, 20), key=lambda j: (-score[j], j))[:7]          # 16 - 8 explored - sink
+    candidates = [j for j in range(20) if j != 0 and j not in top]
+    finite = [score[j] for j in candidates if math.isfinite(score[j])]
+    lo, hi = min(finite), max(finite)
+    last_seen = p.state.last_seen[int(p.slot[0]), 0]
+    step = int(p.step[0])
+
+    def priority(j):
+        norm = (score[j] - lo) / (hi - lo) if math.isfinite(score[j]) else 0.0
+        age = max(step - int(last_seen[j]), 0)
+        return float(torch.tensor(age, dtype=torch.float32) * (1 + torch.tensor(norm)))
+
+    explored = sorted(candidates, key=lambda j: (-priority(j), j))[:8]
+    assert int(cnt[0, 0]) == 16
+    assert ids[0, 0, :16].tolist() == sorted([0] + top + explored)
+
+
 def _layer_history(p, layer, cfg):
     """SPIN's V/D block prediction of one layer, as the reference computes it."""
     idx = p.slot.long()

@@ -135,28 +135,44 @@ def test_interrupt_right_after_the_temporary_is_created_leaves_nothing(tmp_path,
 
 def test_ctrl_c_during_an_import_is_delivered_after_it(tmp_path, monkeypatch):
     """The CLI's SIGINT handler raises KeyboardInterrupt, except inside an import (a C extension
-    running it there may abort the process): then it asks for SIGINT again shortly."""
+    running it there may abort the process): then it sends SIGINT again shortly, one retry at a
+    time; a second Ctrl-C while one is pending leaves at once (exit 130)."""
     from spin_trtllm import cli
 
-    retries = []
+    timers = []
 
     class Timer:
-        def __init__(self, delay, fn, args):
-            retries.append((delay, fn, args))
-            self.daemon = False
+        def __init__(self, delay, fn):
+            self.delay, self.fn, self.started, self.daemon = delay, fn, False, False
+            timers.append(self)
 
         def start(self):
-            pass
+            self.started = True
+
+    class Left(Exception):
+        pass
+
+    def early(signum, frame):
+        raise Left
 
     monkeypatch.setattr(cli.threading, "Timer", Timer)
+    monkeypatch.setattr(cli, "_early_interrupt", early)
+    monkeypatch.setattr(cli, "_retry", None)
+    sent = []
+    monkeypatch.setattr(cli.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     (tmp_path / "interrupted_import.py").write_text(
-        "import sys\nfrom spin_trtllm import cli\ncli._on_interrupt(2, sys._getframe())\n")
+        "import sys\nfrom spin_trtllm import cli\ncli._on_interrupt(2, sys._getframe())\n"
+        "try:\n    cli._on_interrupt(2, sys._getframe())\nexcept Exception as e:\n"
+        "    second = type(e).__name__\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import interrupted_import  # noqa: F401  (runs the handler inside its import)
-    assert retries == [(cli._RETRY_S, os.kill, (os.getpid(), signal.SIGINT))]
+    import interrupted_import                       # the handler runs twice inside the import
+    assert len(timers) == 1 and timers[0].started and timers[0].delay == cli._RETRY_S
+    assert interrupted_import.second == "Left"
+    timers[0].fn()                                  # the retry fires: SIGINT again, none pending
+    assert sent == [(os.getpid(), signal.SIGINT)] and cli._retry is None
     with pytest.raises(KeyboardInterrupt):
-        cli._on_interrupt(2, sys._getframe())
-    assert len(retries) == 1
+        cli._on_interrupt(2, sys._getframe())       # outside an import: at once
+    assert len(timers) == 1
 
 
 def test_device_is_written_through_and_its_errors_reported(tmp_path):

@@ -149,8 +149,9 @@ MEASURED_PROBE = [(96, 131072, 1, 15.2, 39.7, 103.4 - 19.4),
 @pytest.mark.parametrize("batch,slots,next_n,select,probe_path,hybrid_extra", MEASURED_PROBE)
 def test_cost_model_tracks_the_measured_select_probe_and_hybrid(batch, slots, next_n, select,
                                                                probe_path, hybrid_extra):
-    """Each term against its measurement. What the switch weighs is the probe's extra over SPIN,
-    a difference of two terms, so its error is bounded by theirs (both within 15%)."""
+    """Each term against its measurement (15%), and the probe's extra over SPIN, what the switch
+    weighs: a difference of two terms, so its relative error is larger (26% at 96 x 128K,
+    next_n 4)."""
     ctx = [slots] * batch
     spin = H200.spin_us(ctx, 0.5, next_n)
     probe = H200.spin_us(ctx, 0.5, next_n, predictor="probe")
@@ -158,6 +159,7 @@ def test_cost_model_tracks_the_measured_select_probe_and_hybrid(batch, slots, ne
     modelled_select = H200._choose(ctx, batch * slots, next_n, 1.0, "spin")
     assert modelled_select == pytest.approx(select, rel=0.15)
     assert probe - spin + modelled_select == pytest.approx(probe_path, rel=0.15)
+    assert probe - spin == pytest.approx(probe_path - select, rel=0.3)
     assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.15)
 
 

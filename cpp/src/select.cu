@@ -201,9 +201,8 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     const double keep = ceil((1.0 - p.rho) * static_cast<double>(B) - 1e-6);
     // the floor holds K visible slots whichever blocks it takes: one more block when the
     // newest is partly filled
-    const int empty = max(B * kBlockSize - n, 0);
-    const long long min_blocks =
-        (static_cast<long long>(p.index_topk) + empty + kBlockSize - 1) / kBlockSize;
+    const long long empty = max(static_cast<long long>(B) * kBlockSize - n, 0ll);
+    const long long min_blocks = (p.index_topk + empty + kBlockSize - 1) / kBlockSize;
     long long m = min(static_cast<long long>(B), max(min_blocks, static_cast<long long>(keep)));
     m = max(m, static_cast<long long>(min(n_forced, B)));
     long long e = 0;

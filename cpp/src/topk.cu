@@ -65,7 +65,8 @@ static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
 // shared memory this is 2.4 KB under the 227 KB a CTA may have on sm_90 (launch_cluster checks
 // the device's limit: 99 KB on sm_89 and sm_120)
 constexpr size_t kMaxCachedBytes = 192 * 1024;
-constexpr int kWarpStep = 4 * 128;              // a warp loads 4 float4 per lane per step
+constexpr int kWarpStep = kTopKLoadStep;        // a warp loads 4 float4 per lane per step
+static_assert(kWarpStep == 4 * 128, "walk_segment's loads: 4 float4 a lane");
 
 // Bins of the fp16-rounded value: float -> half is monotone, so a higher bin is a larger value.
 __device__ __forceinline__ int coarse_digit(uint32_t key) {

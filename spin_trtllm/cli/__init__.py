@@ -11,6 +11,7 @@ import threading
 # inside main(), where Ctrl-C is handled.
 _interrupted = False
 _RETRY_S = 0.05
+_retry: "threading.Timer | None" = None   # SIGINT sent again once an import is done
 
 
 def _importing(frame) -> bool:
@@ -21,16 +22,24 @@ def _importing(frame) -> bool:
     return False
 
 
+def _resend() -> None:
+    global _retry
+    _retry = None
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def _on_interrupt(signum: int, frame) -> None:
-    global _interrupted
+    global _interrupted, _retry
     _interrupted = True
     if _importing(frame):
         # A module's import may run this handler from C++ (torch's, through PyErr_CheckSignals)
         # where an exception aborts the process (std::terminate, exit -6): signal again once
-        # the import is done.
-        retry = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signal.SIGINT))
-        retry.daemon = True
-        retry.start()
+        # the import is done, one retry at a time. A second Ctrl-C meanwhile leaves at once.
+        if _retry is not None:
+            _early_interrupt(signum, frame)
+        _retry = threading.Timer(_RETRY_S, _resend)
+        _retry.daemon = True
+        _retry.start()
         return
     raise KeyboardInterrupt              # a library may turn it into another error: main()
                                          # still exits 130
@@ -363,6 +372,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if _interrupted:
             return _exit_interrupted()
         raise
+    finally:
+        if _retry is not None:           # main() is over: no KeyboardInterrupt for the caller
+            _retry.cancel()
 
 
 def _exit_interrupted() -> int:

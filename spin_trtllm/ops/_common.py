@@ -79,13 +79,18 @@ def check_context_lens(op: str, context_lens, dev) -> tuple[int, int]:
     check_tensor(op, "context_lens", context_lens, I32, 2, dev, contiguous=True)
     B, R = context_lens.shape
     check_next_n(op, R, "next_n (context_lens.shape[1])")
+    return B, R
+
+
+def check_launch_batch(op: str, B: int) -> None:
+    """Kernels with the requests on the grid's y dimension (select, update, logits, probe)."""
     if B > MAX_LAUNCH_BATCH:
         fail(op, f"context_lens has {B} requests; one launch takes at most {MAX_LAUNCH_BATCH}")
-    return B, R
 
 
 def check_batch(op: str, dev, state_slot, context_lens, query_pos) -> tuple[int, int]:
     B, R = check_context_lens(op, context_lens, dev)
+    check_launch_batch(op, B)
     check_tensor(op, "query_pos", query_pos, I32, 2, dev, contiguous=True)
     check_shape(op, "query_pos", query_pos, (B, R))
     check_tensor(op, "state_slot", state_slot, I32, 1, dev, contiguous=True)
@@ -164,6 +169,7 @@ def check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[in
     context_lens int32 [B, R], block_table int32 [B, max_pages]. Returns (B, R)."""
     check_tensor(op, "q", q, (torch.float8_e4m3fn,), 3, dev, contiguous=True)
     B, R = check_context_lens(op, context_lens, dev)
+    check_launch_batch(op, B)
     check_shape(op, "q", q, (B * R, INDEX_HEADS, HEAD_DIM))
     check_tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     check_shape(op, "weights", weights, (B * R, INDEX_HEADS))

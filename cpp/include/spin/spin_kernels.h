@@ -23,7 +23,8 @@ constexpr int kGaussSummaryBytes = 2 * kSummaryBytes;  // mean row, std row [GAU
 constexpr int kMaxNextN = 8;            // MTP rows per request supported [MAX_NEXT_N]
 constexpr int kMaxSortedK = 4096;       // remap(ascending): k one CTA sorts [MAX_SORTED_K]
 constexpr int kMaxHybridBlocks = 8192;  // merge_history rank sort [MAX_HYBRID_BLOCKS]
-constexpr int kMaxMCap = 33554423;      // m_cap * 64 + 512 fits int32 [MAX_M_CAP]
+constexpr int kTopKLoadStep = 4 * 128;  // positions a top-K warp loads in one step (topk.cu)
+constexpr int kMaxMCap = 33554423;      // m_cap * 64 + a load step fits int32 [MAX_M_CAP]
 constexpr int kMaxGridYZ = 65535;       // grid y/z: launch batch, update layers [MAX_LAUNCH_BATCH]
 constexpr float kE4M3Max = 448.0f;      // largest finite fp8 e4m3 [reference.FP8_MAX]
 // Enum values as the kernels read them (enumerators in value order, one a line).
@@ -50,8 +51,8 @@ enum StateType : int {
 static_assert(kSlotBytes == kHeadDim + 4, "a slot is the key row and its fp32 scale");
 static_assert(kSummaryBytes >= kHeadDim + 4 && kSummaryBytes % 16 == 0,
               "a summary row holds a key row and its scale, 16-byte aligned");
-static_assert(kMaxMCap == (2147483647 - 512) / kBlockSize,
-              "m_cap * kBlockSize fits int32 with a step of 512 positions past it (top-K loads)");
+static_assert(kMaxMCap == (2147483647 - kTopKLoadStep) / kBlockSize,
+              "m_cap * kBlockSize fits int32 with a top-K load step past it");
 
 // State tensors are [num_state_slots, num_layers, cap]; request b uses slot state_slot[b].
 struct StateView {

@@ -3,6 +3,8 @@
 //   outputs block_ids int32 [B, L, m_cap], counts int32 [B, L]
 #include "plugins.h"
 
+static_assert(spin::kMaxMCap == 33554423, "the m_cap field's help names kMaxMCap");
+
 namespace spin_trt {
 namespace {
 
