@@ -75,7 +75,7 @@ class CostModel:
     margin: float = 0.03     # SPIN must win by this share (hysteresis at the boundary)
 
     def _logits(self, slots: float, next_n: int) -> float:
-        reread = 1.0 + self.mtp_reread * (next_n - 1)
+        reread = _rows(self.mtp_reread, next_n)
         return self.logits_fixed_us + slots * SLOT_BYTES * reread / self.logits_bytes_per_us
 
     def _peer_runs(self, visible_slots: Sequence[int], next_n: int) -> bool:
@@ -123,13 +123,13 @@ class CostModel:
                              f"{', '.join(ENGINE_PREDICTORS)})")
         chosen = REGISTRY[predictor]
         if not chosen.query:
-            rows = 1.0 + self.select_next_n_share * (next_n - 1)
-            return self.select_fixed_us + self.select_us_per_slot * slots * state * rows
+            return (self.select_fixed_us + self.select_us_per_slot * slots * state
+                    * _rows(self.select_next_n_share, next_n))
         longest = max(_block_slots([s]) for s in visible_slots)
         gauss = predictor == "gauss"
         per_slot = self.gauss_us_per_slot if gauss else self.probe_us_per_slot
         cost = ((self.gauss_fixed_us if gauss else self.probe_fixed_us)
-                + per_slot * slots * (1.0 + self.query_next_n_share * (next_n - 1))
+                + per_slot * slots * _rows(self.query_next_n_share, next_n)
                 + self.probe_select_fixed_us
                 + self.probe_select_us_per_request_slot * longest * next_n)
         if chosen.merges:
@@ -173,6 +173,11 @@ class CostModel:
         spin = self.spin_us(visible_slots, target_sparsity, next_n, state_bytes, predictor,
                             update_beside, index_topk) + overhead
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
+
+
+def _rows(share: float, next_n: int) -> float:
+    """A term's factor for next_n rows when each row after the first adds `share` of it."""
+    return 1.0 + share * (next_n - 1)
 
 
 def _floor_slots(visible: int, index_topk: int) -> float:

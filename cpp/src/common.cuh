@@ -67,6 +67,10 @@ inline void allow_beside_previous(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* 
       beside_previous && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 ? 1 : 0;
 }
 
+// The largest block id whose slot ids (block * 64 + offset) all fit int32: past it a block has
+// no slot id (the reference's rule; topk.cu's slot_id, remap, the logits' block lookup).
+constexpr int kMaxSlotBlock = INT_MAX / kBlockSize;
+
 // Monotone map float -> uint32 (larger float, larger key); -0.0 is folded into +0.0 so that
 // equal values tie, as in torch.
 __device__ __forceinline__ uint32_t ordered_key(float x) {

@@ -86,7 +86,7 @@ __device__ __forceinline__ int32_t remap_slot(const RemapParams& p, int64_t row,
   if (p.values != nullptr && !isfinite(p.values[row * p.values_stride + col])) return -1;
   if (p.scores != nullptr && !isfinite(p.scores[row * p.scores_stride + pos])) return -1;
   const int j = p.block_ids[b * p.ids_stride + pos / kBlockSize];
-  return j >= 0 && j <= INT_MAX / kBlockSize ? j * kBlockSize + pos % kBlockSize : -1;  // int32 ids
+  return j >= 0 && j <= kMaxSlotBlock ? j * kBlockSize + pos % kBlockSize : -1;
 }
 
 __global__ void __launch_bounds__(kRemapThreads) remap_kernel(RemapParams p) {

@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads, G == 1 ? kMinCtasOneRow : 1)
   if (threadIdx.x < c_end - c_begin) {
     const int c = c_begin + threadIdx.x;
     const int j = c < count ? p.block_ids[b * p.ids_stride + c] : -1;
-    // a block past INT_MAX / 64 holds no slot an int32 context reaches: never read, -inf
-    const int page = (j >= 0 && j < p.max_pages && j <= INT_MAX / kBlockSize)
+    // a block past kMaxSlotBlock holds no slot an int32 context reaches: never read, -inf
+    const int page = (j >= 0 && j < p.max_pages && j <= kMaxSlotBlock)
                          ? p.block_table[b * p.table_stride + j] : -1;
     block_s[threadIdx.x] = j;
     page_s[threadIdx.x] = (page >= 0 && page < p.num_pages) ? page : -1;  // -1: never read

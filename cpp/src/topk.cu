@@ -107,7 +107,7 @@ __device__ uint32_t first_key_of_digit(int digit) {
 }
 
 // Request-local slot id of offset `off` in block `block`; -1 for a negative block id or one
-// whose slots do not fit int32 (the reference's rule).
+// whose slots do not fit int32 (past kMaxSlotBlock: the reference's rule).
 __device__ __forceinline__ int32_t slot_id(int32_t block, int off) {
   const int64_t slot = static_cast<int64_t>(block) * kBlockSize + off;
   return block < 0 || slot > INT32_MAX ? -1 : static_cast<int32_t>(slot);
@@ -453,10 +453,14 @@ cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t str
   // what the device lets a CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120)
   const int64_t share = (static_cast<int64_t>(p.m_cap) * kBlockSize / 4 + kCluster - 1) / kCluster * 4;
   const size_t smem = static_cast<size_t>(share) * sizeof(uint32_t);
-  cudaFuncAttributes attr;
-  const bool fits = smem <= kMaxCachedBytes &&
-                    cudaFuncGetAttributes(&attr, topk_kernel<true, kCluster>) == cudaSuccess &&
-                    attr.sharedSizeBytes + smem <= static_cast<size_t>(smem_optin);
+  // the cached kernel's static shared memory, asked once (SIZE_MAX: unknown, never cached)
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, topk_kernel<true, kCluster>) == cudaSuccess
+               ? attr.sharedSizeBytes : SIZE_MAX;
+  }();
+  const bool fits = smem <= kMaxCachedBytes && static_bytes != SIZE_MAX &&
+                    static_bytes + smem <= static_cast<size_t>(smem_optin);
   return fits ? launch_rows<true, kCluster>(p, smem, stream)
               : launch_rows<false, kCluster>(p, 0, stream);
 }
