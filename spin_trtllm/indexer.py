@@ -28,6 +28,7 @@ mean and per-dimension std (two rows, 288 bytes a page) and ranks by the expecte
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -158,6 +159,7 @@ class SpinIndexer:
         gauss = chosen.name == "gauss"
         self._summaries_like = ops.gauss_summaries_like if gauss else ops.summaries_like
         self._summarize = ops.summarize_gauss if gauss else ops.summarize
+        self._summarize_newest = functools.partial(ops.summarize_newest, gauss=gauss)
         self._score_pages = ops.gauss if gauss else ops.probe
         self.cfg, self.pool = cfg, pool
         # where the update really runs beside the top-K (the cost model prices it so)
@@ -211,16 +213,13 @@ class SpinIndexer:
         self.batch = 0
         self.keep_all = False
         # probe: layer -> uint8 [num_pages, 144] summary table of that layer's K cache, and the
-        # cache it belongs to; the pages holding each request's newest slots (at most 2 for
-        # next_n <= 64), -1 padded, and their fill; the block scores of one layer
+        # cache it belongs to; the block scores of one layer
         self.summaries: dict[int, torch.Tensor] = {}
         self._summary_cache: dict[int, tuple] = {}
         if summaries_of is not None:
             self.summaries = summaries_of.summaries
             self._summary_cache = summaries_of._summary_cache
         if self.query_aware:
-            self.new_pages = torch.full((2 * max_batch,), -1, dtype=torch.int32, device=dev)
-            self.new_fill = torch.zeros(2 * max_batch, dtype=torch.int32, device=dev)
             self.block_scores = torch.full((rows, self.m_cap), float("-inf"), device=dev)
             # the probe scores page columns: the blocks themselves with 64-slot pages; with
             # 32-slot ones a block then takes its best page's score
@@ -260,31 +259,6 @@ class SpinIndexer:
         _copy_table(self.block_table, block_table, B)
         if self.next_n > 1:
             self.ran_counts[:B] = 0
-        if self.query_aware:
-            self._newest_pages(context_lens, block_table, B)
-
-    def _newest_pages(self, context_lens: torch.Tensor, block_table: torch.Tensor,
-                      B: int) -> None:
-        """The pages this step writes: slots n - R .. n - 1 of each request, n the last row's
-        length (with a compress ratio the last row may also write slot n, a partial group no
-        row sees yet: it is summarized once it is visible). Fill = slots below n in the page;
-        the earlier rows share the page's summary (the newest block is forced anyway)."""
-        R, S = self.next_n, self.page_slots
-        # computed where the caller's metadata lives (the CPU, normally): no device work here
-        table = block_table.to(torch.int64)
-        n = context_lens[:, R - 1].to(table.device, torch.int64).clamp(0, self.max_context_len)
-        first = (n - R).clamp(min=0) // S              # R <= 8 slots: at most two pages
-        last = (n - 1).clamp(min=0) // S
-        cols = torch.stack([first, last], 1)                                  # [B, 2]
-        fill = (n.unsqueeze(1) - cols * S).clamp(max=S)
-        width = min(table.shape[1], self.block_table.shape[1])   # the columns prepare() keeps
-        use = torch.stack([n > 0, (n > 0) & (last > first)], 1) & (cols < width)
-        pages = torch.full_like(cols, -1)
-        if width:
-            pages = torch.where(use, table.gather(1, cols.clamp(max=width - 1)), -1)
-        self.new_pages[:2 * B].copy_(pages.view(-1))
-        self.new_pages[2 * B:] = -1
-        self.new_fill[:2 * B].copy_(torch.where(use, fill, 0).view(-1))
 
     def summary_table(self, layer: int, kv_cache: torch.Tensor) -> torch.Tensor:
         """The summary table of indexer layer `layer`, made (zeroed) the first time its K cache
@@ -400,11 +374,13 @@ class SpinIndexer:
                                              self.counts[:B, layer], out)
 
     def _probe_select(self, layer: int, q, weights: torch.Tensor, kv_cache: torch.Tensor) -> None:
-        """Summaries of this step's newest pages (written by this layer's forward just before),
-        then the layer's blocks ranked by their probe scores (keep_all: select() chose all)."""
+        """Summaries of this step's newest pages (written by this layer's forward just before;
+        found on the device from the lengths the step runs with), then the layer's blocks
+        ranked by their probe scores (keep_all: select() chose all)."""
         B, R = self.batch, self.next_n
         table = self.summary_table(layer, kv_cache)
-        self._summarize(kv_cache, self.new_pages[:2 * B], self.new_fill[:2 * B], table)
+        self._summarize_newest(kv_cache, self.context_lens[:B], self.block_table[:B],
+                               self.max_context_len, table)
         if self.keep_all:
             return
         scores = self.block_scores[:B * R]

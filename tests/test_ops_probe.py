@@ -1,6 +1,6 @@
-"""spin::summarize, spin::probe and select with given block scores (issue 17's query-aware
-probe): the reference against brute force on the CPU, the kernels against the reference on a
-GPU, argument checks."""
+"""spin::summarize, spin::summarize_newest, spin::probe and select with given block scores
+(the query-aware probe): the reference against brute force on the CPU, the kernels against the
+reference on a GPU, argument checks."""
 
 import math
 
@@ -431,6 +431,94 @@ def test_select_rejects_scores_of_the_wrong_shape_or_without_their_layer():
                    block_scores=torch.zeros(1, 1, 5), layer=0, merge_history=True)
 
 
+# ---- the newest pages of a decode step (summarize_newest) -------------------------------------
+def written_pages(ctx, table, page_slots, max_len):
+    """Brute force: per request, (page, fill) of each distinct page column holding a slot its
+    step writes (slots max(n - R, 0) .. n - 1, n = clamp(last row's length, 0, max_len)),
+    fill = its slots below n; columns past the table are not listed."""
+    B, R = ctx.shape
+    out = []
+    for b in range(B):
+        n = min(max(int(ctx[b, -1]), 0), max_len)
+        columns = sorted({s // page_slots for s in range(max(n - R, 0), n)})
+        out.append([(int(table[b, c]), min(n - c * page_slots, page_slots))
+                    for c in columns if c < table.shape[1]])
+    return out
+
+
+def newest_case(gen, B, R, page_slots, num_pages, width, max_len):
+    """Lengths at the page edges (and 0, negative, past max_len) and a table of distinct pages
+    with -1 and out-of-cache entries."""
+    S = page_slots
+    edges = [0, -5, 1, R - 1, R, S - 1, S, S + 1, S + R - 1, 2 * S, width * S, width * S + 3,
+             max_len + 40]
+    last = torch.tensor([edges[b] if b < len(edges) else
+                         int(torch.randint(0, width * S + 1, (1,), generator=gen))
+                         for b in range(B)], dtype=torch.int32)
+    ctx = (last.view(-1, 1) - R + 1 + torch.arange(R, dtype=torch.int32)).contiguous()
+    table = torch.randperm(max(B * width, num_pages), generator=gen)[:B * width].view(B, width)
+    table = torch.where(table % 7 == 3, -1, table).to(torch.int32)
+    table[1, 0] = num_pages + 3                     # a page outside the cache
+    return ctx, table
+
+
+@pytest.mark.parametrize("page_slots", [64, 32])
+def test_newest_pages_are_the_pages_the_step_writes(page_slots):
+    gen = torch.Generator().manual_seed(80 + page_slots)
+    for R in (1, 2, 5, 8):
+        for max_len in (10 ** 6, 3 * page_slots + 7):
+            ctx, table = newest_case(gen, 24, R, page_slots, 200, 6, max_len)
+            pages, fill = ref.newest_pages(ctx, table, page_slots, max_len)
+            assert pages.dtype == fill.dtype == torch.int32 and pages.shape == (48,)
+            want = written_pages(ctx, table, page_slots, max_len)
+            for b in range(24):
+                listed = [(int(pages[2 * b + j]), int(fill[2 * b + j])) for j in range(2)
+                          if int(fill[2 * b + j]) > 0]
+                assert listed == want[b], (R, max_len, b, ctx[b].tolist())
+                for j in range(2):                    # not listed: no page, no fill
+                    if int(fill[2 * b + j]) <= 0:
+                        assert (int(pages[2 * b + j]), int(fill[2 * b + j])) == (-1, 0)
+
+
+@pytest.mark.parametrize("gauss", [False, True])
+def test_summarize_newest_writes_the_summaries_of_the_written_pages(gauss):
+    """The op's rows equal summarize's of the brute-force page list; every other row untouched."""
+    gen = torch.Generator().manual_seed(90 + gauss)
+    P, R = 100, 3
+    cache = make_cache(P, gen)
+    ctx, table = newest_case(gen, 24, R, 64, P, 5, 10 ** 6)
+    like = ops.gauss_summaries_like if gauss else ops.summaries_like
+    got, want = like(cache), like(cache)
+    ops.summarize_newest(cache, ctx, table, 10 ** 6, got, gauss=gauss)
+    listed = [pf for request in written_pages(ctx, table, 64, 10 ** 6) for pf in request]
+    pages = torch.tensor([p for p, _ in listed], dtype=torch.int32)
+    fills = torch.tensor([f for _, f in listed], dtype=torch.int32)
+    (ops.summarize_gauss if gauss else ops.summarize)(cache, pages, fills, want)
+    assert torch.equal(got, want)
+    assert int(got.any(1).sum()) == len({p for p in pages.tolist() if 0 <= p < P}) > 10
+
+
+@pytest.mark.parametrize("case", ["lens", "table", "max_len", "summaries"])
+def test_summarize_newest_rejects_bad_arguments(case):
+    gen = torch.Generator().manual_seed(5)
+    cache = make_cache(4, gen)
+    S = ops.summaries_like(cache)
+    ctx = torch.tensor([[100], [64]], dtype=torch.int32)
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    if case == "lens":
+        with pytest.raises(SpinError, match="context_lens must be"):
+            ops.summarize_newest(cache, ctx.long(), table, 128, S)
+    elif case == "table":
+        with pytest.raises(SpinError, match="block_table has 1 rows"):
+            ops.summarize_newest(cache, ctx, table[:1], 128, S)
+    elif case == "max_len":
+        with pytest.raises(SpinError, match="max_len must be in"):
+            ops.summarize_newest(cache, ctx, table, -1, S)
+    else:
+        with pytest.raises(SpinError, match="summaries must be uint8 \\[num_pages >= 1, 288\\]"):
+            ops.summarize_newest(cache, ctx, table, 128, S, gauss=True)
+
+
 # ---- GPU: the kernels against the reference ----------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_summarize_equals_reference_bytes():
@@ -492,13 +580,78 @@ def test_gpu_native_summarize_gauss_equals_reference(keys, page_slots):
     got = ops.gauss_summaries_like(cache.cuda())
     torch.ops.spin_native.summarize_gauss(cache.cuda(), pages.cuda(), fills.cuda(), got)
     got = got.cpu()
-    assert torch.equal(got[:, :144], want[:, :144])
+    assert_gauss_rows_match(got, want)
     assert not bool(got[[5, 12]].any())                     # skipped: left as they were
+    assert bool(ref.dequantize_summaries(want[3:4, 144:]).abs().max() > 0)   # deviations held
+
+
+def assert_gauss_rows_match(got, want):
+    """gauss rows of the kernel against the reference's: the mean rows byte for byte, the std
+    rows within one e4m3 step (fp64 sums of squares in another order may round the fp32 std
+    apart)."""
+    assert torch.equal(got[:, :144], want[:, :144])
     std_got = ref.dequantize_summaries(got[:, 144:]).double()
     std_want = ref.dequantize_summaries(want[:, 144:]).double()
-    assert bool(std_want[3].abs().max() > 0)               # the rows hold deviations
     step = std_want.abs() / 8 + std_want.abs().amax(1, keepdim=True) / 448 * 2 ** -9 + 1e-30
     assert bool(((std_got - std_want).abs() <= step).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("require_native")
+@pytest.mark.parametrize("keys,page_slots,R,gauss", [
+    ("fp8", 64, 1, False), ("fp8", 64, 4, True), ("fp8", 32, 8, False), ("fp8", 32, 3, True),
+    ("mxfp4", 64, 2, False), ("mxfp4", 32, 5, True)])
+def test_gpu_native_summarize_newest_matches_reference(keys, page_slots, R, gauss):
+    """The kernel finding each request's newest pages from its lengths (spin::summarize_newest's
+    CUDA path) against the reference: lengths at the page edges, 0, negative and past max_len;
+    -1 and out-of-cache table entries; a table that is a column slice of a wider one; then a
+    CUDA graph captured once follows new lengths written into the same buffer."""
+    if not ops.NATIVE:
+        pytest.skip("needs the native library")
+    gen = torch.Generator().manual_seed(100 + page_slots + R + 7 * gauss + len(keys))
+    P, B, width = 300, 40, 6
+    if keys == "mxfp4":
+        cache, _ = random_mxfp4_pages(P, gen, page_slots)
+    else:
+        cache = make_cache(P, gen) if page_slots == 64 else split_pages(make_cache(P // 2, gen))
+    max_len = width * page_slots - 5
+    ctx, table = newest_case(gen, B, R, page_slots, P, width, max_len)
+    like = ops.gauss_summaries_like if gauss else ops.summaries_like
+    native = getattr(torch.ops.spin_native,
+                     "summarize_newest_gauss" if gauss else "summarize_newest")
+    wide = torch.full((B, width + 3), 7, dtype=torch.int32, device="cuda")
+    wide[:, :width] = table.cuda()
+    table_gpu = wide[:, :width]                            # stride width + 3
+    ctx_gpu, cache_gpu = ctx.cuda(), cache.cuda()
+
+    def compare(ctx_now):
+        want = like(cache)
+        ops.summarize_newest(cache, ctx_now, table, max_len, want, gauss=gauss)
+        return want
+
+    got = like(cache_gpu)
+    native(cache_gpu, ctx_gpu, table_gpu, max_len, got)
+    want = compare(ctx)
+    assert int(want.any(1).sum()) > B // 2                 # most requests summarize pages
+    if gauss:
+        assert_gauss_rows_match(got.cpu(), want)
+    else:
+        assert torch.equal(got.cpu(), want)
+    # captured once; the replay reads the lengths the buffer holds then
+    got.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        native(cache_gpu, ctx_gpu, table_gpu, max_len, got)
+    later = ctx + torch.randint(0, 2 * page_slots, (B, 1), generator=gen, dtype=torch.int32)
+    ctx_gpu.copy_(later)
+    got.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = compare(later)
+    if gauss:
+        assert_gauss_rows_match(got.cpu(), want)
+    else:
+        assert torch.equal(got.cpu(), want)
 
 
 @pytest.mark.gpu

@@ -203,6 +203,31 @@ def test_dense_step_selects_every_block():
     assert _blocks_seen(a, 1) == 47
 
 
+def test_probe_summarizes_the_newest_pages_at_the_lengths_corrected_on_the_device():
+    """MTP under TensorRT-LLM's overlap scheduler: the host prepares the step as if every draft
+    was accepted, the step corrects its lengths on the device (select_on_device). The layer's
+    newest pages are summarized at the corrected lengths: slots past them hold rejected drafts'
+    keys."""
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    a = SpinDecodeAdapter(spin, num_layers=1, max_batch=1, next_n=3, max_tokens=2048,
+                          device="cpu", predictor="probe")
+    gen = torch.Generator().manual_seed(4)
+    cache = make_cache(16, gen)
+    table = torch.tensor([[5, 9, 2, 7]], dtype=torch.int32)
+    # the host's upper bound: rows see 129..131 tokens; the device: two drafts were rejected
+    a.begin_step(DecodeBatch([4], torch.tensor([131]), table, kv_caches=[cache]),
+                 select=False)
+    a.select_on_device(torch.tensor([129]))
+    q = torch.randn(3, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    a.layer(0, q, torch.randn(3, 64, generator=gen), cache)
+    rows, _ = ref.summarize_pages(cache, torch.tensor([9, 2]), torch.tensor([64, 1]))
+    summaries = a.indexer.summaries[0]
+    assert torch.equal(summaries[9, :128], rows[0])        # slots 126, 127 of the step's rows
+    assert torch.equal(summaries[2, :128], rows[1])        # slot 128 only, not 129 and 130
+    stale, _ = ref.summarize_pages(cache, torch.tensor([2]), torch.tensor([3]))
+    assert not torch.equal(rows[1], stale[0])
+
+
 def test_probe_summaries_follow_the_written_pages():
     """predictor probe: the first step summarizes the prompt's pages; a step's layer
     summarizes its newest page; once a SPIN layer ran dense (layers_skipped), prepare()

@@ -1,7 +1,8 @@
 // spin::summarize, spin::probe and their gauss forms: query-aware block scores from page summaries.
 // summarize: one CTA per listed page, thread d = key dim d: the page's mean key in the
 // reference's arithmetic, re-quantized to e4m3 into a kSummaryBytes row (gauss: and the
-// per-dimension std into the row after it).
+// per-dimension std into the row after it). summarize_newest: the same over two page columns
+// a request, found from the step's lengths on the device.
 // gauss: the same grid over gauss rows (mean, then std): per row and head the mean's product
 // as the probe's, the variance's on fp16 squares (wgmma on sm_90a), then the expected ReLU
 // under a normal.
@@ -56,14 +57,32 @@ __device__ __forceinline__ void store_row(float value, uint8_t* dst) {
   if (d == 0) *reinterpret_cast<float*>(dst + kHeadDim) = scale;
 }
 
+// Listing i of a summarize launch: its page (-1: skipped) and fill. From the step's lengths
+// (SummarizeParams::context_lens): the two page columns that may hold request i / 2's newest
+// `rows` slots, so a captured step needs no page list made on the host.
+__device__ __forceinline__ int64_t listed_page(const SummarizeParams& p, int i, int& fill) {
+  if (p.context_lens == nullptr) {
+    fill = min(max(p.fill[i], 0), p.page_slots);
+    return p.pages[i];
+  }
+  const int b = i >> 1;
+  const int n = min(max(p.context_lens[static_cast<int64_t>(b) * p.rows + p.rows - 1], 0),
+                    p.max_len);
+  const int column = max(n - p.rows, 0) / p.page_slots + (i & 1);
+  const int64_t written = n - static_cast<int64_t>(column) * p.page_slots;
+  if (written <= 0 || column >= p.max_pages) return -1;
+  fill = static_cast<int>(min(written, static_cast<int64_t>(p.page_slots)));
+  return p.block_table[b * p.table_stride + column];
+}
+
 // One CTA per listed page (of page_slots slots), thread d = key dim d: the mean of the page's
 // first `fill` keys (summed in fp64, as the reference) into the summary row; with_std also the
 // population standard deviation (squared deviations from the fp64 mean, summed in fp64, each
 // product and sum rounded on its own as the reference's) into the row after it.
 __global__ void __launch_bounds__(kHeadDim) summarize_kernel(SummarizeParams p) {
-  const int64_t page = p.pages[blockIdx.x];
+  int fill = 0;
+  const int64_t page = listed_page(p, blockIdx.x, fill);
   if (page < 0 || page >= p.num_pages) return;
-  const int fill = min(max(p.fill[blockIdx.x], 0), p.page_slots);
   const int d = threadIdx.x;
   // the whole page into shared memory first, every copy in flight at once (read slot by slot
   // from global memory, the sums waited for one load after another)
@@ -450,6 +469,9 @@ cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
                 "pages copied in 16-byte chunks");
   if (reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0) return cudaErrorMisalignedAddress;
   if (p.row_bytes < (p.with_std ? kGaussSummaryBytes : kSummaryBytes)) return cudaErrorInvalidValue;
+  if (p.context_lens != nullptr &&
+      (p.block_table == nullptr || p.rows < 1 || p.max_len < 0 || p.count % 2 != 0))
+    return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,18 +1,16 @@
-// spin_native::summarize, summarize_gauss, probe and gauss -> spin::launch_summarize,
-// launch_probe, launch_gauss (cpp/src/probe.cu): page summaries and the query-aware block
-// scores read from them.
+// spin_native::summarize, summarize_newest, their gauss forms, probe and gauss ->
+// spin::launch_summarize, launch_probe, launch_gauss (cpp/src/probe.cu): page summaries and
+// the query-aware block scores read from them.
 #include "binding.h"
 
 namespace {
 
-void summarize_rows(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries,
-                    bool with_std) {
+// p: how the launch finds its `count` pages (listed, or from the step's lengths).
+void summarize_rows(at::Tensor kv_cache, spin::SummarizeParams p, int count,
+                    at::Tensor summaries, bool with_std) {
   const c10::cuda::CUDAGuard guard(kv_cache.device());
-  spin::SummarizeParams p;
   p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
-  p.pages = pages.data_ptr<int32_t>();
-  p.fill = fill.data_ptr<int32_t>();
-  p.count = static_cast<int>(pages.size(0));
+  p.count = count;
   p.num_pages = kv_cache.size(0);
   p.summaries = summaries.data_ptr<uint8_t>();
   // a page's bytes tell the four layouts apart (64 or 32 slots of 132 or 68 bytes)
@@ -25,17 +23,51 @@ void summarize_rows(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::
       }
   p.row_bytes = static_cast<int>(summaries.size(1));
   p.with_std = with_std;
-  spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()),
-                     with_std ? "summarize_gauss" : "summarize");
+  const char* op = p.context_lens == nullptr ? (with_std ? "summarize_gauss" : "summarize")
+                                              : (with_std ? "summarize_newest_gauss"
+                                                          : "summarize_newest");
+  spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), op);
+}
+
+void summarize_listed(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill,
+                      at::Tensor summaries, bool with_std) {
+  spin::SummarizeParams p;
+  p.pages = pages.data_ptr<int32_t>();
+  p.fill = fill.data_ptr<int32_t>();
+  summarize_rows(kv_cache, p, static_cast<int>(pages.size(0)), summaries, with_std);
 }
 
 void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
-  summarize_rows(kv_cache, pages, fill, summaries, false);
+  summarize_listed(kv_cache, pages, fill, summaries, false);
 }
 
 void spin_summarize_gauss(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill,
                           at::Tensor summaries) {
-  summarize_rows(kv_cache, pages, fill, summaries, true);
+  summarize_listed(kv_cache, pages, fill, summaries, true);
+}
+
+// The newest pages of each request, found by the kernel from context_lens [B, R] and the block
+// table: two listings a request.
+void summarize_newest_rows(at::Tensor kv_cache, at::Tensor context_lens, at::Tensor block_table,
+                           int64_t max_len, at::Tensor summaries, bool with_std) {
+  spin::SummarizeParams p;
+  p.context_lens = context_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.rows = static_cast<int>(context_lens.size(1));
+  p.max_pages = static_cast<int>(block_table.size(1));
+  p.table_stride = block_table.stride(0);
+  p.max_len = static_cast<int>(max_len);
+  summarize_rows(kv_cache, p, 2 * static_cast<int>(context_lens.size(0)), summaries, with_std);
+}
+
+void spin_summarize_newest(at::Tensor kv_cache, at::Tensor context_lens, at::Tensor block_table,
+                           int64_t max_len, at::Tensor summaries) {
+  summarize_newest_rows(kv_cache, context_lens, block_table, max_len, summaries, false);
+}
+
+void spin_summarize_newest_gauss(at::Tensor kv_cache, at::Tensor context_lens,
+                                 at::Tensor block_table, int64_t max_len, at::Tensor summaries) {
+  summarize_newest_rows(kv_cache, context_lens, block_table, max_len, summaries, true);
 }
 
 // spin_native::probe and gauss: the same arguments, the same columns; `launch` scores them.
@@ -79,6 +111,10 @@ void spin_gauss(at::Tensor q, at::Tensor summaries, at::Tensor weights, at::Tens
 TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("summarize(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
   m.def("summarize_gauss(Tensor kv_cache, Tensor pages, Tensor fill, Tensor(a!) summaries) -> ()");
+  m.def("summarize_newest(Tensor kv_cache, Tensor context_lens, Tensor block_table, int max_len, "
+        "Tensor(a!) summaries) -> ()");
+  m.def("summarize_newest_gauss(Tensor kv_cache, Tensor context_lens, Tensor block_table, "
+        "int max_len, Tensor(a!) summaries) -> ()");
   m.def("probe(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
         "int page_slots, Tensor(a!) out) -> ()");
   m.def("gauss(Tensor q, Tensor summaries, Tensor weights, Tensor context_lens, Tensor block_table, "
@@ -88,6 +124,8 @@ TORCH_LIBRARY_FRAGMENT(spin_native, m) {
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {
   m.impl("summarize", &spin_summarize);
   m.impl("summarize_gauss", &spin_summarize_gauss);
+  m.impl("summarize_newest", &spin_summarize_newest);
+  m.impl("summarize_newest_gauss", &spin_summarize_newest_gauss);
   m.impl("probe", &spin_probe);
   m.impl("gauss", &spin_gauss);
 }

@@ -1,6 +1,6 @@
 """SPIN decode ops: torch.ops.spin.{select, indexer_logits, topk, update, reset, compact, remap,
-summarize, probe, summarize_gauss, gauss}, one module per op with its schema, checks, reference
-and wrapper (REFERENCE_ONLY: the ops that need no kernel).
+summarize, summarize_newest, probe and the gauss forms}, one module per op with its schema,
+checks, reference and wrapper (REFERENCE_ONLY: the ops that need no kernel).
 
 Every op validates its arguments in Python (shapes, dtypes, devices, contiguity, config ranges:
 clear errors before any launch), then runs the native kernels of cpp/ (libspin_native, built by
@@ -23,7 +23,8 @@ from . import _native
 from ._common import REFERENCE_ONLY, SCHEMAS, STATE_TORCH_DTYPES, OpState, require_supported
 from ._compact import compact, remap
 from ._indexer_logits import indexer_logits
-from ._probe import gauss, gauss_summaries_like, probe, summaries_like, summarize, summarize_gauss
+from ._probe import (gauss, gauss_summaries_like, probe, summaries_like, summarize, summarize_gauss,
+                     summarize_newest)
 from ._select import select
 from ._topk import (TOPK_BACKENDS, TOPK_RAGGED_MAX_ROWS, TOPK_SPIN_MAX_ROWS, TOPK_SPIN_MAX_WIDTH,
                     peer_available, set_topk_backend, spin_topk_is_faster, topk, topk_backend,
@@ -47,5 +48,5 @@ __all__ = ["BLOCK_SLOTS", "EXPLORATION_POLICY", "HEAD_DIM", "INDEX_HEADS", "MAX_
            "TOPK_RAGGED_MAX_ROWS", "TOPK_SPIN_MAX_ROWS", "TOPK_SPIN_MAX_WIDTH", "OpState",
            "compact", "gauss", "gauss_summaries_like", "indexer_logits", "peer_available",
            "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
-           "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss", "topk",
-           "topk_backend", "topk_peer", "update"]
+           "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss",
+           "summarize_newest", "topk", "topk_backend", "topk_peer", "update"]

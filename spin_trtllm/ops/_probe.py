@@ -25,8 +25,8 @@ import torch
 from .. import reference as ref
 from ..limits import (BLOCK_SLOTS, FP4_SLOT_BYTES, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SLOT_BYTES,
                       SUMMARY_BYTES)
-from ._common import (I32, check_aligned16, check_cache, check_query, check_shape, check_tensor,
-                      device_of, fail, register)
+from ._common import (I32, check_aligned16, check_cache, check_context_lens, check_query,
+                      check_shape, check_tensor, device_of, fail, register)
 
 SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
@@ -35,6 +35,11 @@ PROBE_SCHEMA = ("probe(Tensor q, Tensor summaries, Tensor weights, Tensor contex
 # gauss: the same arguments over rows of GAUSS_SUMMARY_BYTES (the mean row, then the std row)
 SUMMARIZE_GAUSS_SCHEMA = SUMMARIZE_SCHEMA.replace("summarize(", "summarize_gauss(")
 GAUSS_SCHEMA = PROBE_SCHEMA.replace("probe(", "gauss(")
+# a decode step's newest pages, found from its lengths on the device (reference.newest_pages)
+SUMMARIZE_NEWEST_SCHEMA = ("summarize_newest(Tensor kv_cache, Tensor context_lens, "
+                           "Tensor block_table, int max_len, Tensor(a!) summaries) -> ()")
+SUMMARIZE_NEWEST_GAUSS_SCHEMA = SUMMARIZE_NEWEST_SCHEMA.replace("summarize_newest(",
+                                                                "summarize_newest_gauss(")
 
 
 def _check_summaries(op: str, summaries, dev, width: int) -> None:
@@ -45,18 +50,36 @@ def _check_summaries(op: str, summaries, dev, width: int) -> None:
     check_aligned16(op, summaries=summaries)
 
 
-def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize",
-                        width=SUMMARY_BYTES) -> None:
+def _check_cache_and_summaries(op: str, kv_cache, summaries, width: int):
+    """The K-cache pages a summarize op reads and the summary table it writes (one row a page).
+    Returns the device."""
     dev = device_of(kv_cache)
     check_cache(op, kv_cache, dev, PAGE_SIZES, (SLOT_BYTES, FP4_SLOT_BYTES))
     check_aligned16(op, kv_cache=kv_cache)
-    check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
-    check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
-    check_shape(op, "fill", fill, tuple(pages.shape))
     _check_summaries(op, summaries, dev, width)
     if summaries.shape[0] != kv_cache.shape[0]:
         fail(op, f"summaries has {summaries.shape[0]} rows, the cache {kv_cache.shape[0]} pages: "
                  "one summary per page")
+    return dev
+
+
+def _validate_summarize(kv_cache, pages, fill, summaries, op="summarize",
+                        width=SUMMARY_BYTES) -> None:
+    dev = _check_cache_and_summaries(op, kv_cache, summaries, width)
+    check_tensor(op, "pages", pages, I32, 1, dev, contiguous=True)
+    check_tensor(op, "fill", fill, I32, 1, dev, contiguous=True)
+    check_shape(op, "fill", fill, tuple(pages.shape))
+
+
+def _validate_summarize_newest(kv_cache, context_lens, block_table, max_len, summaries,
+                               op="summarize_newest", width=SUMMARY_BYTES) -> None:
+    dev = _check_cache_and_summaries(op, kv_cache, summaries, width)
+    B, _ = check_context_lens(op, context_lens, dev)
+    check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
+    if block_table.shape[0] != B:
+        fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    if not 0 <= max_len <= ref.MAX_SLOT_ID:
+        fail(op, f"max_len must be in [0, {ref.MAX_SLOT_ID}], got {max_len}")
 
 
 def _summarize_with(rows_of):
@@ -67,6 +90,18 @@ def _summarize_with(rows_of):
         if bool(live.any()):
             rows = rows_of(kv_cache, pages[live], fill[live])
             summaries[pages[live].long(), :rows.shape[1]] = rows
+    return run
+
+
+def _summarize_newest_with(rows_of):
+    """The reference of a summarize_newest op: its pages (reference.newest_pages), summarized
+    as the summarize op of rows_of does."""
+    summarize_listed = _summarize_with(rows_of)
+
+    def run(kv_cache, context_lens, block_table, max_len, summaries) -> None:
+        pages, fill = ref.newest_pages(context_lens, block_table, ref.page_layout(kv_cache)[0],
+                                       max_len)
+        summarize_listed(kv_cache, pages, fill, summaries)
     return run
 
 
@@ -104,6 +139,11 @@ register(SUMMARIZE_GAUSS_SCHEMA, functools.partial(_validate_summarize, op="summ
          _summarize_with(ref.summarize_pages_gauss))
 register(GAUSS_SCHEMA, functools.partial(_validate_probe, op="gauss", width=GAUSS_SUMMARY_BYTES),
          _gauss_reference)
+register(SUMMARIZE_NEWEST_SCHEMA, _validate_summarize_newest, _summarize_newest_with(_mean_rows))
+register(SUMMARIZE_NEWEST_GAUSS_SCHEMA,
+         functools.partial(_validate_summarize_newest, op="summarize_newest_gauss",
+                           width=GAUSS_SUMMARY_BYTES),
+         _summarize_newest_with(ref.summarize_pages_gauss))
 
 
 def summaries_like(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -138,6 +178,17 @@ def summarize(kv_cache, pages, fill, summaries) -> None:
     """Write the summary of each page pages[i] (its first fill[i] slots) into
     summaries[pages[i]]. Build every page at prefill; at decode only the newest page changes."""
     torch.ops.spin.summarize(kv_cache, pages, fill, summaries)
+
+
+def summarize_newest(kv_cache, context_lens, block_table, max_len: int, summaries,
+                     gauss: bool = False) -> None:
+    """summarize (gauss: summarize_gauss) of the pages a decode step writes: for each request
+    the pages holding slots n - R .. n - 1, n its last row's length clamped to max_len, each
+    up to slot n (reference.newest_pages). The kernel finds them from context_lens int32
+    [B, R] and block_table int32 [B, max_pages] on the device: a CUDA graph captured with it
+    follows the lengths each replay reads, with no page list made on the host."""
+    op = torch.ops.spin.summarize_newest_gauss if gauss else torch.ops.spin.summarize_newest
+    op(kv_cache, context_lens, block_table, int(max_len), summaries)
 
 
 def probe(q, summaries, weights, context_lens, block_table, num_blocks: int,

@@ -151,6 +151,32 @@ def summarize_pages_gauss(kv_cache: torch.Tensor, pages: torch.Tensor,
     return out
 
 
+def newest_pages(context_lens: torch.Tensor, block_table: torch.Tensor, page_slots: int,
+                 max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pages a decode step of R = context_lens.shape[1] rows writes, two listings a request
+    (summarize_newest's pages): (pages int32 [2B], -1 where not listed; fill int32 [2B]).
+
+    With n = clamp(context_lens[b, R - 1], 0, max_len), the step writes slots n - R .. n - 1
+    (at most two pages for R <= page_slots); listing 2b + j is page column
+    c = max(n - R, 0) // page_slots + j of block_table row b, with fill n - c * page_slots
+    (at most page_slots), listed where that fill is positive and c < block_table.shape[1].
+    (With a compress ratio the last row may also write slot n, a partial group no row sees
+    yet: it is summarized once it is visible.)"""
+    B, R = context_lens.shape
+    n = context_lens[:, R - 1].to(torch.int64).clamp(0, max_len)
+    first = (n - R).clamp(min=0) // page_slots
+    columns = torch.stack([first, first + 1], 1)                      # [B, 2]
+    written = n.unsqueeze(1) - columns * page_slots
+    width = block_table.shape[1]
+    listed = (written > 0) & (columns < width)
+    pages = torch.full_like(columns, -1)
+    if width:
+        pages = block_table.to(torch.int64).gather(1, columns.clamp(max=width - 1))
+    pages = torch.where(listed, pages, -1)
+    fill = torch.where(listed, written.clamp(max=page_slots), 0)
+    return pages.view(-1).to(torch.int32), fill.view(-1).to(torch.int32)
+
+
 def dequantize_summaries(summaries: torch.Tensor) -> torch.Tensor:
     """uint8 [P, 144] summary rows -> float32 keys [P, 128]."""
     rows = summaries[:, :KEY_BYTES].contiguous().view(torch.float8_e4m3fn).float()

@@ -119,11 +119,20 @@ cudaError_t launch_indexer_logits(const LogitsParams& p, cudaStream_t stream);
 // Block summaries: summaries[pages[i]] = the mean of page pages[i]'s first fill[i] keys,
 // re-quantized (reference.summarize_pages; with_std: then their per-dimension std,
 // reference.summarize_pages_gauss); pages outside [0, num_pages) are skipped.
+// With context_lens set, the pages come from the step's lengths instead
+// (reference.newest_pages): for request b = i / 2 and n = clamp(context_lens[b, rows - 1], 0,
+// max_len), listing i is page column (max(n - rows, 0) / page_slots) + i % 2 of block_table
+// row b with fill n - column * page_slots (at most page_slots), skipped where that fill is not
+// positive or the column is past max_pages; count = 2 * batch.
 struct SummarizeParams {
   const uint8_t* kv_cache;     // [num_pages, page_slots * slot_bytes]
-  const int32_t* pages;        // [count]
-  const int32_t* fill;         // [count]
+  const int32_t* pages = nullptr;  // [count]
+  const int32_t* fill = nullptr;   // [count]
   int count;
+  const int32_t* context_lens = nullptr;  // [batch, rows]: the step's newest pages instead
+  const int32_t* block_table = nullptr;   // [batch, table_stride], max_pages valid columns
+  int rows = 1, max_pages = 0, max_len = 0;
+  int64_t table_stride = 0;
   int64_t num_pages;
   uint8_t* summaries;          // [num_pages, row_bytes]
   int page_slots = 64;         // slots per page: 64 or 32
