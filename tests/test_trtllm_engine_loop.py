@@ -92,6 +92,23 @@ def fill_pages(pool: torch.Tensor, gen: torch.Generator) -> None:
     pool.view(pages, -1).copy_(pack_pages(fp8, scale).view(pages, -1).to(pool.device))
 
 
+def write_slot_keys(pool: torch.Tensor, pages: list[int], slots: list[int],
+                    gen: torch.Generator) -> None:
+    """New random FP8 keys (and scales) in slot slots[i] of page pages[i], as a step's forward
+    writes its tokens' keys: a slot written again (after rejected drafts) changes."""
+    if not pages:
+        return
+    per_page = pool.shape[1]
+    keys = torch.randn(len(pages), 128, generator=gen)
+    scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
+    fp8 = (keys / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    flat = pool.view(pool.shape[0], -1)
+    for i, (page, slot) in enumerate(zip(pages, slots)):
+        flat[page, slot * 128:(slot + 1) * 128] = fp8[i].to(pool.device)
+        at = per_page * 128 + 4 * slot
+        flat[page, at:at + 4] = scale[i:i + 1].view(torch.uint8).to(pool.device)
+
+
 def dequantized_keys(pool: torch.Tensor) -> torch.Tensor:
     """float64 [pages, slots, 128] from the page bytes (the format contract, written here)."""
     pages, slots = pool.shape[0], pool.shape[1]
@@ -142,6 +159,7 @@ class Loop:
             self.keys[ix.layer_idx] = dequantized_keys(pool)
         self.rng = random.Random(seed)
         self.qgen = torch.Generator().manual_seed(seed + 1)
+        self.kgen = torch.Generator().manual_seed(seed + 2)     # the keys each step writes
         rows = self.batch * next_n
         self.q = torch.zeros(rows, 64, 128, dtype=torch.float8_e4m3fn, device=self.device)
         self.w = torch.zeros(rows, 64, device=self.device)
@@ -248,6 +266,7 @@ class Loop:
         md.kv_cache_params = KVCacheParams(use_cache=True, num_cached_tokens_per_seq=host_cached)
         md.prepare()
         ng = len(gens)
+        self.write_step_keys(md, gens)
         self.q[:ng * R].copy_(torch.randn(ng * R, 64, 128, generator=self.qgen)
                               .to(torch.float8_e4m3fn))
         self.w[:ng * R].copy_(torch.rand(ng * R, 64, generator=self.qgen) - 0.3)
@@ -270,6 +289,23 @@ class Loop:
             a = min(max(accept.get(rid, 0), 0), R - 1)
             self.cached[rid] += a + 1
             self.pending[rid] = R - 1 - a
+
+    def write_step_keys(self, md, gens):
+        """What upstream's indexer does before scoring: write the keys of this step's rows,
+        at the slots the device's lengths give (with the overlap scheduler the host's are an
+        upper bound): tokens cached .. cached + R - 1, slot = token // ratio."""
+        table = md.indexer_k_cache_block_offsets[md.num_contexts:md.num_seqs].cpu()
+        for ix in self.layers:
+            pool = self.manager.get_indexer_k_cache_buffers(ix.layer_idx)
+            per_page = pool.shape[1]
+            pages, slots = [], []
+            for b, rid in enumerate(gens):
+                first = self.cached[rid] // self.ratio
+                for slot in range(first, (self.cached[rid] + self.R) // self.ratio):
+                    pages.append(int(table[b, slot // per_page]))
+                    slots.append(slot % per_page)
+            write_slot_keys(pool, pages, slots, self.kgen)
+            self.keys[ix.layer_idx] = dequantized_keys(pool)
 
     def check(self, md, gens, rows):
         rt = getattr(self.manager, self.patch._RUNTIME_ATTR)
@@ -467,17 +503,19 @@ def test_mtp_updates_in_the_forward_equal_the_host_replay(env, monkeypatch):
             assert torch.equal(a, b), f"request {rid}"
 
 
-@pytest.mark.parametrize("v4", [False, True])
+@pytest.mark.parametrize("v4,predictor", [(False, "spin"), (True, "spin"), (False, "probe"),
+                                          (True, "gauss")])
 @pytest.mark.slow
-def test_the_overlap_scheduler_changes_nothing(env, v4):
+def test_the_overlap_scheduler_changes_nothing(env, v4, predictor):
     """With the overlap scheduler the host prepares each MTP step as if every draft was
     accepted and the runner corrects kv_lens_cuda inside the step: SPIN must select, score and
-    update exactly as when the host knew the lengths."""
+    update exactly as when the host knew the lengths (the query-aware predictors: summarize the
+    newest pages at the corrected lengths, without the rejected drafts' slots)."""
     trt, patch = env
     on = run_loop(trt, patch, 3, graphs=True, overlap=True, seed=3, v4=v4,
-                  tokens_per_block=256 if v4 else PAGE)
+                  tokens_per_block=256 if v4 else PAGE, predictor=predictor)
     off = run_loop(trt, patch, 3, graphs=True, overlap=False, seed=3, v4=v4,
-                   tokens_per_block=256 if v4 else PAGE)
+                   tokens_per_block=256 if v4 else PAGE, predictor=predictor)
     assert on.checked == off.checked > 0
     for a, b in zip(on.rows, off.rows):
         assert torch.equal(a, b)
