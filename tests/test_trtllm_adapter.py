@@ -218,6 +218,7 @@ def test_probe_summarizes_the_newest_pages_at_the_lengths_corrected_on_the_devic
     a.begin_step(DecodeBatch([4], torch.tensor([131]), table, kv_caches=[cache]),
                  select=False)
     a.select_on_device(torch.tensor([129]))
+    cache[9] = make_cache(1, gen)[0]         # the step writes slots 126, 127 (and page 2's 128)
     q = torch.randn(3, 64, 128, generator=gen).to(torch.float8_e4m3fn)
     a.layer(0, q, torch.randn(3, 64, generator=gen), cache)
     rows, _ = ref.summarize_pages(cache, torch.tensor([9, 2]), torch.tensor([64, 1]))

@@ -469,8 +469,8 @@ cudaError_t launch_summarize(const SummarizeParams& p, cudaStream_t stream) {
                 "pages copied in 16-byte chunks");
   if (reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0) return cudaErrorMisalignedAddress;
   if (p.row_bytes < (p.with_std ? kGaussSummaryBytes : kSummaryBytes)) return cudaErrorInvalidValue;
-  if (p.context_lens != nullptr &&
-      (p.block_table == nullptr || p.rows < 1 || p.max_len < 0 || p.count % 2 != 0))
+  if (p.context_lens != nullptr && ((p.block_table == nullptr && p.max_pages > 0) ||
+                                     p.rows < 1 || p.max_len < 0 || p.count % 2 != 0))
     return cudaErrorInvalidValue;
   summarize_kernel<<<p.count, kHeadDim, 0, stream>>>(p);
   return cudaGetLastError();
