@@ -118,7 +118,10 @@ def test_gpu_overflowing_block_ids_match_reference():
     want = ops.indexer_logits(*args)
     got = ops.indexer_logits(*(a.cuda() for a in args))
     assert torch.equal(torch.isneginf(got.cpu()), torch.isneginf(want))
-    assert torch.allclose(got.cpu()[:, :64], want[:, :64], rtol=1e-3, atol=1e-3)
+    # the logits tests' measure: FP8 tensor cores sum with fewer mantissa bits than fp32 (an
+    # emulation of that gives 8e-5 here, and entries off by 0.009 of up to 130)
+    diff = (got.cpu()[:, :64] - want[:, :64]).norm() / want[:, :64].norm()
+    assert float(diff) < 5e-4
 
 
 def test_launch_limits_are_refused_by_name():
