@@ -81,14 +81,20 @@ def capture_guard(md):
 
 
 # ---- keys and the reference ----------------------------------------------------------------
+def random_keys(shape: tuple[int, ...], gen: torch.Generator):
+    """Random keys [*shape, 128] quantized as the indexer stores them: (fp8 rows, fp32 scales
+    amax / 448)."""
+    keys = torch.randn(*shape, 128, generator=gen)
+    scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
+    return (keys / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
 def fill_pages(pool: torch.Tensor, gen: torch.Generator) -> None:
     """Random FP8 keys and fp32 scales in every page of one layer's indexer K cache
     (uint8 [pages, slots, 1, 132]; each page holds its fp8 rows of 128 B, then its fp32
     scales)."""
     pages, slots = pool.shape[0], pool.shape[1]
-    keys = torch.randn(pages, slots, 128, generator=gen)
-    scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
-    fp8 = (keys / scale[..., None]).to(torch.float8_e4m3fn)
+    fp8, scale = random_keys((pages, slots), gen)
     pool.view(pages, -1).copy_(pack_pages(fp8, scale).view(pages, -1).to(pool.device))
 
 
@@ -99,9 +105,8 @@ def write_slot_keys(pool: torch.Tensor, pages: list[int], slots: list[int],
     if not pages:
         return
     per_page = pool.shape[1]
-    keys = torch.randn(len(pages), 128, generator=gen)
-    scale = keys.abs().amax(-1).clamp(min=1e-4) / 448.0
-    fp8 = (keys / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    fp8, scale = random_keys((len(pages),), gen)
+    fp8 = fp8.view(torch.uint8)
     flat = pool.view(pool.shape[0], -1)
     for i, (page, slot) in enumerate(zip(pages, slots)):
         flat[page, slot * 128:(slot + 1) * 128] = fp8[i].to(pool.device)

@@ -6,7 +6,7 @@
 namespace {
 
 // p: how the launch finds its `count` pages (listed, or from the step's lengths).
-void summarize_rows(at::Tensor kv_cache, spin::SummarizeParams p, int count,
+void summarize_rows(const char* op, at::Tensor kv_cache, spin::SummarizeParams p, int count,
                     at::Tensor summaries, bool with_std) {
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   p.kv_cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
@@ -23,9 +23,6 @@ void summarize_rows(at::Tensor kv_cache, spin::SummarizeParams p, int count,
       }
   p.row_bytes = static_cast<int>(summaries.size(1));
   p.with_std = with_std;
-  const char* op = p.context_lens == nullptr ? (with_std ? "summarize_gauss" : "summarize")
-                                              : (with_std ? "summarize_newest_gauss"
-                                                          : "summarize_newest");
   spin_native::check(spin::launch_summarize(p, c10::cuda::getCurrentCUDAStream()), op);
 }
 
@@ -34,7 +31,8 @@ void summarize_listed(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill,
   spin::SummarizeParams p;
   p.pages = pages.data_ptr<int32_t>();
   p.fill = fill.data_ptr<int32_t>();
-  summarize_rows(kv_cache, p, static_cast<int>(pages.size(0)), summaries, with_std);
+  summarize_rows(with_std ? "summarize_gauss" : "summarize", kv_cache, p,
+                 static_cast<int>(pages.size(0)), summaries, with_std);
 }
 
 void spin_summarize(at::Tensor kv_cache, at::Tensor pages, at::Tensor fill, at::Tensor summaries) {
@@ -57,7 +55,8 @@ void summarize_newest_rows(at::Tensor kv_cache, at::Tensor context_lens, at::Ten
   p.max_pages = static_cast<int>(block_table.size(1));
   p.table_stride = block_table.stride(0);
   p.max_len = static_cast<int>(max_len);
-  summarize_rows(kv_cache, p, 2 * static_cast<int>(context_lens.size(0)), summaries, with_std);
+  summarize_rows(with_std ? "summarize_newest_gauss" : "summarize_newest", kv_cache, p,
+                 2 * static_cast<int>(context_lens.size(0)), summaries, with_std);
 }
 
 void spin_summarize_newest(at::Tensor kv_cache, at::Tensor context_lens, at::Tensor block_table,

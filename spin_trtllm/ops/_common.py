@@ -174,10 +174,15 @@ def check_query(op: str, q, weights, context_lens, block_table, dev) -> tuple[in
     check_tensor(op, "weights", weights, (torch.float32,), 2, dev, contiguous=True)
     check_shape(op, "weights", weights, (B * R, INDEX_HEADS))
     check_aligned16(op, q=q, weights=weights)
+    check_block_table(op, block_table, B, dev)
+    return B, R
+
+
+def check_block_table(op: str, block_table, B: int, dev) -> None:
+    """int32 [B, max_pages], rows of unit stride."""
     check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
         fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
-    return B, R
 
 
 def check_cache(op: str, kv_cache, dev, page_slots: tuple[int, ...] = (BLOCK_SLOTS,),

@@ -25,8 +25,8 @@ import torch
 from .. import reference as ref
 from ..limits import (BLOCK_SLOTS, FP4_SLOT_BYTES, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SLOT_BYTES,
                       SUMMARY_BYTES)
-from ._common import (I32, check_aligned16, check_cache, check_context_lens, check_query,
-                      check_shape, check_tensor, device_of, fail, register)
+from ._common import (I32, check_aligned16, check_block_table, check_cache, check_context_lens,
+                      check_query, check_shape, check_tensor, device_of, fail, register)
 
 SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
@@ -75,9 +75,7 @@ def _validate_summarize_newest(kv_cache, context_lens, block_table, max_len, sum
                                op="summarize_newest", width=SUMMARY_BYTES) -> None:
     dev = _check_cache_and_summaries(op, kv_cache, summaries, width)
     B, _ = check_context_lens(op, context_lens, dev)
-    check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
-    if block_table.shape[0] != B:
-        fail(op, f"block_table has {block_table.shape[0]} rows, expected {B}")
+    check_block_table(op, block_table, B, dev)
     if not 0 <= max_len <= ref.MAX_SLOT_ID:
         fail(op, f"max_len must be in [0, {ref.MAX_SLOT_ID}], got {max_len}")
 
