@@ -20,7 +20,7 @@ benchmarks/RESULTS.md):
   probe    summarize + probe 6.2 us + 1.19 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select: 8.3 us + 0.091 ns per slot of the longest request per row
   hybrid   the probe's, plus 0.67 ns per slot of the longest request per row (the merge)
-  gauss    the probe's with its summarize + scores at 13.2 us + 2.98 ps per visible slot
+  gauss    the probe's with its summarize + scores at 13.1 us + 2.56 ps per visible slot
            (x 1 + 0.5 (next_n - 1))
 State bytes s scale select's term by s / 2 and the update's by (4 + 4 s) / 12 (its fp32 logit,
 V and D read and written). In an engine's captured step SPIN pays engine_overhead_us per layer
@@ -65,8 +65,8 @@ class CostModel:
     probe_us_per_slot: float = 1.19e-6
     query_next_n_share: float = 0.5   # of probe's or gauss's per-slot term, each MTP row after
                                       # the first
-    gauss_fixed_us: float = 13.2
-    gauss_us_per_slot: float = 2.98e-6
+    gauss_fixed_us: float = 13.1
+    gauss_us_per_slot: float = 2.56e-6
     probe_select_fixed_us: float = 8.3
     probe_select_us_per_request_slot: float = 0.091e-3
     hybrid_us_per_request_slot: float = 0.67e-3

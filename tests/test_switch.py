@@ -163,11 +163,11 @@ def test_cost_model_tracks_the_measured_select_probe_and_hybrid(batch, slots, ne
     assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.15)
 
 
-# Per layer on an H200, the same run (next_n 1, 2 and 4): (batch, slots, next_n, gauss path -
-# probe path us).
-MEASURED_GAUSS = [(96, 131072, 1, 69.3 - 39.7), (96, 524288, 1, 211.4 - 116.7),
-                  (96, 131072, 2, 104.3 - 63.7), (96, 524288, 2, 336.7 - 188.9),
-                  (96, 131072, 4, 173.2 - 111.3), (96, 524288, 4, 583.7 - 358.2)]
+# Per layer on an H200, one run with the register-A gauss kernel (next_n 1 and 2;
+# benchmarks/results/probe/gauss_register_a_ab_2026-12-05.json, variant v5): (batch, slots,
+# next_n, gauss path - probe path us).
+MEASURED_GAUSS = [(96, 131072, 1, 62.1 - 39.0), (96, 524288, 1, 194.0 - 118.0),
+                  (96, 131072, 2, 102.1 - 64.8), (96, 524288, 2, 311.7 - 191.2)]
 
 
 @pytest.mark.parametrize("batch,slots,next_n,gauss_extra", MEASURED_GAUSS)

@@ -76,6 +76,26 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
 
 template <int N>
 __device__ __forceinline__ void wgmma_fp8(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
+// The 16 fp32 accumulators of an m64n32 wgmma, the same way.
+#define SPIN_WGMMA_ACC16_TEXT \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define SPIN_WGMMA_ACC16(d)                                                                   \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+      "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+      "+f"(d[14]), "+f"(d[15])
+
+template <>
+__device__ __forceinline__ void wgmma_fp8<32>(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred zero_init;\n"
+      "setp.ne.b32 zero_init, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " SPIN_WGMMA_ACC16_TEXT ", "
+      "%16, %17, zero_init, 1, 1;\n"
+      "}\n"
+      : SPIN_WGMMA_ACC16(d)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
 // The 32 fp32 accumulators of an m64n64 wgmma: their registers in the instruction's text, and
 // their operands.
 #define SPIN_WGMMA_ACC32_TEXT                                                                 \
@@ -96,18 +116,6 @@ __device__ __forceinline__ void wgmma_fp8<64>(float (&d)[32], uint64_t a, uint64
       "setp.ne.b32 zero_init, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " SPIN_WGMMA_ACC32_TEXT ", "
       "%32, %33, zero_init, 1, 1;\n"
-      "}\n"
-      : SPIN_WGMMA_ACC32(d)
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-// m64n64k16 on fp16 A and B, both K-major (gauss's variance product).
-__device__ __forceinline__ void wgmma_f16(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred zero_init;\n"
-      "setp.ne.b32 zero_init, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " SPIN_WGMMA_ACC32_TEXT ", "
-      "%32, %33, zero_init, 1, 1, 0, 0;\n"
       "}\n"
       : SPIN_WGMMA_ACC32(d)
       : "l"(a), "l"(b), "r"(accumulate));

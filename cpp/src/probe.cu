@@ -223,84 +223,155 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// 8 e4m3 bytes -> their prescaled squares, 8 fp16 values.
-__device__ __forceinline__ uint4 f16_squares(uint2 bytes) {
-  const uint32_t in[2] = {bytes.x, bytes.y};
-  const __half2 prescale = __float2half2_rn(kSquarePrescale);
-  uint32_t out[4];
+// Two e4m3 bytes (the low 16 bits) -> their prescaled squares as fp16x2, the lower dim low.
+__device__ __forceinline__ uint32_t f16_square_pair(uint32_t bytes) {
+  const __half2 v =
+      __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bytes),
+                                                   __NV_E4M3)),
+              __float2half2_rn(kSquarePrescale));
+  const __half2 sq = __hmul2(v, v);
+  return *reinterpret_cast<const uint32_t*>(&sq);
+}
+
+// The variance product's k order. Its A operand (the std rows' squares) comes from registers
+// with the fragment layout of m16n8k16 (thread t of a quad holds k = 2t, 2t + 1 in a0 / a1 and
+// 2t + 8, 2t + 9 in a2 / a3 of each 16-wide k-step); a sum over dims takes them in any order, so
+// thread t takes dims 4t .. 4t + 3 of each 16 (one 32-bit word of a std row: dims 4t, 4t + 1 ->
+// k 2t, 2t + 1, dims 4t + 2, 4t + 3 -> k 2t + 8, 2t + 9), and q's squares are stored in the
+// same order: of a 16-dim block's pairs of dims P0..P7, the first 8 k hold P0 P2 P4 P6, the
+// next 8 P1 P3 P5 P7.
+// 16 e4m3 bytes (dims 16 c .. 16 c + 15 of q row `row`) -> their prescaled squares in that order,
+// two 16-byte chunks of the K-major 128B-swizzled fp16 tile at `tile` (dims 0-63, then 64-127, 8
+// KB each).
+__device__ __forceinline__ void store_q_squares(uint4 bytes, unsigned char* tile, int row, int c) {
+  const uint32_t in[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  uint32_t even[4], odd[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(in[i / 2] >> (16 * (i & 1)));
-    const __half2 v = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)), prescale);
-    const __half2 sq = __hmul2(v, v);
-    out[i] = *reinterpret_cast<const uint32_t*>(&sq);
+    even[i] = f16_square_pair(in[i] & 0xFFFFu);
+    odd[i] = f16_square_pair(in[i] >> 16);
   }
-  return make_uint4(out[0], out[1], out[2], out[3]);
+  unsigned char* const region = tile + (c / 4) * kPageKeyBytes;
+  *reinterpret_cast<uint4*>(region + swizzled(row, 2 * (c % 4))) =
+      make_uint4(even[0], even[1], even[2], even[3]);
+  *reinterpret_cast<uint4*>(region + swizzled(row, 2 * (c % 4) + 1)) =
+      make_uint4(odd[0], odd[1], odd[2], odd[3]);
 }
 
-// Dims 8 c .. 8 c + 7 (`lo`) and 64 + 8 c .. (`hi`) of `row` as prescaled fp16 squares into the
-// K-major 128B-swizzled fp16 tile at `tile` (dims 0-63, then 64-127, 8 KB each): chunk c of both
-// regions, so a quarter-warp (8 lanes, one row, c = 0..7) stores to eight bank groups.
-__device__ __forceinline__ void store_f16_squares(uint2 lo, uint2 hi, unsigned char* tile, int row,
-                                                  int c) {
-  *reinterpret_cast<uint4*>(tile + swizzled(row, c)) = f16_squares(lo);
-  *reinterpret_cast<uint4*>(tile + kPageKeyBytes + swizzled(row, c)) = f16_squares(hi);
-}
+// The warp's A fragments of the variance product for its rows s_lo and s_hi: per k-step ks the
+// squares of std bytes 16 ks + 4 t .. + 3 (`std_lo[ks]`, `std_hi[ks]`) as a0 a1 a2 a3.
+struct StdSquares {
+  uint32_t a[kHeadDim / 16][4];
+  __device__ StdSquares(const uint32_t (&std_lo)[kHeadDim / 16],
+                        const uint32_t (&std_hi)[kHeadDim / 16]) {
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      a[ks][0] = f16_square_pair(std_lo[ks] & 0xFFFFu);
+      a[ks][1] = f16_square_pair(std_hi[ks] & 0xFFFFu);
+      a[ks][2] = f16_square_pair(std_lo[ks] >> 16);
+      a[ks][3] = f16_square_pair(std_hi[ks] >> 16);
+    }
+  }
+};
+
+// The products go in two passes of 32 heads (kPassHeads): 16 accumulators each for mu and sq
+// beside the 32 registers of A keep the kernel at kGaussCtas CTAs per SM.
+constexpr int kPassHeads = 32;
+using PassAcc = float[kPassHeads / 2];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// mu = the mean tile's product with q (page_scores<1>'s four fp8 k-steps) and sq = the squares'
-// (eight fp16 k-steps of 16 dims: 32 bytes into a 128-byte row of the region of dims 0-63, then
-// of 64-127), issued together, complete on return.
-__device__ __forceinline__ void gauss_products(Acc<1>& mu, Acc<1>& sq, uint32_t mean_tile,
-                                               uint32_t q, uint32_t std2, uint32_t q2) {
-  fence_acc<1>(mu);
-  fence_acc<1>(sq);
+// m64n32k16 on fp16, A from registers, B K-major in shared memory.
+__device__ __forceinline__ void wgmma_f16_rs(PassAcc& d, const uint32_t (&a)[4], uint64_t b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred zero_init;\n"
+      "setp.ne.b32 zero_init, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " SPIN_WGMMA_ACC16_TEXT ", "
+      "{%16, %17, %18, %19}, %20, zero_init, 1, 1, 0;\n"
+      "}\n"
+      : SPIN_WGMMA_ACC16(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void fence_pass(PassAcc& acc) {
+#pragma unroll
+  for (int i = 0; i < kPassHeads / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// For heads 32 pass .. + 31: mu = the mean tile's product with q (four fp8 k-steps) and sq = the
+// squares' (eight fp16 k-steps of 16 k: 32 bytes into a 128-byte row of q2's region of k 0-63,
+// then of 64-127), issued together, complete on return. The pass's heads are rows 32 pass ..
+// of q's and q2's tiles: 4 KB in, whole 8-row swizzle groups.
+__device__ __forceinline__ void gauss_products(PassAcc& mu, PassAcc& sq, uint32_t mean_tile,
+                                               uint32_t q, StdSquares& std2, uint32_t q2,
+                                               int pass) {
+  const uint32_t heads = pass * kPassHeads * 128;
+  fence_pass(mu);
+  fence_pass(sq);
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks)  // A's registers are written before wgmma.fence
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(std2.a[ks][i])::"memory");
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)
-    wgmma_fp8<64>(mu, smem_desc(mean_tile) + ks * 2, smem_desc(q) + ks * 2, ks > 0);
+    wgmma_fp8<kPassHeads>(mu, smem_desc(mean_tile) + ks * 2, smem_desc(q + heads) + ks * 2, ks > 0);
 #pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    const uint32_t at = (ks / 4) * kPageKeyBytes;
-    wgmma_f16(sq, smem_desc(std2 + at) + (ks % 4) * 2, smem_desc(q2 + at) + (ks % 4) * 2, ks > 0);
-  }
+  for (int ks = 0; ks < kHeadDim / 16; ++ks)
+    wgmma_f16_rs(sq, std2.a[ks], smem_desc(q2 + (ks / 4) * kPageKeyBytes + heads) + (ks % 4) * 2,
+                 ks > 0);
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  fence_acc<1>(mu);
-  fence_acc<1>(sq);
+  fence_pass(mu);
+  fence_pass(sq);
 }
 #else
-__device__ __forceinline__ void mma_f16(float* d, uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_f16(float* d, const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The same products with mma.sync from the same tiles (a 32-bit word: two fp16 dims).
-__device__ __forceinline__ void gauss_products(Acc<1>& mu, Acc<1>& sq, uint32_t mean_tile,
-                                               uint32_t q, uint32_t std2, uint32_t q2) {
-  page_scores<1>(mu, mean_tile, q, [] {});
+// The same products with mma.sync (a 32-bit word of the tiles: four e4m3 dims of q, two fp16 k
+// of q2).
+__device__ __forceinline__ void gauss_products(PassAcc& mu, PassAcc& sq, uint32_t mean_tile,
+                                               uint32_t q, StdSquares& std2, uint32_t q2,
+                                               int pass) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) sq[i] = 0.0f;
+  for (int i = 0; i < kPassHeads / 2; ++i) mu[i] = sq[i] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const int c0 = ks * 2, c1 = ks * 2 + 1;
+    uint32_t a[4];
+    a[0] = lds32(mean_tile + swizzled(s_lo, c0) + t * 4);
+    a[1] = lds32(mean_tile + swizzled(s_hi, c0) + t * 4);
+    a[2] = lds32(mean_tile + swizzled(s_lo, c1) + t * 4);
+    a[3] = lds32(mean_tile + swizzled(s_hi, c1) + t * 4);
+#pragma unroll
+    for (int nt = 0; nt < kPassHeads / 8; ++nt) {
+      const int h = pass * kPassHeads + nt * 8 + g;
+      float d[4];
+      mma_e4m3(d, a, lds32(q + swizzled(h, c0) + t * 4), lds32(q + swizzled(h, c1) + t * 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mu[nt * 4 + e] += d[e];
+    }
+  }
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    const uint32_t at = (ks / 4) * kPageKeyBytes;
-    const int c0 = (ks % 4) * 2, c1 = c0 + 1;  // dims 16 ks .. + 7, then + 8 .. + 15
-    const uint32_t a0 = lds32(std2 + at + swizzled(s_lo, c0) + t * 4);
-    const uint32_t a1 = lds32(std2 + at + swizzled(s_hi, c0) + t * 4);
-    const uint32_t a2 = lds32(std2 + at + swizzled(s_lo, c1) + t * 4);
-    const uint32_t a3 = lds32(std2 + at + swizzled(s_hi, c1) + t * 4);
+    const uint32_t at = q2 + (ks / 4) * kPageKeyBytes;
+    const int c0 = (ks % 4) * 2, c1 = c0 + 1;  // k 16 ks .. + 7, then + 8 .. + 15
 #pragma unroll
-    for (int nt = 0; nt < kHeads / 8; ++nt) {
-      const int h = nt * 8 + g;
-      mma_f16(sq + nt * 4, a0, a1, a2, a3, lds32(q2 + at + swizzled(h, c0) + t * 4),
-              lds32(q2 + at + swizzled(h, c1) + t * 4));
+    for (int nt = 0; nt < kPassHeads / 8; ++nt) {
+      const int h = pass * kPassHeads + nt * 8 + g;
+      mma_f16(sq + nt * 4, std2.a[ks], lds32(at + swizzled(h, c0) + t * 4),
+              lds32(at + swizzled(h, c1) + t * 4));
     }
   }
 }
@@ -327,24 +398,27 @@ __device__ __forceinline__ float expected_relu(float mu, float sq, float var_sca
 
 // One CTA per (request, 64 consecutive page columns), a warp 16 columns x 64 heads, one row at a
 // time: mu = scale_mean (q_h . mean) on the tile product (fp8 wgmma), var = scale_std^2
-// sum_d q_hd^2 std_d^2 (fp16 wgmma on the prescaled squares, fp32 sums), z = sum_h w_h
-// expected_relu(mu, var); -inf where the column's page is not read or has no visible slot.
-__global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
+// sum_d q_hd^2 std_d^2 (fp16 wgmma on the prescaled squares, the std rows' from registers,
+// fp32 sums), z = sum_h w_h expected_relu(mu, var); -inf where the column's page is not read or
+// has no visible slot. The kernel waits on its loads (a block-table read, then the summary rows'):
+// shared memory (the q rows, the mean rows, q's squares) is kept small for kGaussCtas per SM.
+constexpr int kGaussCtas = 5;
+__global__ void __launch_bounds__(kThreads, kGaussCtas) gauss_kernel(ProbeParams p) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  // q rows first (load_queries writes them at base), then the mean rows' tile (e4m3), the std
-  // rows' and q's prescaled squares (fp16, 16 KB each), the rows' scales, the weights; the
-  // tiles K-major in the 128B-swizzled layout
+  // q rows first (load_queries writes them at base), then the mean rows' tile (e4m3), q's
+  // prescaled squares (fp16, 16 KB), the rows' scales, the weights; the tiles K-major in the
+  // 128B-swizzled layout
   const uint32_t mean_tile = p.rows * kQBytes;
-  const uint32_t std2_at = mean_tile + kPageKeyBytes;
-  const uint32_t q2_at = std2_at + 2 * kPageKeyBytes;
+  const uint32_t q2_at = mean_tile + kPageKeyBytes;
   const uint32_t scales_at = q2_at + 2 * kPageKeyBytes;
   const uint32_t weights_at = scales_at + 2 * kBlockSize * 4;
   const int b = blockIdx.y, j0 = blockIdx.x * kBlockSize;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
+  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
 
   __shared__ int page_s[kBlockSize], ctx_s[kMaxNextN];
   const ColumnPages page_of(p, b, j0, ctx_s);
@@ -357,45 +431,38 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
     scales[kBlockSize + threadIdx.x] =
         page >= 0 ? *reinterpret_cast<const float*>(row + kSummaryBytes + kHeadDim) : 0.0f;
   }
-  // Thread t: chunk t % 8 of rows t / 8 + 16 u (load_summary_tile's split) of the mean rows
-  // (cp.async); dims 8 c .. 8 c + 7 and 64 + 8 c .. of the same rows of the std rows and of row
-  // 0's query heads (into registers, c = t % 8). Every load in flight at once: the kernel is
-  // bound by their latency, not by bytes
-  const uint8_t* const q_b = p.q + static_cast<int64_t>(b) * p.rows * kQBytes;
-  const int chunk = threadIdx.x % 8;
-  static_assert(kHeads == kBlockSize, "the query heads share the page rows' load split");
-  uint2 std_bytes[kChunksPerThread][2], q_bytes[kChunksPerThread][2];
+  // Every load in flight at once: the mean rows (cp.async, load_summary_tile's split), the
+  // thread's words of its two std rows (StdSquares), row 0's query heads (thread t: 16 bytes c
+  // = t / 8 % 8 of heads t % 8 + 8 (t / 64) + 16 u, so a quarter-warp's square stores fall on
+  // eight rows' swizzles)
+  uint32_t std_w[2][kHeadDim / 16];
 #pragma unroll
-  for (int u = 0; u < kChunksPerThread; ++u) {
-    const int row = threadIdx.x / 8 + 16 * u;
-    const int64_t page = page_of(row);
-    const uint32_t dst = mean_tile + swizzled(row, chunk);
-    if (page >= 0) {
-      const uint8_t* summary = p.summaries + page * p.summary_bytes;
-      cp_async16(base + dst, summary + chunk * 16);
+  for (int k = 0; k < 2; ++k) {
+    const int64_t page = page_of(k == 0 ? s_lo : s_hi);
+    const uint8_t* row = p.summaries + page * p.summary_bytes + kSummaryBytes + 4 * t;
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
-        std_bytes[u][k] =
-            *reinterpret_cast<const uint2*>(summary + kSummaryBytes + 64 * k + 8 * chunk);
-    } else {
-      *reinterpret_cast<uint4*>(smem + dst) = make_uint4(0, 0, 0, 0);
-      std_bytes[u][0] = std_bytes[u][1] = make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      q_bytes[u][k] = *reinterpret_cast<const uint2*>(q_b + row * kHeadDim + 64 * k + 8 * chunk);
+    for (int ks = 0; ks < kHeadDim / 16; ++ks)
+      std_w[k][ks] = page >= 0 ? *reinterpret_cast<const uint32_t*>(row + 16 * ks) : 0u;
   }
+  load_summary_tile(p, page_of, base, smem, mean_tile);
+  const uint8_t* const q_b = p.q + static_cast<int64_t>(b) * p.rows * kQBytes;
+  const int q_chunk = threadIdx.x / 8 % 8;
+  static_assert(kHeads == kBlockSize && kHeads == 2 * kPassHeads,
+                "q's heads take the page rows' load split, and two passes");
+  const int q_head0 = threadIdx.x % 8 + 8 * (threadIdx.x / 64);
+  auto q_head = [&](int u) { return q_head0 + 16 * u; };
+  uint4 q_bytes[kChunksPerThread];
+#pragma unroll
+  for (int u = 0; u < kChunksPerThread; ++u)
+    q_bytes[u] = *reinterpret_cast<const uint4*>(q_b + q_head(u) * kHeadDim + q_chunk * 16);
   load_queries(p.q, p.weights, b, p.rows, p.rows, base, smem, weights_at);
   cp_async_commit();
 #pragma unroll
-  for (int u = 0; u < kChunksPerThread; ++u) {
-    const int row = threadIdx.x / 8 + 16 * u;
-    store_f16_squares(std_bytes[u][0], std_bytes[u][1], smem + std2_at, row, chunk);
-    store_f16_squares(q_bytes[u][0], q_bytes[u][1], smem + q2_at, row, chunk);
-  }
+  for (int u = 0; u < kChunksPerThread; ++u)
+    store_q_squares(q_bytes[u], smem + q2_at, q_head(u), q_chunk);
+  StdSquares std2(std_w[0], std_w[1]);
   tiles_ready();
 
-  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
   const int s_mine = t == 0 ? s_lo : s_hi;
   const float mean_lo = scales[s_lo], mean_hi = scales[s_hi];
   // sq's scale to var / k^2: the std scale squared, the squares' prescale undone
@@ -407,35 +474,34 @@ __global__ void __launch_bounds__(kThreads) gauss_kernel(ProbeParams p) {
     if (r > 0) {  // row r's query squares, from its q tile (row 0's came with the tiles)
 #pragma unroll
       for (int u = 0; u < kChunksPerThread; ++u)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)  // dims 64 k + 8 c: byte 8 (c % 2) of 16-byte chunk 4 k + c / 2
-          q_bytes[u][k] = *reinterpret_cast<const uint2*>(
-              smem + r * kQBytes + swizzled(threadIdx.x / 8 + 16 * u, 4 * k + chunk / 2) +
-              8 * (chunk % 2));
+        q_bytes[u] = *reinterpret_cast<const uint4*>(smem + r * kQBytes +
+                                                     swizzled(q_head(u), q_chunk));
       __syncthreads();  // every warp's products of row r - 1 are done
 #pragma unroll
       for (int u = 0; u < kChunksPerThread; ++u)
-        store_f16_squares(q_bytes[u][0], q_bytes[u][1], smem + q2_at, threadIdx.x / 8 + 16 * u,
-                          chunk);
+        store_q_squares(q_bytes[u], smem + q2_at, q_head(u), q_chunk);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
       __syncthreads();
     }
-    Acc<1> mu, sq;
-    gauss_products(mu, sq, base + mean_tile, base + r * kQBytes, base + std2_at, base + q2_at);
     const float* w = reinterpret_cast<const float*>(smem + weights_at) + r * kHeads;
     float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // slot lo, hi x two heads: short FMA chains
+#pragma unroll 1
+    for (int pass = 0; pass < kHeads / kPassHeads; ++pass) {
+      PassAcc mu, sq;
+      gauss_products(mu, sq, base + mean_tile, base + r * kQBytes, std2, base + q2_at, pass);
 #pragma unroll
-    for (int nt = 0; nt < kHeads / 8; ++nt) {
-      const float2 wv = reinterpret_cast<const float2*>(w)[nt * 4 + t];
+      for (int nt = 0; nt < kPassHeads / 8; ++nt) {
+        const float2 wv = reinterpret_cast<const float2*>(w + pass * kPassHeads)[nt * 4 + t];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool lo = e < 2;
-        z[e] = fmaf((e & 1) ? wv.y : wv.x,
-                    expected_relu(mu[nt * 4 + e] * (lo ? mean_lo : mean_hi), sq[nt * 4 + e],
-                                  lo ? var_lo : var_hi),
-                    z[e]);
+        for (int e = 0; e < 4; ++e) {
+          const bool lo = e < 2;
+          z[e] = fmaf((e & 1) ? wv.y : wv.x,
+                      expected_relu(mu[nt * 4 + e] * (lo ? mean_lo : mean_hi), sq[nt * 4 + e],
+                                    lo ? var_lo : var_hi),
+                      z[e]);
+        }
       }
     }
     float z_lo = z[0] + z[1], z_hi = z[2] + z[3];
@@ -487,7 +553,7 @@ static bool columns_launchable(const ProbeParams& p, int min_row_bytes) {
 cudaError_t launch_gauss(const ProbeParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.num_blocks == 0) return cudaSuccess;
   if (!columns_launchable(p, kGaussSummaryBytes)) return cudaErrorInvalidValue;
-  const int smem = p.rows * kQBytes + 5 * kPageKeyBytes + 2 * kBlockSize * 4 +
+  const int smem = p.rows * kQBytes + 3 * kPageKeyBytes + 2 * kBlockSize * 4 +
                    p.rows * kHeads * 4 + 1024;
   cudaError_t err = allow_dynamic_smem(gauss_kernel, smem);
   if (err != cudaSuccess) return err;
