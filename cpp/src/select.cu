@@ -1,10 +1,11 @@
 // spin::select: per (request, layer) stream, the blocks each MTP row attends to. Block scores
 // come from the V/D history (select_scores.cuh) or are given (one layer; merge_history: the max
 // of both rank shares), then budget, forced sink/newest blocks, exploration and the union over
-// the rows. One CTA of kThreads per stream, grid (layers, requests) or (1, requests) for one
-// layer; the top-m blocks come from 8-bit radix passes over the score keys (16-bit keys when the
-// scores are pooled fp16 or fp8 state, 32-bit otherwise), ties to the lower block id, and each
-// warp flags and compacts one contiguous range of blocks.
+// the rows. One CTA of kThreads per stream (kGivenThreads with given scores alone), grid
+// (layers, requests) or (1, requests) for one layer; the top-m blocks come from 8-bit radix
+// passes over the score keys (16-bit keys when the scores are pooled fp16 or fp8 state, 32-bit
+// otherwise), ties to the lower block id, and each warp flags and compacts one contiguous range
+// of blocks.
 #include <cfloat>
 #include <type_traits>
 
@@ -16,17 +17,17 @@ namespace {
 // Flags what radix_threshold selected: every eligible entry with a key >= thr when `whole`,
 // else those above thr and the first `need` ties in index order. A warp walks one contiguous
 // range, so the tie ranks cost one block barrier (not two per kThreads entries).
-// `warp_ties` holds kThreads / 32 ints; the caller syncs before its next use.
-template <typename Key, typename Eligible, typename Flag>
+// `warp_ties` holds kCta / 32 ints; the caller syncs before its next use.
+template <int kCta, typename Key, typename Eligible, typename Flag>
 __device__ void flag_taken(int count, uint32_t thr, int need, bool whole, Key key,
                            Eligible eligible, Flag flag, int* warp_ties) {
   if (whole) {
-    for (int j = threadIdx.x; j < count; j += kThreads)
+    for (int j = threadIdx.x; j < count; j += kCta)
       if (eligible(j) && key(j) >= thr) flag(j);
     return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int span = (count + kThreads - 1) / kThreads * 32;
+  const int span = (count + kCta - 1) / kCta * 32;
   const int lo = warp * span, hi = min(lo + span, count);
   int ties = 0;
   for (int j0 = lo; j0 < hi; j0 += 32) {  // warp-uniform: j0 is the same in every lane
@@ -111,9 +112,14 @@ __device__ void merge_by_rank(float* score, const float* given, int width, int B
 // kVec > 0: max pooling on state of kType read kVec entries per load; 0: the paired path
 // (any pooling, any state layout). One kernel per layout keeps each at 64 registers (kPer, the
 // interior blocks in flight per lane group: kMaxPerStep, or kWidePerStep at one CTA an SM).
-template <int kType, int kVec, int kPer>
-__global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
+// kGiven: the scores are given and no V/D is read (the query-aware predictors' one-layer
+// launch); its CTAs of kGivenThreads have an SM each, so the radix passes over the row's blocks
+// run on four times the warps.
+template <int kType, int kVec, int kPer, bool kGiven = false>
+__global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
+                                  kGiven || kPer > kMaxPerStep ? 1 : 4)
     select_kernel(SelectParams p) {
+  constexpr int kCta = kGiven ? kGivenThreads : kThreads;
   extern __shared__ unsigned char smem[];
   float* score = reinterpret_cast<float*>(smem);
   uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
@@ -123,10 +129,10 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
       smem + static_cast<size_t>(p.max_blocks) * 4 +
       (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
   uint32_t* sorted_p = sorted_s + sort_capacity(p.max_blocks);
-  __shared__ float fscratch[kThreads / 32];
+  __shared__ float fscratch[kCta / 32];
   __shared__ int hist[256];
   __shared__ int bcast[3];
-  __shared__ int warp_counts[kThreads / 32];
+  __shared__ int warp_counts[kCta / 32];
 
   // an update launched beside this kernel (the previous layer's) may start now
   pdl_launch_dependents();
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
   int32_t* out = p.block_ids + (static_cast<int64_t>(b) * s.num_layers + layer) * p.m_cap;
   const int slot_id = p.state_slot[b];
   if (slot_id < 0 || slot_id >= s.num_slots) {  // no state: select nothing
-    for (int c = threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
+    for (int c = threadIdx.x; c < p.m_cap; c += kCta) out[c] = -1;
     if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = 0;
     return leave_after_previous(p.beside_previous);
   }
@@ -152,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     const int n = clamp_n(r);
     nb_all = max(nb_all, min((n + kBlockSize - 1) / kBlockSize, p.max_blocks));
   }
-  for (int j = threadIdx.x; j < nb_all; j += kThreads) union_flag[j] = 0;
+  for (int j = threadIdx.x; j < nb_all; j += kCta) union_flag[j] = 0;
   const int nb0 = min((clamp_n(0) + kBlockSize - 1) / kBlockSize, p.max_blocks);
 
   for (int r = 0; r < p.rows; ++r) {
@@ -161,38 +167,40 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     const int B = min((n + kBlockSize - 1) / kBlockSize, p.max_blocks);
     if (!p.mtp_union && r > 0) {  // row0 sharing: only the blocks row 0 cannot see
       __syncthreads();
-      for (int j = nb0 + threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
+      for (int j = nb0 + threadIdx.x; j < B; j += kCta) union_flag[j] = 1;
       continue;
     }
     __syncthreads();
     if (dense) {
-      for (int j = threadIdx.x; j < B; j += kThreads) union_flag[j] = 1;
+      for (int j = threadIdx.x; j < B; j += kCta) union_flag[j] = 1;
       continue;
     }
-    constexpr int kWarps = kThreads / 32, kPerStep = 4;
-    const bool history = p.block_scores == nullptr || p.merge_history;
-    if constexpr (kVec > 0) {
-      if (history) score_blocks<kType, kVec, kPer>(s, base, B, n, q, score);
-    }
-    // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
-    for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
-      float v[kPerStep][2];
+    const bool history = !kGiven && (p.block_scores == nullptr || p.merge_history);
+    if constexpr (!kGiven) {  // the V/D history's scores
+      constexpr int kWarps = kCta / 32, kPerStep = 4;
+      if constexpr (kVec > 0) {
+        if (history) score_blocks<kType, kVec, kPer>(s, base, B, n, q, score);
+      }
+      // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
+      for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
+        float v[kPerStep][2];
 #pragma unroll
-      for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
+        for (int u = 0; u < kPerStep; ++u) block_values(s, base, j0 + u * kWarps, n, q, v[u]);
 #pragma unroll
-      for (int u = 0; u < kPerStep; ++u) {
-        const int j = j0 + u * kWarps;
-        if (j >= B) break;
-        const float m = pool_block(v[u], p.pooling);
-        if (lane == 0) score[j] = m;
+        for (int u = 0; u < kPerStep; ++u) {
+          const int j = j0 + u * kWarps;
+          if (j >= B) break;
+          const float m = pool_block(v[u], p.pooling);
+          if (lane == 0) score[j] = m;
+        }
       }
     }
     if (p.block_scores != nullptr) {  // given scores (e.g. the probe's) instead of V/D
       const float* given = p.block_scores + b * p.scores_stride_b + r * p.scores_stride_r;
-      if (p.merge_history)
-        merge_by_rank(score, given, p.scores_width, B, sorted_s, sorted_p);
-      else
-        for (int j = threadIdx.x; j < B; j += kThreads) {
+      if (history) {
+        if constexpr (!kGiven) merge_by_rank(score, given, p.scores_width, B, sorted_s, sorted_p);
+      } else
+        for (int j = threadIdx.x; j < B; j += kCta) {
           const float x = j < p.scores_width ? given[j] : -CUDART_INF_F;
           score[j] = x == x ? x : -CUDART_INF_F;  // NaN ranks as -inf (the reference's rule)
         }
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     const long long top = m - e - n_forced;
     auto forced = [&](int j) { return (p.keep_sink && j == 0) || (p.keep_newest && j == B - 1); };
     __syncthreads();
-    for (int j = threadIdx.x; j < B; j += kThreads) row_flag[j] = forced(j);
+    for (int j = threadIdx.x; j < B; j += kCta) row_flag[j] = forced(j);
     __syncthreads();
     uint32_t thr;
     int need;
@@ -222,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     auto rest = [&](int j) { return !forced(j); };
     auto take_top = [&](auto key_of_score, auto key_bits) {
       auto score_key = [&](int j) { return key_of_score(score[j]); };
-      radix_threshold<kThreads, decltype(key_bits)::value>(B, static_cast<int>(top), score_key,
+      radix_threshold<kCta, decltype(key_bits)::value>(B, static_cast<int>(top), score_key,
                                                             rest, hist, bcast, thr, need, &whole);
-      flag_taken(B, thr, need, whole, score_key, rest, [&](int j) { row_flag[j] = 1; },
+      flag_taken<kCta>(B, thr, need, whole, score_key, rest, [&](int j) { row_flag[j] = 1; },
                  warp_counts);
     };
     using Bits16 = std::integral_constant<int, 16>;
@@ -246,13 +254,13 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
       auto candidate = [&](int j) { return row_flag[j] == 0; };
       float lo = CUDART_INF_F, hi = -CUDART_INF_F;
       if (p.policy == kExploreStaleness) {  // over the candidates' finite scores
-        for (int j = threadIdx.x; j < B; j += kThreads)
+        for (int j = threadIdx.x; j < B; j += kCta)
           if (candidate(j) && isfinite(score[j])) {
             lo = fminf(lo, score[j]);
             hi = fmaxf(hi, score[j]);
           }
-        lo = block_min_max<kThreads>(lo, false, fscratch);
-        hi = block_min_max<kThreads>(hi, true, fscratch);
+        lo = block_min_max<kCta>(lo, false, fscratch);
+        hi = block_min_max<kCta>(hi, true, fscratch);
       }
       const float span = __fsub_rn(hi, lo);
       const uint32_t stream_hash = p.policy == kExploreRandom
@@ -268,27 +276,27 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
       };
       // each priority once, over the scores: they are not read again for this row
       uint32_t* prio = reinterpret_cast<uint32_t*>(score);
-      for (int j = threadIdx.x; j < B; j += kThreads)
+      for (int j = threadIdx.x; j < B; j += kCta)
         if (candidate(j)) {
           const uint32_t key = priority(j);
           prio[j] = key;
         }
       __syncthreads();
       auto prio_key = [&](int j) { return prio[j]; };
-      radix_threshold<kThreads>(B, static_cast<int>(e), prio_key, candidate, hist, bcast, thr, need,
+      radix_threshold<kCta>(B, static_cast<int>(e), prio_key, candidate, hist, bcast, thr, need,
                                 &whole);
-      flag_taken(B, thr, need, whole, prio_key, candidate, [&](int j) { row_flag[j] = 2; },
+      flag_taken<kCta>(B, thr, need, whole, prio_key, candidate, [&](int j) { row_flag[j] = 2; },
                  warp_counts);
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < B; j += kThreads)
+    for (int j = threadIdx.x; j < B; j += kCta)
       if (row_flag[j]) union_flag[j] = 1;
   }
   __syncthreads();
 
   // Compact the union into ascending ids: a warp counts one contiguous range, one barrier.
-  __shared__ int warp_total[kThreads / 32];
-  const int span = (nb_all + kThreads - 1) / kThreads * 32;
+  __shared__ int warp_total[kCta / 32];
+  const int span = (nb_all + kCta - 1) / kCta * 32;
   const int lo = warp * span, hi = min(lo + span, nb_all);
   int mine = 0;
   for (int j0 = lo; j0 < hi; j0 += 32)
@@ -296,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
   if (lane == 0) warp_total[warp] = mine;
   __syncthreads();
   int rank = 0, written = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
+  for (int w = 0; w < kCta / 32; ++w) {
     if (w < warp) rank += warp_total[w];
     written += warp_total[w];
   }
@@ -308,25 +316,26 @@ __global__ void __launch_bounds__(kThreads, kPer > kMaxPerStep ? 1 : 4)
     if (f && at < p.m_cap) out[at] = j;
     rank += __popc(ballot);
   }
-  for (int c = written + threadIdx.x; c < p.m_cap; c += kThreads) out[c] = -1;
+  for (int c = written + threadIdx.x; c < p.m_cap; c += kCta) out[c] = -1;
   if (threadIdx.x == 0) p.counts[static_cast<int64_t>(b) * s.num_layers + layer] = written;
   leave_after_previous(p.beside_previous);
 }
 
 }  // namespace
 
-template <int kType, int kVec, int kPer = kMaxPerStep>
+template <int kType, int kVec, int kPer = kMaxPerStep, bool kGiven = false>
 cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
-  cudaError_t err = allow_dynamic_smem(select_kernel<kType, kVec, kPer>, smem);
+  auto* kernel = select_kernel<kType, kVec, kPer, kGiven>;
+  cudaError_t err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.layer >= 0 ? 1 : p.state.num_layers, p.batch);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kGiven ? kGivenThreads : kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   allow_beside_previous(cfg, attr, p.beside_previous);
-  return cudaLaunchKernelEx(&cfg, select_kernel<kType, kVec, kPer>, p);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
@@ -334,7 +343,7 @@ cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
   const StateView& s = p.state;
   if (p.block_scores != nullptr && !p.merge_history)
-    return launch_select_as<kStateF32, 0>(p, smem, stream);  // no V/D read
+    return launch_select_as<kStateF32, 0, kMaxPerStep, true>(p, smem, stream);  // no V/D read
   if (p.block_scores != nullptr) {  // merge_history: two sort buffers of a power of two
     if (p.max_blocks > kMaxHybridBlocks) return cudaErrorInvalidValue;
     smem = (smem + 3) / 4 * 4 + static_cast<size_t>(sort_capacity(p.max_blocks)) * 2 * 4;

@@ -12,6 +12,7 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kGivenThreads = 1024;  // CTA of the given-scores launch (select.cu)
 constexpr int kMaxPerStep = 2;  // blocks in flight per lane group on the max-pooling path
 // A launch of few CTAs (one layer's, beside the previous layer's top-K) cannot hide the loads'
 // latency by occupancy: its interior blocks keep more loads in flight per lane group (one CTA
