@@ -18,7 +18,7 @@ benchmarks/RESULTS.md):
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
            top-K) a step pays update_beside_share of it
   probe    summarize + probe 6.2 us + 1.19 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
-           one-layer select: 8.3 us + 0.091 ns per slot of the longest request per row
+           one-layer select: 11.1 us + 0.053 ns per slot of the longest request per row
   hybrid   the probe's, plus 0.67 ns per slot of the longest request per row (the merge)
   gauss    the probe's with its summarize + scores at 13.1 us + 2.56 ps per visible slot
            (x 1 + 0.5 (next_n - 1))
@@ -67,8 +67,8 @@ class CostModel:
                                       # the first
     gauss_fixed_us: float = 13.1
     gauss_us_per_slot: float = 2.56e-6
-    probe_select_fixed_us: float = 8.3
-    probe_select_us_per_request_slot: float = 0.091e-3
+    probe_select_fixed_us: float = 11.1
+    probe_select_us_per_request_slot: float = 0.053e-3
     hybrid_us_per_request_slot: float = 0.67e-3
     engine_overhead_us: float = 15.0  # SPIN's per-layer cost in a captured step beyond its kernels
     engine_overhead_beside_us: float = 8.0  # the same where the update runs beside the top-K

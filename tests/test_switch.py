@@ -135,15 +135,13 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
 
 
-# Per layer on an H200, same run (benchmarks/results/probe/gauss_and_probe_2026-12-04.json,
-# fp16 state): (batch, slots, next_n, SPIN's select share, the probe path, hybrid's select - the
-# probe's select; us).
-MEASURED_PROBE = [(96, 131072, 1, 15.2, 39.7, 103.4 - 19.4),
-                  (96, 524288, 1, 58.5, 116.7, 433.6 - 54.0),
-                  (96, 131072, 2, 28.0, 63.7, 200.0 - 34.2),
-                  (96, 524288, 2, 111.6, 188.9, 845.8 - 101.0),
-                  (96, 131072, 4, 53.2, 111.3, 396.1 - 61.6),
-                  (96, 524288, 4, 219.5, 358.2, 1676.7 - 192.6)]
+# Per layer on an H200, same run (benchmarks/results/probe/select_given_1024_ab_2026-12-05.json,
+# variant sw: the 1024-thread given-scores select; fp16 state): (batch, slots, next_n, SPIN's
+# select share, the probe path, hybrid's select - the probe's select; us).
+MEASURED_PROBE = [(96, 131072, 1, 15.1, 36.6, 103.0 - 17.0),
+                  (96, 524288, 1, 58.4, 98.7, 430.8 - 37.3),
+                  (96, 131072, 2, 27.9, 58.8, 199.7 - 29.5),
+                  (96, 524288, 2, 111.0, 153.4, 848.5 - 65.9)]
 
 
 @pytest.mark.parametrize("batch,slots,next_n,select,probe_path,hybrid_extra", MEASURED_PROBE)
