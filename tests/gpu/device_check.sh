@@ -20,8 +20,9 @@
 # torch's are upstream's, and left uninstrumented they run at full speed, which keeps the engine
 # tests inside the limit. initcheck instruments every kernel: it sees only the writes of the
 # kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
-# racecheck also leaves out the tests marked no_racecheck: it fails on them with no kernel
-# instrumented. Only the test process is sanitized: the second processes some tests start run the same kernels.
+# racecheck also leaves out the tests marked no_racecheck (it fails on them with no kernel
+# instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there).
+# Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
 # Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
@@ -87,7 +88,7 @@ trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
   n=$shards marks="gpu and not large"
   [ "$tool" = racecheck ] && n=$((2 * shards)) &&   # about half memcheck's speed on these tests
-    marks="$marks and not no_racecheck"
+    marks="$marks and not no_racecheck and not racecheck_slow"
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
