@@ -17,7 +17,8 @@ predictor="probe" ranks each layer's blocks by their summaries (mean key per pag
 row per page beside the K cache; a block of two 32-slot pages scores as its best page) scored
 with the current query, instead of SPIN's V/D history: layer() then summarizes the pages of this
 step's newest slots, probes and selects that layer itself; select() only acts for keep_all
-steps. The V/D update still runs (warm-up and exploration ages come from it). The caller
+steps. The update keeps only the warm-up step counts and exploration ages (ema=False): V and
+D, which no rule of the probe reads, are neither read nor written. The caller
 builds the summaries of prompt pages with summarize_context() after prefill (see its
 docstring). predictor="hybrid" does the same and ranks by the max of the rank shares of the
 probe's scores and of SPIN's history prediction (reference.hybrid_scores;
@@ -413,8 +414,8 @@ class SpinIndexer:
                          beside_previous=self.update_beside)
             return top
         kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
-        if logits.data_ptr() != kept.data_ptr():
-            kept.copy_(logits[:, :kept.shape[1]])
+        if self.predictor.history and logits.data_ptr() != kept.data_ptr():
+            kept.copy_(logits[:, :kept.shape[1]])  # finish()'s EMAs read them
         self.ran_counts[:B, layer].copy_(cnt)
         return top
 
@@ -433,9 +434,11 @@ class SpinIndexer:
                 counts: torch.Tensor, accepted: torch.Tensor,
                 beside_previous: bool = False) -> None:
         B = self.batch
+        # a predictor that reads no V/D history keeps only the blocks' last step and the count
         ops.update(self.pool.state, self.slot[:B], logits, block_ids, counts,
                    self.context_lens[:B], self.query_pos[:B], accepted, self.step[:B], layer,
-                   self.cfg, self._max_len(), beside_previous=beside_previous)
+                   self.cfg, self._max_len(), beside_previous=beside_previous,
+                   ema=self.predictor.history)
 
     def _max_len(self) -> int:
         # the ops clamp context lengths to this; it may not exceed the state's capacity

@@ -52,7 +52,7 @@ LLMAPI_MODEL_ENV = "SPIN_TRTLLM_LLMAPI_MODEL"
 
 # spin_native::abi_version of the kernels the ops drive: a library built before an op's
 # meaning changed would misread the call.
-NATIVE_ABI = 6
+NATIVE_ABI = 7
 
 
 @dataclass(frozen=True)

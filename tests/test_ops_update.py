@@ -92,6 +92,36 @@ def test_update_every_layer_equals_one_layer_at_a_time():
             assert torch.equal(a, b) and not torch.equal(a, old)
 
 
+def _counters_only_against_ema(p, layer):
+    """ops.update with ema=False on p against ema=True on a copy: the same last_seen and
+    decode_steps, V and D as they were."""
+    ids, cnt, z = _every_layer_inputs(p, seed=layer + 7)
+    if layer >= 0:
+        ids, cnt, z = ids[:, layer], cnt[:, layer], z[layer]
+    with_ema = p.clone_state()
+    ops.update(with_ema, p.slot, z, ids, cnt, p.n, p.q, p.accepted, p.step, layer, p.cfg,
+               p.max_ctx)
+    before = p.clone_state()
+    ops.update(p.state, p.slot, z, ids, cnt, p.n, p.q, p.accepted, p.step, layer, p.cfg,
+               p.max_ctx, ema=False)
+    st, want = p.state, with_ema
+    assert torch.equal(st.V, before.V) and torch.equal(st.D, before.D)
+    assert not torch.equal(want.V, before.V)          # the EMAs would have moved
+    assert torch.equal(st.last_seen, want.last_seen) and not torch.equal(st.last_seen,
+                                                                         before.last_seen)
+    assert torch.equal(st.decode_steps, want.decode_steps)
+    assert not torch.equal(st.decode_steps, before.decode_steps)
+
+
+@pytest.mark.parametrize("R,layer", [(1, 0), (1, 1), (3, -1), (2, 1)])
+def test_update_without_ema_moves_only_the_counters(R, layer):
+    """ema=False (a predictor that reads no V/D history): last_seen and decode_steps as with
+    the EMAs, one layer or every layer, with MTP rows; V and D untouched."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5)
+    p = Problem(B=3, R=R, L=2, lens=(500, 90, 1000), cfg=cfg, seed=R + layer)
+    _counters_only_against_ema(p, layer)
+
+
 def test_negative_accepted_counts_as_zero():
     runs = []
     for acc in (-3, 0):
@@ -308,6 +338,20 @@ def test_gpu_update_every_layer_matches_reference(state_dtype, R):
                    p_cpu.accepted, p_cpu.step, l, cfg, p_cpu.max_ctx)
     for a, b, old in zip(p_cpu.state.tensors(), p_gpu.state.tensors(), before.tensors()):
         assert same(a, b.cpu()) and not same(b, old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", ["float16", "float8_e4m3fn"])
+@pytest.mark.parametrize("R,layer", [(1, 2), (2, -1)])
+def test_gpu_update_without_ema_matches_reference(state_dtype, R, layer):
+    """The kernel's ema=False launch (one CTA a stream) against the reference and against its
+    own EMA launch's counters; a request that selected nothing in layer 0."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, state_dtype=state_dtype)
+    p_cpu, p_gpu = problem_pair(B=4, R=R, L=3, lens=(3000, 700, 64, 1500), seed=31, cfg=cfg)
+    _counters_only_against_ema(p_gpu, layer)
+    _counters_only_against_ema(p_cpu, layer)
+    for a, b in zip(p_cpu.state.tensors(), p_gpu.state.tensors()):
+        assert same(a, b.cpu())
 
 
 @pytest.mark.gpu

@@ -231,6 +231,23 @@ def test_probe_layer_selects_by_the_probe_scores(R, predictor):
     assert seen["differs"] > 0                     # and not as SPIN's history would
 
 
+@pytest.mark.parametrize("R,predictor", [(1, "probe"), (2, "gauss"), (1, "hybrid"),
+                                         (2, "spin")])
+def test_only_history_predictors_move_the_emas(R, predictor):
+    """The probe and gauss read no V/D history, so their steps leave V and D as admitted
+    (zero); every predictor counts the steps and marks the scored blocks' last step."""
+    sim = Sim(R, {1: 400, 2: 260}, seed=5, predictor=predictor)
+    for t in range(4):
+        sim.step([1, 2], accepted=lambda r: (r + t) % R)
+    st = sim.pool.state
+    slots = sim.pool.slots([1, 2]).long()
+    moved = bool(st.V[slots].abs().sum() > 0) or bool(st.D[slots].abs().sum() > 0)
+    assert moved == (predictor in ("spin", "hybrid"))
+    assert (st.decode_steps[slots] == 4).all()
+    last = st.last_seen[slots]
+    assert (last == 3).any(dim=-1).all() and (last <= 3).all()
+
+
 def test_keep_all_selects_every_block_and_still_summarizes():
     sim = Sim(1, {4: 130, 9: 250})
     sim.step([4, 9])                               # warm-up

@@ -6,6 +6,8 @@
 // compact positions updates both (a warp takes 32 K consecutive positions, one K-entry state
 // vector a lane, or 128 positions one at a time). Several rows: V is walked per scored slot and
 // D per offset, so every entry has one owner thread and the row order holds without atomics.
+// Without EMAs (ema false: a predictor that reads no history) mark_scored_kernel, one CTA a
+// stream, marks the scored blocks' last step and counts the step.
 #include "common.cuh"
 
 namespace spin {
@@ -106,6 +108,18 @@ struct RowVectors {
     apply<S>(V_row, D_row, jb, q, z, a, one_minus_a);
   }
 };
+
+// The step each scored block was last seen at, and the stream's decode-step count: one CTA of
+// the stream.
+__device__ void mark_scored(const UpdateParams& p, int64_t stream, const int32_t* ids, int count,
+                            int b) {
+  int64_t* last_seen = p.state.last_seen + stream * p.state.block_cap;
+  for (int c = threadIdx.x; c < count; c += kThreads) {
+    const int j = ids[c];
+    if (j >= 0 && j < p.state.block_cap && j < p.max_blocks) last_seen[j] = p.step[b];
+  }
+  if (threadIdx.x == 0) p.state.decode_steps[stream] += 1;
+}
 
 // kType: the StateType of V/D (a template argument so that no load or store branches on it).
 template <int kType>
@@ -379,13 +393,23 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   }
 
   if (blockIdx.x != 0) return leave();
-  int64_t* last_seen = s.last_seen + stream * s.block_cap;
-  for (int c = threadIdx.x; c < count; c += kThreads) {
-    const int j = ids[c];
-    if (j >= 0 && j < s.block_cap && j < p.max_blocks) last_seen[j] = p.step[b];
-  }
-  if (threadIdx.x == 0) s.decode_steps[stream] += 1;
+  mark_scored(p, stream, ids, count, b);
   leave();
+}
+
+// ema false: the counters alone, one CTA a stream (grid (1, requests, layers)); the logits and
+// V/D are not touched.
+__global__ void __launch_bounds__(kThreads) mark_scored_kernel(UpdateParams p) {
+  pdl_launch_dependents();
+  const int b = blockIdx.y, layer = p.layer + blockIdx.z;
+  const int slot_id = p.state_slot[b];
+  if (slot_id >= 0 && slot_id < p.state.num_slots) {
+    const int32_t* ids = p.block_ids + b * p.ids_stride + blockIdx.z * p.ids_layer_stride;
+    const int count =
+        min(p.counts[b * p.counts_stride + blockIdx.z * p.counts_layer_stride], p.m_cap);
+    mark_scored(p, static_cast<int64_t>(slot_id) * p.state.num_layers + layer, ids, count, b);
+  }
+  leave_after_previous(p.beside_previous);
 }
 
 }  // namespace
@@ -415,6 +439,15 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.layers == 0) return cudaSuccess;
   if (p.layers < 0 || p.layers > kMaxGridYZ || p.batch > kMaxGridYZ) return cudaErrorInvalidValue;
+  if (!p.ema) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, p.batch, p.layers);
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    allow_beside_previous(cfg, attr, p.beside_previous);
+    return cudaLaunchKernelEx(&cfg, mark_scored_kernel, p);
+  }
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
   switch (p.state.type) {
     case kStateF32: return launch_update_as<kStateF32>(p, smem, stream);

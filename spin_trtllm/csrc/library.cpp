@@ -9,7 +9,7 @@ namespace {
 
 // Raised whenever an op's meaning changes under the same schema; spin_trtllm.ops.NATIVE_ABI must
 // match, so that a library built before the change is not used.
-constexpr int64_t kAbiVersion = 6;
+constexpr int64_t kAbiVersion = 7;
 int64_t spin_abi_version() { return kAbiVersion; }
 
 }  // namespace

@@ -7,7 +7,7 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
                  at::Tensor state_slot, at::Tensor logits, at::Tensor block_ids, at::Tensor counts,
                  at::Tensor context_lens, at::Tensor query_pos, at::Tensor accepted,
                  at::Tensor step, int64_t layer, double ema_decay, bool row0_only,
-                 int64_t max_context_len, bool beside_previous) {
+                 int64_t max_context_len, bool beside_previous, bool ema) {
   const c10::cuda::CUDAGuard guard(V.device());
   spin::UpdateParams p;
   p.state = spin_native::state_view(V, D, last_seen, decode_steps);
@@ -35,6 +35,7 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.max_context = static_cast<int>(max_context_len);
   p.max_blocks = spin_native::max_blocks(max_context_len);
   p.beside_previous = beside_previous;
+  p.ema = ema;
   spin_native::check(spin::launch_update(p, c10::cuda::getCurrentCUDAStream()), "update");
 }
 
@@ -44,7 +45,7 @@ TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
         "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, Tensor context_lens, "
         "Tensor query_pos, Tensor accepted, Tensor step, int layer, float ema_decay, bool row0_only, "
-        "int max_context_len, bool beside_previous=False) -> ()");
+        "int max_context_len, bool beside_previous=False, bool ema=True) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spin_native, CUDA, m) {

@@ -8,6 +8,8 @@ means 0); a non-finite score is not observed. layer -1: every layer in one launc
 deferred updates), from logits [L, B*R, W] (layers a multiple of 4 floats apart), block_ids
 [B, L, m_cap] and counts [B, L] as select writes them. A request's block ids must be distinct,
 as select's are (on CUDA a repeated id races on its V/D entries).
+ema False (a predictor that ranks without the V/D history: probe, gauss): only last_seen and
+decode_steps change, as they would with it (the logits are not read, V and D not written).
 beside_previous (CUDA, sm_90+): the kernel may run beside the one launched just before it
 (spin::topk on the same logits, or the next layer's select launched beside that top-K), which
 must write none of the update's inputs nor read its outputs; the update still completes after
@@ -34,14 +36,14 @@ SCHEMA = ("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) d
           "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, "
           "Tensor context_lens, Tensor query_pos, Tensor accepted, Tensor step, int layer, "
           "float ema_decay, bool row0_only, int max_context_len, "
-          "bool beside_previous=False) -> ()")
+          "bool beside_previous=False, bool ema=True) -> ()")
 RESET_SCHEMA = ("reset(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, "
                 "Tensor(d!) decode_steps, Tensor state_slots, Tensor step) -> ()")
 
 
 def _validate(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
               context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
-              max_context_len, beside_previous=False) -> None:
+              max_context_len, beside_previous=False, ema=True) -> None:
     op = "update"
     dev = check_state(op, V, D, last_seen, decode_steps)
     B, R = check_batch(op, dev, state_slot, context_lens, query_pos)
@@ -75,12 +77,12 @@ def _validate(V, D, last_seen, decode_steps, state_slot, logits, block_ids, coun
 
 def _reference(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,
                context_lens, query_pos, accepted, step, layer, ema_decay, row0_only,
-               max_context_len, beside_previous=False) -> None:
+               max_context_len, beside_previous=False, ema=True) -> None:
     if layer < 0:  # every layer, one after the other
         for each in range(V.shape[1]):
             _reference(V, D, last_seen, decode_steps, state_slot, logits[each],
                        block_ids[:, each], counts[:, each], context_lens, query_pos, accepted,
-                       step, each, ema_decay, row0_only, max_context_len)
+                       step, each, ema_decay, row0_only, max_context_len, ema=ema)
         return
     B, R = context_lens.shape
     if B == 0:
@@ -109,8 +111,9 @@ def _reference(V, D, last_seen, decode_steps, state_slot, logits, block_ids, cou
     dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), compact)
     ref.update_state(state, dense[:, :, :width], mask, n, query_pos.long(),
                      accepted.long(), cfg, step.long())
-    V[idx, layer] = state.V
-    D[idx, layer] = state.D
+    if ema:
+        V[idx, layer] = state.V
+        D[idx, layer] = state.D
     last_seen[idx, layer] = state.last_seen
     decode_steps[idx, layer] = state.decode_steps
 
@@ -137,12 +140,13 @@ register(RESET_SCHEMA, _validate_reset, _reset, native=False)   # torch ops on a
 
 def update(state: OpState, state_slot, logits, block_ids, counts, context_lens, query_pos,
            accepted, step, layer: int, cfg: SpinConfig, max_context_len: int,
-           beside_previous: bool = False) -> None:
+           beside_previous: bool = False, ema: bool = True) -> None:
     """layer -1: every layer in one launch (logits [L, B*R, W], block_ids [B, L, m_cap],
-    counts [B, L])."""
+    counts [B, L]). ema False: last_seen and decode_steps only (a predictor that reads no V/D
+    history)."""
     torch.ops.spin.update(*state.tensors(), state_slot, logits, block_ids, counts, context_lens,
                           query_pos, accepted, step, layer, cfg.ema_decay,
-                          cfg.mtp_update == "row0", max_context_len, beside_previous)
+                          cfg.mtp_update == "row0", max_context_len, beside_previous, ema)
 
 
 def reset(state: OpState, state_slots, step) -> None:

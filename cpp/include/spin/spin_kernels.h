@@ -207,6 +207,9 @@ struct UpdateParams {
   // the update may then run beside it (programmatic dependent launch, sm_90+), and completes
   // only after it, so that what follows in the stream still sees that kernel's results.
   bool beside_previous = false;
+  // false: last_seen and decode_steps only; V, D and the logits untouched (a predictor that
+  // ranks without the V/D history: probe, gauss)
+  bool ema = true;
 };
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 
