@@ -16,7 +16,8 @@ benchmarks/RESULTS.md):
   select   0.5 us + 1.25 ps per visible slot (a layer's share of the one launch); each MTP
            row after the first adds 0.85 of its per-slot term (every row is scored)
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
-           top-K) a step pays update_beside_share of it
+           top-K) a step pays update_beside_share of it; a predictor that reads no V/D history
+           (probe, gauss) pays the 3 us alone (its update keeps the counters, not the EMAs)
   probe    summarize + probe 6.2 us + 1.19 ps per visible slot (x 1 + 0.5 (next_n - 1)), then a
            one-layer select: 11.1 us + 0.053 ns per slot of the longest request per row
   hybrid   the probe's, plus 0.67 ns per slot of the longest request per row (the merge)
@@ -42,6 +43,8 @@ import torch
 from .limits import BLOCK_SLOTS, SLOT_BYTES
 from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
+
+LAST_SEEN_BYTES = torch.iinfo(torch.int64).bits // 8   # state.last_seen: one int64 step a block
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,14 @@ class CostModel:
                          _floor_slots(n, index_topk))
                      for n in visible_slots)
         state = state_bytes / 2
+        choose = self._choose(visible_slots, slots, next_n, state, predictor)
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
-        update = self.update_fixed_us + self.update_us_per_slot * scored * next_n * update_bytes
+        update = self.update_fixed_us
+        if REGISTRY[predictor].history:     # the others keep the counters alone (ema=False)
+            update += self.update_us_per_slot * scored * next_n * update_bytes
         if self._beside(visible_slots, next_n, update_beside):
             update *= self.update_beside_share
-        return (self._choose(visible_slots, slots, next_n, state, predictor)
-                + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
+        return (choose + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
                 + update)
 
     def prefer_spin(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
@@ -212,18 +217,18 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
     block as 64 slots); one update pass per step (MTP rows up to the accepted draft share it);
     the logits and top-K traffic that SPIN and all-keep both have is not counted.
     A query-aware predictor adds its summary rows (SUMMARY_BYTES each: one for "probe" and
-    "hybrid", two for "gauss", the mean and the std) per visible block to the K-cache figure;
-    select reads V/D only for one that ranks by history ("spin", "hybrid"); update reads and
-    writes them for every predictor."""
+    "hybrid", two for "gauss", the mean and the std) per visible block to the K-cache figure.
+    Only a predictor that ranks by history ("spin", "hybrid") reads V/D in select and updates
+    them; the others write each scored block's last step (8 bytes) alone."""
 
     k_cache = selected_blocks * BLOCK_SLOTS * SLOT_BYTES
     if state_dtype is None:
         return k_cache, 0
     s = {"float32": 4, "float16": 2, "float8_e4m3fn": 1}[state_dtype]
-    state = selected_blocks * BLOCK_SLOTS * (4 * s + 4)
     chosen = REGISTRY[predictor]
     if chosen.query:
         k_cache += visible_blocks * chosen.summary_bytes
-    if chosen.history:
-        state += visible_blocks * BLOCK_SLOTS * 2 * s
-    return k_cache, state
+    if not chosen.history:
+        return k_cache, selected_blocks * LAST_SEEN_BYTES
+    return k_cache, (selected_blocks * BLOCK_SLOTS * (4 * s + 4)
+                     + visible_blocks * BLOCK_SLOTS * 2 * s)

@@ -56,6 +56,12 @@ def _backend(backend, device, page_slots: int = BLOCK_SLOTS) -> "logits_backends
     return backend
 
 
+def logits_buffer_shape(layers: int, rows: int, m_cap: int, every_layer: bool) -> tuple:
+    """SpinIndexer's compact-logits buffer: every layer's (MTP with a predictor that reads the
+    V/D history: finish() updates the EMAs from them) or one, reused by every layer."""
+    return (layers if every_layer else 1, rows, m_cap * BLOCK_SLOTS)
+
+
 def _copy_table(buffer: torch.Tensor, block_table: torch.Tensor, B: int) -> None:
     """The batch's block table into the static buffer; pages past max_context_len are never used."""
     cols = min(block_table.shape[1], buffer.shape[1])
@@ -186,11 +192,13 @@ class SpinIndexer:
         rows = max_batch * next_n
         self.block_ids = torch.full((max_batch, L, self.m_cap), -1, dtype=torch.int32, device=dev)
         self.counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
-        # with MTP every layer keeps its logits until acceptance is known, in a buffer that
-        # outlives the step (a backend's own output may live in one CUDA graph's pool)
-        shape = (L if next_n > 1 else 1, rows, self.m_cap * BLOCK_SLOTS)
+        # with MTP every layer keeps its logits until acceptance is known (for finish()'s EMAs),
+        # in a buffer that outlives the step (a backend's own output may live in one CUDA
+        # graph's pool); a predictor without history keeps none
+        self._keeps_logits = next_n > 1 and chosen.history
+        shape = logits_buffer_shape(L, rows, self.m_cap, self._keeps_logits)
         self.logits = None
-        if self.backend.needs_out or next_n > 1:
+        if self.backend.needs_out or self._keeps_logits:
             size = math.prod(shape)
             if logits_storage is None:
                 self.logits = torch.empty(shape, device=dev)
@@ -211,6 +219,8 @@ class SpinIndexer:
         # with MTP: the counts each layer scored this step, zeroed in prepare() and written by
         # the layer (inside a captured graph too), so a layer the engine skipped learns nothing
         self.ran_counts = torch.zeros(max_batch, L, dtype=torch.int32, device=dev)
+        # finish()'s logits when none are kept: update(ema=False) reads none
+        self._no_logits = torch.zeros(1, 1, 4, device=dev)
         self.batch = 0
         self.keep_all = False
         # probe: layer -> uint8 [num_pages, 144] summary table of that layer's K cache, and the
@@ -369,7 +379,8 @@ class SpinIndexer:
             if not self._selected[layer]:
                 self._select_layer(layer)
             self._selected[layer], self._used[layer] = False, True
-        out = self.logits[layer if R > 1 else 0, :B * R] if self.logits is not None else None
+        out = self.logits[layer if self._keeps_logits else 0, :B * R] \
+            if self.logits is not None else None
         return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
                                              self.block_table[:B], self.block_ids[:B, layer],
                                              self.counts[:B, layer], out)
@@ -413,9 +424,10 @@ class SpinIndexer:
             self._update(layer, logits, ids, cnt, self.accepted_zero[:B],
                          beside_previous=self.update_beside)
             return top
-        kept = self.logits[layer, :B * R]          # until finish(): outlives this step's graph
-        if self.predictor.history and logits.data_ptr() != kept.data_ptr():
-            kept.copy_(logits[:, :kept.shape[1]])  # finish()'s EMAs read them
+        if self._keeps_logits:
+            kept = self.logits[layer, :B * R]      # until finish(): outlives this step's graph
+            if logits.data_ptr() != kept.data_ptr():
+                kept.copy_(logits[:, :kept.shape[1]])
         self.ran_counts[:B, layer].copy_(cnt)
         return top
 
@@ -427,8 +439,8 @@ class SpinIndexer:
         if accepted is None or tuple(accepted.shape) != (B,) or accepted.dtype != torch.int32:
             raise SpinError(f"SpinIndexer.finish: accepted must be int32 [{B}] with MTP")
         # every layer in one launch (layer -1): one op call's host cost instead of one a layer
-        self._update(-1, self.logits[:, :B * self.next_n], self.block_ids[:B],
-                     self.ran_counts[:B], accepted)
+        logits = self.logits[:, :B * self.next_n] if self._keeps_logits else self._no_logits
+        self._update(-1, logits, self.block_ids[:B], self.ran_counts[:B], accepted)
 
     def _update(self, layer: int, logits: torch.Tensor, block_ids: torch.Tensor,
                 counts: torch.Tensor, accepted: torch.Tensor,

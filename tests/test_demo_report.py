@@ -40,8 +40,9 @@ def test_indexer_bytes_by_hand():
     assert indexer_bytes(2, 3, "float16") == (16896, 768 + 1536)
     # all-keep reads the K cache of every visible block and has no state
     assert indexer_bytes(3, 3) == (192 * 132, 0)
-    # the probe reads one 144-byte summary row per visible block and no V/D in select
-    assert indexer_bytes(2, 3, "float32", "probe") == (16896 + 3 * 144, 2 * 64 * 20)
+    # the probe reads one 144-byte summary row per visible block and no V/D: its update writes
+    # each scored block's int64 last step alone
+    assert indexer_bytes(2, 3, "float32", "probe") == (16896 + 3 * 144, 2 * 8)
     # the hybrid reads both: the summary rows and select's V/D of the visible slots
     assert indexer_bytes(2, 3, "float32", "hybrid") == (16896 + 3 * 144, 1536 + 2560)
     assert indexer_bytes(0, 0, "float32") == (0, 0)

@@ -147,18 +147,19 @@ MEASURED_PROBE = [(96, 131072, 1, 15.1, 36.6, 103.0 - 17.0),
 @pytest.mark.parametrize("batch,slots,next_n,select,probe_path,hybrid_extra", MEASURED_PROBE)
 def test_cost_model_tracks_the_measured_select_probe_and_hybrid(batch, slots, next_n, select,
                                                                probe_path, hybrid_extra):
-    """Each term against its measurement (15%), and the probe's extra over SPIN, what the switch
-    weighs: a difference of two terms, so its relative error is larger (26% at 96 x 128K,
-    next_n 4)."""
+    """Each predictor's choosing term against its measurement (15%); spin_us adds it to the
+    terms the predictors share (logits, top-K) and the update (the EMAs' for spin and hybrid)."""
     ctx = [slots] * batch
-    spin = H200.spin_us(ctx, 0.5, next_n)
-    probe = H200.spin_us(ctx, 0.5, next_n, predictor="probe")
-    hybrid = H200.spin_us(ctx, 0.5, next_n, predictor="hybrid")
-    modelled_select = H200._choose(ctx, batch * slots, next_n, 1.0, "spin")
-    assert modelled_select == pytest.approx(select, rel=0.15)
-    assert probe - spin + modelled_select == pytest.approx(probe_path, rel=0.15)
-    assert probe - spin == pytest.approx(probe_path - select, rel=0.3)
-    assert hybrid - probe == pytest.approx(hybrid_extra, rel=0.15)
+    choose = {p: H200._choose(ctx, batch * slots, next_n, 1.0, p)
+              for p in ("spin", "probe", "hybrid")}
+    assert choose["spin"] == pytest.approx(select, rel=0.15)
+    assert choose["probe"] == pytest.approx(probe_path, rel=0.15)
+    assert choose["hybrid"] - choose["probe"] == pytest.approx(hybrid_extra, rel=0.15)
+    for p in ("probe", "hybrid"):
+        assert H200.spin_us(ctx, 0.5, next_n, predictor=p) - H200.spin_us(ctx, 0.5, next_n) == \
+            pytest.approx(choose[p] - choose["spin"] - (0 if p == "hybrid" else
+                                                        H200.update_us_per_slot * slots * batch
+                                                        / 2 * next_n))
 
 
 # Per layer on an H200, one run with the register-A gauss kernel (next_n 1 and 2;

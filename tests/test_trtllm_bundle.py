@@ -96,8 +96,14 @@ def test_build_on_a_v4_pro_config_keeps_its_k_and_prints_spin_memory(tmp_path, c
     got = float(re.search(r"state ([0-9.]+) GiB", line).group(1))
     assert abs(got - state) / state < 0.01, line
     total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
-    mtp_logits = 30 * 64 * 2 * slots * 4 / 2**30            # kept until acceptance
-    assert total >= got + mtp_logits * 0.99 and "30 SPIN layers x 64 requests" in line
+    mtp_logits = 30 * 64 * 2 * slots * 4 / 2**30     # spin's, kept until acceptance
+    # the default predictor (the probe) reads no V/D history: no layer keeps its MTP logits
+    assert total < got + mtp_logits * 0.05 and "30 SPIN layers x 64 requests" in line
+    rc = main(["build", str(model), "-o", str(tmp_path / "s"), "--sparsity", "0.4",
+               "--max-batch-size", "64", "--mtp", "1", "--predictor", "spin"])
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("SPIN memory"))
+    total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
+    assert rc == 0 and total >= got + mtp_logits * 0.99 and "MTP logits kept" in line
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -153,6 +159,23 @@ def test_the_memory_line_counts_each_predictors_summary_rows(tmp_path, predictor
         assert f"{row / (slots * 132):.1%} of the indexer K cache with {slots}-slot pages" in line
     assert "summary tables" not in memory_report(SpinConfig(), BundleOptions(model=str(model),
                                                                            predictor="spin"))
+
+
+def test_the_memory_line_keeps_mtp_logits_for_history_predictors_only(tmp_path):
+    """With MTP, spin and the hybrid keep every layer's logits until acceptance (their EMAs
+    read them); the probe and gauss keep none, so their step buffers are smaller."""
+    from spin_trtllm.integrations.trtllm.bundle import BundleOptions, memory_report
+    model = tmp_path / "model"
+    model.mkdir()
+    step_gib = {}
+    for predictor in ("spin", "hybrid", "probe", "gauss"):
+        line = memory_report(SpinConfig(), BundleOptions(model=str(model), predictor=predictor,
+                                                         mtp_depth=1, max_batch_size=8))
+        history = predictor in ("spin", "hybrid")
+        assert ("MTP logits kept until acceptance" in line) == history
+        step_gib[predictor] = float(re.search(r"step buffers ([0-9.]+) GiB", line).group(1))
+    assert step_gib["probe"] == step_gib["gauss"] < step_gib["hybrid"]
+    assert step_gib["probe"] < step_gib["spin"] / 4
 
 
 def test_build_and_serve_write_the_predictor(tmp_path, capsys):

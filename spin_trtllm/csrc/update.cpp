@@ -17,8 +17,9 @@ void spin_update(at::Tensor V, at::Tensor D, at::Tensor last_seen, at::Tensor de
   p.layer = static_cast<int>(layer);
   if (layer < 0) {  // every layer: logits [L, B*R, W], block_ids [B, L, m_cap], counts [B, L]
     p.layer = 0;
-    p.layers = static_cast<int>(logits.size(0));
-    p.logits_layer_stride = logits.stride(0);
+    p.layers = static_cast<int>(block_ids.size(1));
+    // without the EMAs the logits are not read (a placeholder of any shape)
+    p.logits_layer_stride = ema ? logits.stride(0) : 0;
     p.ids_layer_stride = block_ids.stride(1);
     p.counts_layer_stride = counts.stride(1);
   }

@@ -51,7 +51,12 @@ def _validate(V, D, last_seen, decode_steps, state_slot, logits, block_ids, coun
     if not (every_layer or 0 <= layer < V.shape[1]):
         fail(op, f"layer {layer} is outside [0, {V.shape[1]}) (or -1: every layer)")
     m_cap = check_selection(op, dev, block_ids, counts, B, layered=every_layer)
-    if every_layer:
+    if every_layer and block_ids.shape[1] != V.shape[1]:
+        fail(op, f"layer -1 (every layer) needs block_ids [B, {V.shape[1]}, m_cap] for the "
+                 f"state's {V.shape[1]} layers, got {list(block_ids.shape)}")
+    if not ema:     # not read: any fp32 tensor of 2+ dims on the device (a placeholder will do)
+        check_tensor(op, "logits", logits, (torch.float32,), max(logits.dim(), 2), dev)
+    elif every_layer:
         L = V.shape[1]
         check_tensor(op, "logits", logits, (torch.float32,), 3, dev, inner_contiguous=True)
         if logits.shape[0] != L or block_ids.shape[1] != L:
@@ -80,9 +85,10 @@ def _reference(V, D, last_seen, decode_steps, state_slot, logits, block_ids, cou
                max_context_len, beside_previous=False, ema=True) -> None:
     if layer < 0:  # every layer, one after the other
         for each in range(V.shape[1]):
-            _reference(V, D, last_seen, decode_steps, state_slot, logits[each],
-                       block_ids[:, each], counts[:, each], context_lens, query_pos, accepted,
-                       step, each, ema_decay, row0_only, max_context_len, ema=ema)
+            _reference(V, D, last_seen, decode_steps, state_slot,
+                       logits[each] if ema else logits, block_ids[:, each], counts[:, each],
+                       context_lens, query_pos, accepted, step, each, ema_decay, row0_only,
+                       max_context_len, ema=ema)
         return
     B, R = context_lens.shape
     if B == 0:
@@ -103,17 +109,19 @@ def _reference(V, D, last_seen, decode_steps, state_slot, logits, block_ids, cou
     safe_ids = torch.where(live, block_ids.long(), nb)               # column nb: discarded
     mask.scatter_(1, safe_ids, True)
     mask = mask[:, :nb]
-    # compact [B*R, m_cap*64] -> dense slot coordinates [B, R, nb*64]
-    dense = torch.full((B, R, (nb + 1) * BLOCK_SLOTS), float("-inf"), device=V.device)
-    cols = (safe_ids.unsqueeze(-1) * BLOCK_SLOTS
-            + torch.arange(BLOCK_SLOTS, device=V.device)).flatten(1)
-    compact = logits[:, :m_cap * BLOCK_SLOTS].reshape(B, R, -1).float()
-    dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), compact)
-    ref.update_state(state, dense[:, :, :width], mask, n, query_pos.long(),
-                     accepted.long(), cfg, step.long())
     if ema:
+        # compact [B*R, m_cap*64] -> dense slot coordinates [B, R, nb*64]
+        dense = torch.full((B, R, (nb + 1) * BLOCK_SLOTS), float("-inf"), device=V.device)
+        cols = (safe_ids.unsqueeze(-1) * BLOCK_SLOTS
+                + torch.arange(BLOCK_SLOTS, device=V.device)).flatten(1)
+        compact = logits[:, :m_cap * BLOCK_SLOTS].reshape(B, R, -1).float()
+        dense.scatter_(2, cols.unsqueeze(1).expand(B, R, -1), compact)
+        ref.update_state(state, dense[:, :, :width], mask, n, query_pos.long(),
+                         accepted.long(), cfg, step.long())
         V[idx, layer] = state.V
         D[idx, layer] = state.D
+    else:
+        ref.mark_scored(state, mask, step.long())
     last_seen[idx, layer] = state.last_seen
     decode_steps[idx, layer] = state.decode_steps
 

@@ -418,6 +418,13 @@ def update_state(state: SpinState, scores: torch.Tensor, mask: torch.Tensor, n: 
         else:
             scored = slot_in_mask & (i < n[:, r, None]) & observed & active[:, None]
             _ema_vd(state, z, scored, q[:, r], a)
+    mark_scored(state, mask, step)
+
+
+def mark_scored(state: SpinState, mask: torch.Tensor, step: torch.Tensor) -> None:
+    """The step's counters, with or without the EMAs: last_seen[j] = step for every block of
+    the union `mask` (bool [G, NB]) and one more decode step."""
+    nb = mask.shape[-1]
     state.last_seen[:, :nb] = torch.where(mask, step[:, None].to(torch.int64),
                                           state.last_seen[:, :nb])
     state.decode_steps += 1

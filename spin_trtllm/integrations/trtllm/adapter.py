@@ -29,7 +29,7 @@ import torch
 
 from ...config import SpinConfig
 from ...errors import SpinError
-from ...indexer import SpinIndexer
+from ...indexer import SpinIndexer, logits_buffer_shape
 from ...limits import BLOCK_SLOTS, MAX_NEXT_N
 from ...options import IndexerOptions
 from ...state import StatePool
@@ -122,9 +122,8 @@ class SpinDecodeAdapter:
         self._device_kv = torch.zeros(max_batch, 1, dtype=torch.int32, device=device)
         self._device_rows = torch.zeros(max_batch, 2 * MAX_NEXT_N, dtype=torch.int32, device=device)
         self._device_accepted = torch.zeros(max_batch, dtype=torch.int32, device=device)
-        self._logits_storage = torch.empty(
-            num_layers * max_batch * top * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS,
-            device=device) if top > 1 else None
+        self._logits_storage = torch.empty(self._logits_elements(top), device=device) \
+            if top > 1 and self.options.block_predictor.history else None
         self.indexer = self.indexer_for(next_n)
         self._steps: dict[int, int] = {}
         self._pending: Optional[tuple[SpinIndexer, list[int], list[bool]]] = None  # MTP updates
@@ -150,19 +149,19 @@ class SpinDecodeAdapter:
     @classmethod
     def planned_bytes(cls, cfg: SpinConfig, num_layers: int, max_batch: int, max_tokens: int,
                       compress_ratio: int, page_slots: int = BLOCK_SLOTS,
-                      max_next_n: int = 1) -> tuple[int, int]:
+                      max_next_n: int = 1, predictor: str = "spin") -> tuple[int, int]:
         """(state bytes, all bytes) that for_engine allocates, counted without allocating
         (built on the meta device)."""
         plan = cls.for_engine(cfg, num_layers, max_batch, max_tokens, compress_ratio,
-                              page_slots, max_next_n, "meta", EngineKernel(page_slots))
+                              page_slots, max_next_n, "meta", EngineKernel(page_slots),
+                              predictor=predictor)
         return plan.pool.nbytes(), plan.nbytes()
 
     def indexer_for(self, next_n: int) -> SpinIndexer:
         """The step buffers of one draft length (made on first use)."""
         if next_n not in self._indexers:
             storage = self._logits_storage
-            if storage is not None and storage.numel() < self.pool.num_layers * self.max_batch \
-                    * next_n * math.ceil(self.max_slots / BLOCK_SLOTS) * BLOCK_SLOTS:
+            if storage is not None and storage.numel() < self._logits_elements(next_n):
                 storage = None          # longer than planned: its own buffer
             first = next(iter(self._indexers.values()), None)
             self._indexers[next_n] = SpinIndexer(self.cfg, self.pool, self.max_batch, next_n,
@@ -170,6 +169,11 @@ class SpinDecodeAdapter:
                                                  logits_backend=self.logits_backend,
                                                  logits_storage=storage, summaries_of=first)
         return self._indexers[next_n]
+
+    def _logits_elements(self, next_n: int) -> int:
+        """The MTP logits buffer of one draft length (every layer's, a history predictor)."""
+        return math.prod(logits_buffer_shape(self.pool.num_layers, self.max_batch * next_n,
+                                             math.ceil(self.max_slots / BLOCK_SLOTS), True))
 
     @property
     def query_aware(self) -> bool:

@@ -134,16 +134,17 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
         return "SPIN memory: the model has no SPIN (indexer) layers"
     state, total = SpinDecodeAdapter.planned_bytes(
         spin, shapes["spin_layers"], batch, shapes["max_seq_len"], shapes["ratio"],
-        max_next_n=1 + opts.mtp_depth)
+        max_next_n=1 + opts.mtp_depth, predictor=opts.predictor)
     slots = shapes["max_seq_len"] // shapes["ratio"]
     who = f"{batch} requests" if opts.max_batch_size else \
         "1 request (pass --max-batch-size for the engine's total)"
+    chosen = predictors.get(opts.predictor, engine=True)
+    kept = opts.mtp_depth and chosen.history     # the EMAs read them after acceptance
     line = (f"SPIN memory on each GPU: {total / 2**30:.2f} GiB = state {state / 2**30:.2f} GiB "
             f"({shapes['spin_layers']} SPIN layers x {who} x {slots:,} slots, "
             f"{spin.state_dtype}) + step buffers {(total - state) / 2**30:.2f} GiB"
-            f"{' (MTP logits kept until acceptance)' if opts.mtp_depth else ''}; made at the "
+            f"{' (MTP logits kept until acceptance)' if kept else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
-    chosen = predictors.get(opts.predictor, engine=True)
     if chosen.query:
         row = chosen.summary_bytes
         # a page holds tokens_per_block / compress ratio slots: V4 at 128 tokens has 32
