@@ -776,6 +776,29 @@ def test_gpu_select_with_block_scores_matches_reference(policy, R, narrow):
     assert torch.equal(out[0][1][:, 2], out[1][1][:, 2])
 
 
+def _wide_block_score_selections(policy, R, device):
+    """select with given scores over rows of up to 2,188 blocks, scores of 8 values (ties at
+    the threshold span every warp of the 1024-thread launch, two blocks a thread)."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.2,
+                     exploration_policy=policy)
+    p = Problem(B=4, R=R, L=2, lens=(140000 - R, 64, 70001, 1), cap=140000, seed=17, cfg=cfg,
+                warm=(False,), device=device)
+    gen = torch.Generator().manual_seed(21)
+    scores = torch.randint(0, 8, (4, R, math.ceil(p.max_ctx / 64)), generator=gen).float()
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                          block_scores=scores.to(device), layer=1)
+    return ids[:, 1].cpu(), cnt[:, 1].cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy,R", [("staleness", 1), ("random", 2), ("age", 1)])
+def test_gpu_select_with_wide_block_scores_matches_reference(policy, R):
+    want = _wide_block_score_selections(policy, R, "cpu")
+    assert int(want[1][0]) > 1000                      # the long request takes half its blocks
+    got = _wide_block_score_selections(policy, R, "cuda")
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,R,dtype,cap,extra", [
     ("random", 1, "float32", 1600, {}),
