@@ -160,6 +160,9 @@ class SpinIndexer:
             raise SpinError(f"SpinIndexer: predictor={chosen.name!r} ranks at most "
                             f"{chosen.max_context_len} slots, got max_context_len="
                             f"{max_context_len} (use 'probe')")
+        if chosen.history and not pool.history:
+            raise SpinError(f"SpinIndexer: predictor={chosen.name!r} ranks by the V/D history, "
+                            f"but the pool keeps none (StatePool(history=False))")
         self.options = options
         self.predictor = chosen
         # the summary ops of a query-aware predictor: gauss rows hold the mean and the std

@@ -24,7 +24,9 @@ from .ops import OpState
 class StatePool:
     def __init__(self, num_layers: int, max_requests: int, cfg: SpinConfig,
                  device: torch.device | str = "cpu", initial_capacity: int = 4096,
-                 max_capacity: int = 1 << 20):
+                 max_capacity: int = 1 << 20, history: bool = True):
+        """history False: no V/D EMAs, only the counters (a predictor that reads no V/D
+        history: probe, gauss); the state is then 8 bytes per 64-slot block."""
         if num_layers < 1 or max_requests < 1:
             raise SpinError(f"StatePool: num_layers ({num_layers}) and max_requests "
                             f"({max_requests}) must be >= 1")
@@ -34,8 +36,9 @@ class StatePool:
         self.cfg = cfg
         self.device = torch.device(device)
         self.max_capacity = max_capacity
+        self.history = history
         self.state = OpState.zeros(max_requests, num_layers, self._pages(initial_capacity), cfg,
-                                   self.device)
+                                   self.device, history)
         self._slot_of: dict[int, int] = {}
         self._reset_step = [0] * max_requests     # step of each slot's last reset (block ages)
         self._free = list(range(max_requests - 1, -1, -1))  # pop() hands out slot 0 first
@@ -49,7 +52,7 @@ class StatePool:
     @property
     def capacity(self) -> int:
         """Context slots (and query positions) each state slot can hold."""
-        return self.state.V.shape[2]
+        return self.state.capacity
 
     @property
     def num_layers(self) -> int:
@@ -64,9 +67,10 @@ class StatePool:
         return len(self._slot_of)
 
     def bytes_per_slot_per_layer(self) -> float:
-        """State bytes per context slot per layer: V + D entries plus the block ages."""
-        elem = self.state.V.element_size()
-        return 2 * elem + 8 / BLOCK_SLOTS
+        """State bytes per context slot per layer: V + D entries (with history) plus the block
+        ages."""
+        elem = self.state.V.element_size() if self.history else 0
+        return 2 * elem + self.state.last_seen.element_size() / BLOCK_SLOTS
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state.tensors())
@@ -127,7 +131,7 @@ class StatePool:
         new_cap = min(self._pages(max(needed, 2 * self.capacity)), self._pages(self.max_capacity))
         old = self.state
         self.state = OpState.zeros(self.max_requests, self.num_layers, new_cap, self.cfg,
-                                   self.device)
+                                   self.device, self.history)
         cap, blocks = old.V.shape[2], old.last_seen.shape[2]
         self.state.V[:, :, :cap] = old.V
         self.state.D[:, :, :cap] = old.D

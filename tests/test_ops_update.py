@@ -122,6 +122,49 @@ def test_update_without_ema_moves_only_the_counters(R, layer):
     _counters_only_against_ema(p, layer)
 
 
+def _without_history(device, history):
+    """select with given block scores, then update(ema=False), on a state with or without V/D
+    (width 0: a probe or gauss state); the selection and the counters, on the CPU."""
+    cfg = SpinConfig(index_topk=128, target_sparsity=0.5, exploration=0.2)
+    p = Problem(B=3, R=2, L=2, lens=(500, 90, 1000), cfg=cfg, seed=4, device=device)
+    if not history:
+        p.state = ops.OpState(p.state.V[:, :, :0].contiguous(), p.state.D[:, :, :0].contiguous(),
+                              *p.state.tensors()[2:])
+        assert p.state.capacity == math.ceil(p.cap / 64) * 64      # whole blocks
+    scores = torch.randn(3, 2, p.m_cap, generator=torch.Generator().manual_seed(2))
+    ids, cnt = ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,
+                          p.max_ctx, block_scores=scores.to(device), layer=1)
+    z = torch.randn(p.B * p.R, p.m_cap * 64, generator=torch.Generator().manual_seed(3))
+    ops.update(p.state, p.slot, z.to(device), ids[:, 1], cnt[:, 1], p.n, p.q, p.accepted,
+               p.step, 1, cfg, p.max_ctx, ema=False)
+    return p, [t.cpu() for t in (ids[:, 1], cnt[:, 1], p.state.last_seen, p.state.decode_steps)]
+
+
+def test_a_state_without_history_takes_block_scores_and_counters_only():
+    """As on a full state; history ranking and EMAs are refused."""
+    _, want = _without_history("cpu", True)
+    bare, got = _without_history("cpu", False)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+    cfg, ids, cnt = bare.cfg, got[0], got[1]
+    with pytest.raises(SpinError, match="no V/D history.*block_scores"):
+        ops.select(bare.state, bare.slot, bare.n, bare.q, bare.request, bare.step, cfg,
+                   bare.m_cap, bare.max_ctx)
+    z = torch.zeros(bare.B * bare.R, bare.m_cap * 64)
+    with pytest.raises(SpinError, match="no V/D history.*ema=False"):
+        ops.update(bare.state, bare.slot, z, ids, cnt, bare.n, bare.q, bare.accepted, bare.step,
+                   1, cfg, bare.max_ctx)
+
+
+@pytest.mark.gpu
+def test_gpu_state_without_history_matches_the_cpu():
+    """The kernels on V/D of width 0: the given-scores select and the counters-only update."""
+    _, want = _without_history("cpu", False)
+    _, got = _without_history("cuda", False)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+
+
 def test_negative_accepted_counts_as_zero():
     runs = []
     for acc in (-3, 0):

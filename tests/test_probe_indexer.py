@@ -252,6 +252,19 @@ def test_only_history_predictors_move_the_emas(R, predictor):
     assert (last == 3).any(dim=-1).all() and (last <= 3).all()
 
 
+def test_a_history_predictor_needs_a_pool_with_history():
+    """The engines give the probe and gauss pools without V/D (StatePool(history=False));
+    spin and the hybrid rank by it, and refuse such a pool."""
+    pool = StatePool(L, max_requests=2, cfg=spin_cfg(), initial_capacity=64, history=False)
+    for predictor in ("probe", "gauss"):
+        SpinIndexer(spin_cfg(), pool, max_batch=2, next_n=2, max_context_len=64,
+                    options=IndexerOptions(predictor=predictor))
+    for predictor in ("spin", "hybrid"):
+        with pytest.raises(SpinError, match="ranks by the V/D history"):
+            SpinIndexer(spin_cfg(), pool, max_batch=2, next_n=1, max_context_len=64,
+                        options=IndexerOptions(predictor=predictor))
+
+
 def test_keep_all_selects_every_block_and_still_summarizes():
     sim = Sim(1, {4: 130, 9: 250})
     sim.step([4, 9])                               # warm-up

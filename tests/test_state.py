@@ -77,3 +77,24 @@ def test_bytes_per_slot_per_layer(dtype, expected):
                      initial_capacity=640)
     assert pool.bytes_per_slot_per_layer() == expected
     assert pool.nbytes() == pytest.approx(expected * 2 * 3 * 640 + 2 * 3 * 8)
+
+
+def test_a_pool_without_history_keeps_the_counters_alone():
+    """history=False (probe, gauss): V and D of width 0, the capacity in the blocks' ages,
+    which grow and reset as a full pool's do."""
+    pool = StatePool(num_layers=2, max_requests=2, cfg=SpinConfig(), initial_capacity=100,
+                     history=False)
+    assert pool.state.V.shape == pool.state.D.shape == (2, 2, 0) and not pool.state.history
+    assert pool.capacity == 128 and pool.state.last_seen.shape == (2, 2, 2)
+    assert pool.bytes_per_slot_per_layer() == 8 / 64
+    assert pool.nbytes() == 2 * 2 * 2 * 8 + 2 * 2 * 8
+    pool.admit(1, step=4)
+    s = pool.slot_of(1)
+    pool.state.last_seen[s, :, 1] = 8
+    pool.state.decode_steps[s] = 3
+    assert pool.ensure_capacity(129) and pool.capacity == 256
+    assert pool.state.V.shape[2] == 0
+    assert pool.state.last_seen[s, 0].tolist() == [4, 8, 4, 4]
+    assert (pool.state.decode_steps[s] == 3).all()
+    pool.reset([1], step=6)
+    assert (pool.state.last_seen[s] == 6).all() and (pool.state.decode_steps[s] == 0).all()

@@ -90,20 +90,24 @@ def test_build_on_a_v4_pro_config_keeps_its_k_and_prints_spin_memory(tmp_path, c
     block = yaml.safe_load((tmp_path / "b" / "llm_api_options.yaml").read_text())[
         "sparse_attention_config"]
     assert "index_topk" not in block
-    # V and D in fp32 per slot, an int64 age per 64-slot block, for every layer and request
+    # the default predictor (the probe) reads no V/D history: an int64 age per 64-slot block,
+    # for every layer and request, and no layer keeps its MTP logits
     slots = (1 << 20) // 4
-    state = 30 * 64 * slots * (2 * 4 + 8 / 64) / 2**30
-    got = float(re.search(r"state ([0-9.]+) GiB", line).group(1))
-    assert abs(got - state) / state < 0.01, line
-    total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
+    ages = 30 * 64 * slots * 8 / 64 / 2**30
     mtp_logits = 30 * 64 * 2 * slots * 4 / 2**30     # spin's, kept until acceptance
-    # the default predictor (the probe) reads no V/D history: no layer keeps its MTP logits
+    got = float(re.search(r"state ([0-9.]+) GiB", line).group(1))
+    total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
+    assert abs(got - ages) < 0.01 and "no V/D" in line, line
     assert total < got + mtp_logits * 0.05 and "30 SPIN layers x 64 requests" in line
     rc = main(["build", str(model), "-o", str(tmp_path / "s"), "--sparsity", "0.4",
                "--max-batch-size", "64", "--mtp", "1", "--predictor", "spin"])
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("SPIN memory"))
+    # spin: V and D in fp32 per slot besides the ages
+    state = 30 * 64 * slots * (2 * 4 + 8 / 64) / 2**30
+    got = float(re.search(r"state ([0-9.]+) GiB", line).group(1))
     total = float(re.search(r"GPU: ([0-9.]+) GiB", line).group(1))
-    assert rc == 0 and total >= got + mtp_logits * 0.99 and "MTP logits kept" in line
+    assert rc == 0 and abs(got - state) / state < 0.01 and "float32" in line, line
+    assert total >= got + mtp_logits * 0.99 and "MTP logits kept" in line
 
 
 @pytest.mark.parametrize("argv,msg", [

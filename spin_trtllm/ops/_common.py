@@ -62,6 +62,12 @@ def check_next_n(op: str, next_n: int, what: str = "next_n") -> None:
         fail(op, f"{what} must be 1..{MAX_NEXT_N}, got {next_n}")
 
 
+def state_capacity(V, last_seen) -> int:
+    """Context slots (and query positions) a state slot holds: V's width, or, in a state
+    without the V/D history (width 0: the probe's and gauss's), its blocks' slots."""
+    return V.shape[2] if V.shape[2] else last_seen.shape[2] * BLOCK_SLOTS
+
+
 def check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
     dev = device_of(V)
     check_tensor(op, "V", V, STATE_TORCH_DTYPES, 3, dev, contiguous=True)
@@ -69,7 +75,11 @@ def check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
     check_shape(op, "D", D, V.shape)
     S, L, cap = V.shape
     check_tensor(op, "last_seen", last_seen, I64, 3, dev, contiguous=True)
-    check_shape(op, "last_seen", last_seen, (S, L, math.ceil(cap / BLOCK_SLOTS)))
+    if cap:
+        check_shape(op, "last_seen", last_seen, (S, L, math.ceil(cap / BLOCK_SLOTS)))
+    elif last_seen.shape[:2] != (S, L) or last_seen.shape[2] < 1:
+        fail(op, f"a state without V/D history (V of width 0) needs last_seen [{S}, {L}, "
+                 f"blocks >= 1], got {list(last_seen.shape)}")
     check_tensor(op, "decode_steps", decode_steps, I64, 2, dev, contiguous=True)
     check_shape(op, "decode_steps", decode_steps, (S, L))
     return dev
@@ -213,19 +223,31 @@ class OpState:
 
     @classmethod
     def zeros(cls, num_slots: int, num_layers: int, capacity: int, cfg: SpinConfig,
-              device: torch.device | str = "cpu") -> "OpState":
+              device: torch.device | str = "cpu", history: bool = True) -> "OpState":
+        """history False: V and D of width 0, for a predictor that reads no V/D history (the
+        ops then take block scores and update the counters alone); capacity in whole blocks."""
         if min(num_slots, num_layers, capacity) < 1:
             raise SpinError(f"OpState: num_slots ({num_slots}), num_layers ({num_layers}) and "
                             f"capacity ({capacity}) must be >= 1")
         dtype = getattr(torch, cfg.state_dtype)
         blocks = math.ceil(capacity / BLOCK_SLOTS)
-        return cls(torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
-                   torch.zeros(num_slots, num_layers, capacity, dtype=dtype, device=device),
+        width = capacity if history else 0
+        return cls(torch.zeros(num_slots, num_layers, width, dtype=dtype, device=device),
+                   torch.zeros(num_slots, num_layers, width, dtype=dtype, device=device),
                    torch.zeros(num_slots, num_layers, blocks, dtype=torch.int64, device=device),
                    torch.zeros(num_slots, num_layers, dtype=torch.int64, device=device))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.V, self.D, self.last_seen, self.decode_steps
+
+    @property
+    def history(self) -> bool:
+        """Holds the V/D EMAs (False: the counters alone)."""
+        return self.V.shape[2] > 0
+
+    @property
+    def capacity(self) -> int:
+        return state_capacity(self.V, self.last_seen)
 
 
 def require_supported(cfg: SpinConfig) -> None:

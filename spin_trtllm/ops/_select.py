@@ -32,7 +32,7 @@ from ..errors import SpinError
 from ..limits import BLOCK_SLOTS, EXPLORATION_POLICY, MAX_HYBRID_BLOCKS, POOLING
 from ._common import (I64, OpState, check_batch, check_host_bounds, check_max_context_len,
                       check_selection, check_shape, check_state, check_tensor, fail, register,
-                      require_supported, streams)
+                      require_supported, state_capacity, streams)
 
 SCHEMA = ("select(Tensor V, Tensor D, Tensor last_seen, Tensor decode_steps, Tensor state_slot, "
           "Tensor context_lens, Tensor query_pos, Tensor request_id, Tensor step, "
@@ -66,9 +66,12 @@ def _validate(V, D, last_seen, decode_steps, state_slot, context_lens, query_pos
     if not (1 <= index_topk < 1 << 31 and 1 <= warmup_steps < 1 << 31 and 0 <= seed < 1 << 32):
         fail(op, f"need 1 <= index_topk < 2^31, 1 <= warmup_steps < 2^31, 0 <= seed < 2^32; "
                  f"got {index_topk}, {warmup_steps}, {seed}")
-    check_max_context_len(op, max_context_len, V.shape[2])
-    check_host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot,
-                      V.shape[0])
+    cap = state_capacity(V, last_seen)
+    check_max_context_len(op, max_context_len, cap)
+    check_host_bounds(op, context_lens, query_pos, max_context_len, cap, state_slot, V.shape[0])
+    if V.shape[2] == 0 and (block_scores is None or merge_history):
+        fail(op, "the state holds no V/D history (V of width 0: a probe or gauss state); "
+                 "select needs block_scores without merge_history")
     if block_scores is not None:
         check_tensor(op, "block_scores", block_scores, (torch.float32,), 3, dev,
                      inner_contiguous=True)

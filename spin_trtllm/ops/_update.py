@@ -30,7 +30,7 @@ from ..config import SpinConfig
 from ..limits import BLOCK_SLOTS
 from ._common import (I32, I64, OpState, check_batch, check_host_bounds, check_logits,
                       check_max_context_len, check_selection, check_shape, check_slots,
-                      check_state, check_tensor, fail, register)
+                      check_state, check_tensor, fail, register, state_capacity)
 
 SCHEMA = ("update(Tensor(a!) V, Tensor(b!) D, Tensor(c!) last_seen, Tensor(d!) decode_steps, "
           "Tensor state_slot, Tensor logits, Tensor block_ids, Tensor counts, "
@@ -75,9 +75,12 @@ def _validate(V, D, last_seen, decode_steps, state_slot, logits, block_ids, coun
     check_shape(op, "step", step, (B,))
     if not 0.0 <= ema_decay < 1.0:
         fail(op, f"ema_decay must satisfy 0 <= x < 1, got {ema_decay}")
-    check_max_context_len(op, max_context_len, V.shape[2])
-    check_host_bounds(op, context_lens, query_pos, max_context_len, V.shape[2], state_slot,
-                      V.shape[0])
+    cap = state_capacity(V, last_seen)
+    check_max_context_len(op, max_context_len, cap)
+    check_host_bounds(op, context_lens, query_pos, max_context_len, cap, state_slot, V.shape[0])
+    if ema and V.shape[2] == 0:
+        fail(op, "the state holds no V/D history (V of width 0: a probe or gauss state); "
+                 "update needs ema=False")
 
 
 def _reference(V, D, last_seen, decode_steps, state_slot, logits, block_ids, counts,

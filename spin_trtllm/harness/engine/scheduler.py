@@ -113,7 +113,8 @@ class Engine:
             self.pool = StatePool(L, self.max_requests, spin, self.device,
                                   initial_capacity=min(opts.state_initial_capacity,
                                                        cfg.index_slots + R),
-                                  max_capacity=cfg.index_slots + R)
+                                  max_capacity=cfg.index_slots + R,
+                                  history=opts.indexer.block_predictor.history)
             self.spin_indexer = SpinIndexer(spin, self.pool, self.max_batch, R, cfg.index_slots,
                                             opts.indexer, logits_backend=self.logits_backend)
         def dense(backend):

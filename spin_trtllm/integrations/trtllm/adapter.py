@@ -114,7 +114,8 @@ class SpinDecodeAdapter:
         capacity = self.max_slots + MAX_NEXT_N               # room for any draft length
         self.pool = StatePool(num_layers, max_requests or max_batch, cfg, device,
                               initial_capacity=min(initial_capacity, capacity),
-                              max_capacity=capacity)
+                              max_capacity=capacity,
+                              history=self.options.block_predictor.history)
         self._indexers: dict[int, SpinIndexer] = {}
         top = max(next_n, max_next_n or next_n)
         # select_on_device / finish_on_device scratch: allocated once, so capture allocates none

@@ -142,7 +142,8 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
     kept = opts.mtp_depth and chosen.history     # the EMAs read them after acceptance
     line = (f"SPIN memory on each GPU: {total / 2**30:.2f} GiB = state {state / 2**30:.2f} GiB "
             f"({shapes['spin_layers']} SPIN layers x {who} x {slots:,} slots, "
-            f"{spin.state_dtype}) + step buffers {(total - state) / 2**30:.2f} GiB"
+            f"{spin.state_dtype if chosen.history else 'no V/D: each block its last step'}) "
+            f"+ step buffers {(total - state) / 2**30:.2f} GiB"
             f"{' (MTP logits kept until acceptance)' if kept else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     if chosen.query:
