@@ -340,6 +340,12 @@ class SpinIndexer:
             return
         cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
             else self.cfg
+        if not self.pool.history:   # no V/D to rank by: every block from flat scores
+            B, R = self.batch, self.next_n
+            flat = self.block_scores[:B * R].zero_().view(B, R, self.m_cap)
+            for layer in range(self.block_ids.shape[1]):
+                self._select(cfg, layer, block_scores=flat)
+            return
         if self.select_beside:
             self._select_cfg = cfg
             self._selected = [False] * len(self._selected)

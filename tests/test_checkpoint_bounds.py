@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from spin_trtllm import SpinConfig
 from spin_trtllm.errors import SpinError
 from spin_trtllm.harness.config import (MAX_CONTEXT, MAX_FFN, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN,
                                         MAX_LAYERS, MAX_PREFILL_CHUNK, MAX_TOPK, MAX_VOCAB,
@@ -336,3 +337,18 @@ def test_trace_estimate_counts_every_steps_scores():
     opts = EngineOptions(trace_request=0).resolve(None, torch.device("cpu"))
     assert engine_bytes(cfg.with_overrides(max_context=MAX_CONTEXT), None, opts) > \
         engine_bytes(cfg, None, opts)
+
+
+def test_engine_estimate_counts_no_vd_for_the_probe_and_gauss():
+    """The probe's and gauss's state has no V/D and their MTP step keeps one layer's logits:
+    the estimate drops at least the V/D of the growing pool (1.5x)."""
+    cfg = tiny().with_overrides(max_context=MAX_CONTEXT)
+    spin = SpinConfig(state_dtype="float32")
+    opts = {p: EngineOptions(predictor=p, switch="spin").resolve(spin, torch.device("cpu"))
+            for p in ("spin", "hybrid", "probe", "gauss")}
+    est = {p: engine_bytes(cfg, spin, o) for p, o in opts.items()}
+    L, R = len(cfg.csa_layers), cfg.next_n
+    requests = opts["spin"].max_requests or opts["spin"].max_batch
+    vd = requests * L * (cfg.index_slots + R) * 2 * 4
+    assert est["probe"] == est["gauss"] < est["hybrid"] - vd
+    assert est["spin"] - est["probe"] >= vd * 3 // 2         # the growing pool's 1.5x

@@ -203,6 +203,20 @@ def test_dense_step_selects_every_block():
     assert _blocks_seen(a, 1) == 47
 
 
+@pytest.mark.parametrize("predictor", ["probe", "gauss"])
+def test_a_dense_step_selects_every_block_without_history(predictor):
+    """The probe's and gauss's state holds no V/D: a dense step selects every block of every
+    layer from flat scores, MTP rows included."""
+    spin = SpinConfig(index_topk=64, target_sparsity=0.5, exploration=0.0)
+    a = SpinDecodeAdapter(spin, num_layers=2, max_batch=1, next_n=2, max_tokens=8192,
+                          device="cpu", initial_capacity=64, predictor=predictor)
+    assert not a.pool.history
+    kv = make_cache(64, torch.Generator().manual_seed(1))
+    table = torch.arange(64, dtype=torch.int32).view(1, 64)
+    a.begin_step(DecodeBatch([1], torch.tensor([3001]), table, kv_caches=[kv, kv]), dense=True)
+    assert _blocks_seen(a, 1, 0) == _blocks_seen(a, 1, 1) == 47      # 3,001 slots
+
+
 def test_probe_summarizes_the_newest_pages_at_the_lengths_corrected_on_the_device():
     """MTP under TensorRT-LLM's overlap scheduler: the host prepares the step as if every draft
     was accepted, the step corrects its lengths on the device (select_on_device). The layer's

@@ -112,12 +112,15 @@ def bytes_note(res: dict[str, Any]) -> list[str]:
              f"{s['kcache_mb_per_step']:.3f} MB + state {s['state_mb_per_step']:.3f} MB; "
              f"counted from the blocks each engine's indexer scored in this run, the same on any "
              f"hardware: K cache {BLOCK_SLOTS} x {SLOT_BYTES} B per scored block")
+    if query and not merges:
+        return _wrap(f"({parts} and {REGISTRY[predictor].summary_bytes} bytes of summary rows "
+                     f"per visible block, which {_name(predictor)} reads; no V/D state: update "
+                     f"writes each scored block's int64 last step)")
     if query:
-        select_reads = " and by select over the visible slots" if merges else ""
         return _wrap(f"({parts} and {REGISTRY[predictor].summary_bytes} bytes of summary rows "
                      f"per visible block, which {_name(predictor)} reads; the "
                      f"{cfg['state_dtype']} V/D state read and written by update over the "
-                     f"scored slots{select_reads})")
+                     f"scored slots and by select over the visible slots)")
     return _wrap(f"({parts}; SPIN's {cfg['state_dtype']} V/D state read by select over the "
                  f"visible slots, read and written by update over the scored slots)")
 

@@ -23,6 +23,7 @@ import torch
 from ..._inputs import TRACE_V2_MAX_BYTES, approx_size, size_text
 from ...config import SpinConfig
 from ...errors import SpinError
+from ...indexer import logits_buffer_shape
 from ...limits import BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, KEY_BYTES
 from ..config import INDEX_RATIOS, DsaLiteConfig
 from ..model import Caches, check_memory, weight_count
@@ -82,17 +83,20 @@ def _dense_indexer_bytes(cfg: DsaLiteConfig, max_batch: int) -> int:
         + 2 * max_batch * m_cap * 4
 
 
-def _spin_bytes(cfg: DsaLiteConfig, spin: SpinConfig, max_batch: int, max_requests: int) -> int:
+def _spin_bytes(cfg: DsaLiteConfig, spin: SpinConfig, max_batch: int, max_requests: int,
+                history: bool = True) -> int:
     """SpinIndexer's buffers and the StatePool at its largest capacity (while it grows the old
-    and the new state live together: 1.5x)."""
+    and the new state live together: 1.5x). history False (probe, gauss): no V/D and no
+    layer's MTP logits kept."""
     L, R = len(cfg.csa_layers), cfg.next_n
     rows, slots = max_batch * R, _slots(cfg)
     m_cap = slots // BLOCK_SLOTS
-    indexer = max_batch * L * m_cap * 4 * 2 + (L if R > 1 else 1) * rows * slots * 4 \
-        + L * rows * cfg.index_topk * 4 + 2 * rows * m_cap * 4
+    logits = math.prod(logits_buffer_shape(L, rows, m_cap, R > 1 and history)) * 4
+    indexer = max_batch * L * m_cap * 4 * 2 + logits + L * rows * cfg.index_topk * 4 \
+        + 2 * rows * m_cap * 4
     capacity = cfg.index_slots + R
-    state = max_requests * L * (capacity * 2 * getattr(torch, spin.state_dtype).itemsize
-                                + math.ceil(capacity / BLOCK_SLOTS) * 8)
+    vd = capacity * 2 * getattr(torch, spin.state_dtype).itemsize if history else 0
+    state = max_requests * L * (vd + math.ceil(capacity / BLOCK_SLOTS) * 8)
     return indexer + state * 3 // 2
 
 
@@ -110,7 +114,8 @@ def engine_bytes(cfg: DsaLiteConfig, spin: Optional[SpinConfig], options: Engine
     caches = Caches.estimate_bytes(cfg, max_requests, pages, page_slots)
     indexers = 0
     if spin is not None:
-        indexers += _spin_bytes(cfg, spin, max_batch, max_requests)
+        indexers += _spin_bytes(cfg, spin, max_batch, max_requests,
+                                options.indexer.block_predictor.history)
     if spin is None or options.switch != "spin":
         indexers += _dense_indexer_bytes(cfg, max_batch)
     if options.measure_miss or options.trace_requests:
