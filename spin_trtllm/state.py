@@ -36,7 +36,6 @@ class StatePool:
         self.cfg = cfg
         self.device = torch.device(device)
         self.max_capacity = max_capacity
-        self.history = history
         self.state = OpState.zeros(max_requests, num_layers, self._pages(initial_capacity), cfg,
                                    self.device, history)
         self._slot_of: dict[int, int] = {}
@@ -49,6 +48,11 @@ class StatePool:
         return math.ceil(capacity / BLOCK_SLOTS) * BLOCK_SLOTS
 
     # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def history(self) -> bool:
+        """The state holds the V/D EMAs (False: the counters alone)."""
+        return self.state.history
+
     @property
     def capacity(self) -> int:
         """Context slots (and query positions) each state slot can hold."""

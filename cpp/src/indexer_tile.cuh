@@ -225,23 +225,31 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// m16n8k32's A fragment for k-step ks: the warp's 16 rows (warp * 16 + g and + 8) of a
+// swizzled tile, its chunks 2 ks and 2 ks + 1.
+__device__ __forceinline__ void load_a_fragment(uint32_t tile, int ks, uint32_t (&a)[4]) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int s_lo = (threadIdx.x >> 5) * 16 + g, s_hi = s_lo + 8;
+  const int c0 = ks * 2, c1 = c0 + 1;
+  a[0] = lds32(tile + swizzled(s_lo, c0) + t * 4);
+  a[1] = lds32(tile + swizzled(s_hi, c0) + t * 4);
+  a[2] = lds32(tile + swizzled(s_lo, c1) + t * 4);
+  a[3] = lds32(tile + swizzled(s_hi, c1) + t * 4);
+}
+
 // Same product from the same swizzled tiles with mma.sync: the warp's 16 slots are A, the
 // 8-head groups of each row are B (a 32-bit fragment word is 4 consecutive dims of one chunk).
 template <int G, typename InFlight>
 __device__ __forceinline__ void page_scores(Acc<G>& acc, uint32_t page, uint32_t q,
                                             InFlight in_flight) {
   in_flight();  // nothing runs asynchronously here: first, like the wgmma path's issue order
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     const int c0 = ks * 2, c1 = ks * 2 + 1;  // the k-step's two 16-byte chunks
     uint32_t a[4];
-    a[0] = lds32(page + swizzled(s_lo, c0) + t * 4);
-    a[1] = lds32(page + swizzled(s_hi, c0) + t * 4);
-    a[2] = lds32(page + swizzled(s_lo, c1) + t * 4);
-    a[3] = lds32(page + swizzled(s_hi, c1) + t * 4);
+    load_a_fragment(page, ks, a);
 #pragma unroll
     for (int nt = 0; nt < 8 * G; ++nt) {  // q rows of the group are consecutive 64-row tiles
       const int h = nt * 8 + g;

@@ -341,19 +341,15 @@ __device__ __forceinline__ void mma_f16(float* d, const uint32_t (&a)[4], uint32
 __device__ __forceinline__ void gauss_products(PassAcc& mu, PassAcc& sq, uint32_t mean_tile,
                                                uint32_t q, StdSquares& std2, uint32_t q2,
                                                int pass) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int s_lo = warp * 16 + g, s_hi = s_lo + 8;
 #pragma unroll
   for (int i = 0; i < kPassHeads / 2; ++i) mu[i] = sq[i] = 0.0f;
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     const int c0 = ks * 2, c1 = ks * 2 + 1;
     uint32_t a[4];
-    a[0] = lds32(mean_tile + swizzled(s_lo, c0) + t * 4);
-    a[1] = lds32(mean_tile + swizzled(s_hi, c0) + t * 4);
-    a[2] = lds32(mean_tile + swizzled(s_lo, c1) + t * 4);
-    a[3] = lds32(mean_tile + swizzled(s_hi, c1) + t * 4);
+    load_a_fragment(mean_tile, ks, a);
 #pragma unroll
     for (int nt = 0; nt < kPassHeads / 8; ++nt) {
       const int h = pass * kPassHeads + nt * 8 + g;

@@ -414,6 +414,20 @@ __global__ void __launch_bounds__(kThreads) mark_scored_kernel(UpdateParams p) {
 
 }  // namespace
 
+// kernel over grid (slices, requests, layers), beside the previous kernel when p allows it
+template <typename Kernel>
+cudaError_t launch_streams(Kernel kernel, const UpdateParams& p, int slices, size_t smem,
+                           cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(slices, p.batch, p.layers);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  allow_beside_previous(cfg, attr, p.beside_previous);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 template <int kType>
 cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t stream) {
   cudaError_t err = allow_dynamic_smem(update_kernel<kType>, smem);
@@ -426,28 +440,13 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   const bool one_row = p.rows == 1 || p.row0_only;
   const int cap = one_row ? max(16, 1536 / p.batch) : 64;
   const int slices = max(1, min(min(64, cover), cap));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(slices, p.batch, p.layers);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  allow_beside_previous(cfg, attr, p.beside_previous);
-  return cudaLaunchKernelEx(&cfg, update_kernel<kType>, p);
+  return launch_streams(update_kernel<kType>, p, slices, smem, stream);
 }
 
 cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.layers == 0) return cudaSuccess;
   if (p.layers < 0 || p.layers > kMaxGridYZ || p.batch > kMaxGridYZ) return cudaErrorInvalidValue;
-  if (!p.ema) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, p.batch, p.layers);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    allow_beside_previous(cfg, attr, p.beside_previous);
-    return cudaLaunchKernelEx(&cfg, mark_scored_kernel, p);
-  }
+  if (!p.ema) return launch_streams(mark_scored_kernel, p, 1, 0, stream);
   const size_t smem = static_cast<size_t>(p.max_blocks) * sizeof(int);
   switch (p.state.type) {
     case kStateF32: return launch_update_as<kStateF32>(p, smem, stream);
