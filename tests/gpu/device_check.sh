@@ -13,6 +13,9 @@
 #       tests/gpu/sanitizer_order.times; empty: collection order; SPIN_TEST_ORDER), with
 #       a limit of SANITIZER_LIMIT seconds (default 480)
 #   bash tests/gpu/device_check.sh                    both, one after the other
+# With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call) `sanitize` also
+# lists, per tool, the library's kernels that the tests it ran launched (coverage_TOOL.txt):
+# every kernel instance must show up under every tool.
 # Never run two steps at once: on 16 cores, plain beside 15 sanitizer processes finished 13 tests
 # in 390 s (alone: 312 tests in 371 s). Every test's seconds and outcome go to a .times file
 # (SPIN_TEST_TIMES) as it ends, so a step cut off at its limit still shows what it covered.
@@ -117,6 +120,12 @@ for tool in "${tools[@]}"; do
     "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran; slowest:"
   grep -hE "$report" "$shard_dir/${tool}"_*.log | sed -E 's/ at 0x[0-9a-f]+//g' | sort | uniq -c | head -5
   cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -v " skipped " | sort -rn | head -15
+  if [ -n "${KERNEL_LOG:-}" ]; then
+    python3 tests/gpu/kernel_coverage.py "$KERNEL_LOG" spin_trtllm/libspin_native.so \
+      --ran "$shard_dir/${tool}"_*.times > "$out/coverage_$tool.txt" 2>&1
+    echo "$tool coverage: $(tail -1 "$out/coverage_$tool.txt")"
+    grep "NEVER LAUNCHED" "$out/coverage_$tool.txt"
+  fi
 done 2>&1 | tee "$out/summary.txt"
 echo "sanitizers: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 tar -czf "$out/shards.tar.gz" -C "$out" shards

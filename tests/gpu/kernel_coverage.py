@@ -1,18 +1,24 @@
 """Which of the native library's kernels the sanitized tests launched.
 
-    python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json spin_trtllm/libspin_native.so
+    python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json spin_trtllm/libspin_native.so \
+        [--ran TIMES...]
 
 KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set (tests/conftest.py): the tests
 that compute-sanitizer runs (all but those marked large). The
 library's kernels (every template instance) are the entry functions of its sm_90a code, read with
 cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
-launched."""
+launched. With --ran, only the tests those SPIN_TEST_TIMES files show as run (not skipped) count:
+the .times files of one sanitizer's shards tell which kernels that tool checked, although the
+kernel log comes from a plain run (the profiler is not run under compute-sanitizer)."""
 
+import argparse
 import json
 import re
 import shutil
 import subprocess
 import sys
+
+from spin_trtllm.testing.queue_plugin import known_seconds
 
 
 def demangle(names: list[str]) -> list[str]:
@@ -43,16 +49,34 @@ def key(name: str) -> str:
     return name.removeprefix("void")
 
 
+def coverage(launched: dict[str, list[str]], kernels: list[str],
+             ran: set[str] | None = None) -> dict[str, list[str]]:
+    """Each kernel (readable name) with the tests that launched it, those in `ran` only if
+    given. `launched` maps the kernel log's names to test ids."""
+    by_key = {key(name): tests for name, tests in launched.items()}
+    return {k: [t for t in by_key.get(key(k), []) if ran is None or t in ran] for k in kernels}
+
+
 def main() -> int:
-    log_path, lib = sys.argv[1:3]
-    launched = {key(k): v for k, v in json.load(open(log_path)).items()}
-    kernels = library_kernels(lib)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kernel_log")
+    ap.add_argument("library")
+    ap.add_argument("--ran", nargs="+", metavar="TIMES",
+                    help="count only the tests these SPIN_TEST_TIMES files show as run")
+    args = ap.parse_args()
+    launched = json.load(open(args.kernel_log))
+    # the tests each file shows as run (passed or not: the kernels ran under the tool), no skips
+    ran = set(known_seconds(args.ran)) if args.ran else None
+    kernels = library_kernels(args.library)
+    readable = dict(zip(kernels, demangle(kernels)))
+    tests = coverage(launched, list(readable.values()), ran)
     missing = 0
-    for mangled, readable in sorted(zip(kernels, demangle(kernels)), key=lambda x: x[1]):
-        tests = launched.get(key(readable), [])
-        missing += not tests
-        print(f"{len(tests):5d} tests  {readable}" + ("" if tests else "   <- NEVER LAUNCHED"))
-    print(f"{len(kernels) - missing} of {len(kernels)} kernels launched by the tests")
+    for name in sorted(tests):
+        missing += not tests[name]
+        print(f"{len(tests[name]):5d} tests  {name}"
+              + ("" if tests[name] else "   <- NEVER LAUNCHED"))
+    which = "the tests" if ran is None else f"the {len(ran)} tests that ran"
+    print(f"{len(tests) - missing} of {len(tests)} kernels launched by {which}")
     return 1 if missing else 0
 
 

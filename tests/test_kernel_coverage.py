@@ -1,0 +1,70 @@
+"""tests/gpu/kernel_coverage.py: which kernels the tests a sanitizer ran launched."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "gpu" / "kernel_coverage.py"
+
+
+@pytest.fixture(scope="module")
+def kc():
+    spec = importlib.util.spec_from_file_location("kernel_coverage", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# the profiler's spellings (kernel log) and cu++filt's (library) of the same two kernels
+LOG = {"void spin::(anonymous namespace)::logits_kernel<(int)4>(spin::LogitsParams, int)":
+       ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"],
+       "spin::(anonymous namespace)::topk_kernel<(int)2, (bool)1>(spin::TopkParams)":
+       ["tests/c.py::test_topk_cluster"]}
+LIBRARY = ["spin::<unnamed>::logits_kernel<4>(spin::LogitsParams, int)",
+           "spin::<unnamed>::topk_kernel<2, true>(spin::TopkParams)",
+           "spin::<unnamed>::update_kernel(spin::UpdateParams)"]
+
+
+def times_file(path: Path, lines: list[tuple[float, str, str]]) -> str:
+    path.write_text("".join(f"{s:8.1f} s  {outcome:7}  {node}\n" for s, outcome, node in lines))
+    return str(path)
+
+
+def test_names_match_across_spellings_and_unlaunched_kernels_have_no_tests(kc):
+    got = kc.coverage(LOG, LIBRARY)
+    assert got[LIBRARY[0]] == ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"]
+    assert got[LIBRARY[1]] == ["tests/c.py::test_topk_cluster"]
+    assert got[LIBRARY[2]] == []
+
+
+def test_only_tests_that_ran_under_the_tool_count(kc, tmp_path):
+    # shard 0 ran the engine test and skipped the top-K one (another shard's claim, or a marker)
+    ran = set(kc.known_seconds([
+        times_file(tmp_path / "a.times", [(12.5, "passed", "tests/b.py::test_engine"),
+                                          (0.0, "skipped", "tests/c.py::test_topk_cluster")]),
+        times_file(tmp_path / "b.times", [(3.0, "failed", "tests/a.py::test_logits[4]")])]))
+    got = kc.coverage(LOG, LIBRARY, ran)
+    assert got[LIBRARY[0]] == ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"]
+    assert got[LIBRARY[1]] == []          # launched only by a test this tool skipped
+
+
+@pytest.mark.parametrize("topk_ran,code", [(True, 0), (False, 1)])
+def test_main_fails_when_a_kernel_went_unchecked(kc, tmp_path, monkeypatch, capsys,
+                                                 topk_ran, code):
+    log = tmp_path / "kernels.json"
+    log.write_text(json.dumps(LOG))
+    monkeypatch.setattr(kc, "library_kernels", lambda lib: LIBRARY[:2])
+    monkeypatch.setattr(kc, "demangle", lambda names: names)
+    times = times_file(tmp_path / "racecheck_0.times",
+                       [(1.0, "passed", "tests/a.py::test_logits[4]"),
+                        (1.0, "passed" if topk_ran else "skipped",
+                         "tests/c.py::test_topk_cluster")])
+    monkeypatch.setattr(sys, "argv", ["kernel_coverage.py", str(log), "lib.so", "--ran", times])
+    assert kc.main() == code
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (f"{2 - code} of 2 kernels launched by the "
+                                    f"{1 + topk_ran} tests that ran")
+    assert ("NEVER LAUNCHED" in out) == (not topk_ran)
