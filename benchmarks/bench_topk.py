@@ -31,6 +31,11 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
               legitimately differ
   kth_eq:     fraction of rows whose selected sets agree in the K-th (smallest selected) value
               and in the number of valid entries, spin vs fi_varlen and spin vs torch: 1.0
+  bound:      the bandwidth bound: the rows' valid scores (fp32) read once at the copy
+              bandwidth measured at the start of the run (a 2 GiB device-to-device copy, bytes
+              read + written), and spin's and the best flashinfer column's time over it; the
+              run ends with the cases of at least 32 rows of 32K slots where spin's kernel
+              takes more than twice the bound
 Timing as bench_decode_indexer.time_ms: 12 calls captured in one CUDA graph, rotating over
 --sets input sets so L2 does not flatter, median of --iters replays / 12. A flashinfer call that
 cannot be captured is timed eagerly (marked "eager"). Exit 2 without CUDA or without the
@@ -178,7 +183,7 @@ def timed(name, fn, iters, sets, errors):
     return None, msg
 
 
-def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
+def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs):
     from bench_decode_indexer import spin_case
     from spin_trtllm import ops
 
@@ -200,7 +205,9 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
     selected = int(cnt.clamp(max=m_cap).sum())
     row = {"batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
            "realized_sparsity": 1 - selected / (batch * m_cap), "width": zs[0].shape[1],
-           "min_row_len": int(row_lens.min()), "max_row_len": int(row_lens.max())}
+           "min_row_len": int(row_lens.min()), "max_row_len": int(row_lens.max()),
+           "rows": rows, "score_bytes": 4 * int(row_lens.sum()),
+           "bound_us": bound_us(4 * int(row_lens.sum()), copy_tbs)}
 
     row["spin_us"], row["spin_mode"] = timed(
         "spin", lambda i: ops.topk(zs[i], ids, cnt, next_n, k, top), args.iters, sets, errors)
@@ -252,7 +259,32 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors):
             row[f"{col}_error"], row[f"{col}_mode"] = row[f"{col}_mode"], None
     row["sets_eq"], row["kth_eq"], row["kth_eq_torch"] = check(
         zs[0], spin_slots, fi_pos, torch_vals, slot_of_pos, next_n)
+    fi_best = [row[c] for c in ("fi_varlen_us", "fi_ragged_us") if row[c] is not None]
+    row["spin_over_bound"] = over(row["spin_us"], row["bound_us"])
+    row["fi_over_bound"] = over(min(fi_best) if fi_best else None, row["bound_us"])
     return row
+
+
+def bound_us(score_bytes: int, copy_tbs: float) -> float:
+    """Microseconds to read `score_bytes` once at `copy_tbs` TB/s."""
+    if copy_tbs <= 0:
+        raise ValueError(f"copy bandwidth must be > 0 TB/s, got {copy_tbs}")
+    return score_bytes / (copy_tbs * 1e12) * 1e6
+
+
+def over(us, bound):
+    return None if us is None or not bound else us / bound
+
+
+# issue 43's top-K target: within 2x of the bound at every case of at least 32 rows of 32K slots
+TARGET_ROWS, TARGET_SLOTS, TARGET_RATIO = 32, 32768, 2.0
+
+
+def over_target(rows: list[dict]) -> list[dict]:
+    """The cases the target covers where spin's kernel takes more than TARGET_RATIO x the
+    bound (or was not timed)."""
+    return [r for r in rows if r["rows"] >= TARGET_ROWS and r["slots"] >= TARGET_SLOTS
+            and (r["spin_over_bound"] is None or r["spin_over_bound"] > TARGET_RATIO)]
 
 
 def fmt(v, spec=".1f", none="-"):
@@ -261,7 +293,7 @@ def fmt(v, spec=".1f", none="-"):
 
 COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | fi varlen us "
            "| spin.topk via fi us | fi ragged us (algo) | torch.topk us | fi varlen / spin "
-           "| sets eq | kth eq (fi, torch) |")
+           "| sets eq | kth eq (fi, torch) | bound us | spin / bound | best fi / bound |")
 
 
 def line(r) -> str:
@@ -273,11 +305,14 @@ def line(r) -> str:
             f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
             f"| {fv} | {vf} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
             f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
-            f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} |")
+            f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} "
+            f"| {fmt(r['bound_us'], '.2f')} | {fmt(r['spin_over_bound'], '.2f')} "
+            f"| {fmt(r['fi_over_bound'], '.2f')} |")
 
 
 def markdown(rows, head) -> str:
-    return "\n".join([head, "", COLUMNS, "|" + "---|" * 14] + [line(r) for r in rows])
+    return "\n".join([head, "", COLUMNS, "|" + "---|" * COLUMNS.count(" |")]
+                     + [line(r) for r in rows])
 
 
 def main() -> int:
@@ -297,13 +332,15 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
-    from bench_decode_indexer import cannot_run, gpu_clocks, make_inputs
+    from bench_decode_indexer import cannot_run, copy_bandwidth, gpu_clocks, make_inputs
     if cannot_run("bench_topk"):
         return 2
 
     gpu = torch.cuda.get_device_name()
     cc = torch.cuda.get_device_capability()
-    head = f"GPU: {gpu} (sm_{cc[0]}{cc[1]}), torch {torch.__version__} (CUDA {torch.version.cuda})"
+    copy_tbs = copy_bandwidth(args.iters)
+    head = (f"GPU: {gpu} (sm_{cc[0]}{cc[1]}), torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda}); copy bandwidth {copy_tbs:.2f} TB/s")
     log(head)
     fi, fi_info = None, None
     if args.no_flashinfer:
@@ -320,7 +357,8 @@ def main() -> int:
     def save() -> None:  # after every case, so a run cut short keeps what it measured
         if args.json:
             write_output(args.json, "--json",
-                         json.dumps({"device": gpu, "flashinfer": fi_info, "rows": rows}, indent=2))
+                         json.dumps({"device": gpu, "flashinfer": fi_info, "copy_tbs": copy_tbs,
+                                     "rows": rows}, indent=2))
         if args.markdown:
             write_output(args.markdown, "--markdown", markdown(rows, head) + "\n")
 
@@ -329,7 +367,7 @@ def main() -> int:
         seed += 1
         inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
         for k, rho in itertools.product(args.topk, args.sparsity):
-            row = run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors)
+            row = run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs)
             row["gpu_after_case"] = gpu_clocks()
             rows.append(row)
             log(line(row))
@@ -340,6 +378,12 @@ def main() -> int:
            or r["kth_eq_torch"] < 1]
     log(f"done: {len(rows)} cases; K-th value disagreements in {len(bad)} cases"
         + ("" if not bad else " (see kth eq)"))
+    slow = over_target(rows)
+    log(f"spin's kernel over {TARGET_RATIO:g}x the bound at {len(slow)} of the "
+        f"{sum(r['rows'] >= TARGET_ROWS and r['slots'] >= TARGET_SLOTS for r in rows)} cases of "
+        f">= {TARGET_ROWS} rows x {TARGET_SLOTS} slots"
+        + "".join(f"\n  {r['rows']} rows x {r['slots']} slots (rho {r['target_sparsity']}): "
+                  f"{fmt(r['spin_over_bound'], '.2f')}x" for r in slow))
     return 0
 
 
