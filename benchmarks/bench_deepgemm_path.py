@@ -14,6 +14,10 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
   spin (DG):    select / layers + compact + schedule + DeepGEMM logits on the compacted table +
                 top-K + update
   spin (native): select / layers + spin's masked logits + top-K + update
+  as run:       spin (DG) as SpinIndexer runs it by default: without MTP on sm_90 the update is
+                launched beside the top-K (IndexerOptions.overlap_update), so the top-K and
+                the update are timed together; with MTP (the update deferred to finish(), one
+                launch for every layer) it is spin (DG)
 It also checks that SPIN through DeepGEMM and through the native kernel select the same
 blocks and the same top-K sets, and times the update again right after the native masked logits
 and top-K, as a decode step runs it ("update in sequence": the difference of the two sequences;
@@ -112,6 +116,15 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
                                              row_lens=lens), iters, sets)
     t_update = time_ms(lambda i: ops.update(state, slot, logits, ids[:, 0], cnt[:, 0], n, q_pos,
                                             acc, step, 0, cfg, slots), iters, sets)
+    beside = next_n == 1 and torch.cuda.get_device_capability()[0] >= 9
+
+    def topk_update_beside(i):
+        ops.topk(logits, ids[:, 0], cnt[:, 0], next_n, k, top, row_lens=lens)
+        ops.update(state, slot, logits, ids[:, 0], cnt[:, 0], n, q_pos, acc, step, 0, cfg, slots,
+                   beside_previous=True)
+
+    t_topk_update = time_ms(topk_update_beside, iters, sets) if beside \
+        else t_spin_topk + t_update
     t_native = time_ms(spin_native, iters, sets)
     t_native_topk = time_ms(lambda i: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top),
                             iters, sets)
@@ -130,6 +143,7 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     per_layer_select = t_select / layers
     spin_dg_ms = per_layer_select + t_spin_dg + t_spin_topk + t_update
     spin_native_ms = per_layer_select + t_native + t_native_topk + t_update
+    spin_dg_as_run_ms = per_layer_select + t_spin_dg + t_topk_update
     us = 1e3
     return {
         "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
@@ -146,6 +160,9 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "spin_dg_us": us * spin_dg_ms, "spin_native_us": us * spin_native_ms,
         "dense_us": us * dense_ms, "spin_dg_over_dense": spin_dg_ms / dense_ms,
         "spin_native_over_dense": spin_native_ms / dense_ms,
+        "update_beside_topk": beside, "topk_update_us": us * t_topk_update,
+        "spin_dg_as_run_us": us * spin_dg_as_run_ms,
+        "spin_dg_as_run_over_dense": spin_dg_as_run_ms / dense_ms,
         "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
     }
 
@@ -206,13 +223,23 @@ def topk_cell(row) -> str:
     return f"{row['dense_topk_us']:.1f}" + (f" ({each})" if each else "")
 
 
+def as_run_cells(row) -> str:
+    """The top-K with the update beside it and SPIN(DG) as run over dense ("-" in rows of
+    older files; "(after)" where the update ran after the top-K: MTP, or below sm_90)."""
+    if "spin_dg_as_run_over_dense" not in row:
+        return "- | -"
+    after = "" if row["update_beside_topk"] else " (after)"
+    return f"{row['topk_update_us']:.1f}{after} | {row['spin_dg_as_run_over_dense']:.2f}"
+
+
 def markdown(rows, copy_tbs) -> str:
     head = ("| batch | slots | next_n | target | realized | DG dense logits us (TB/s) | dense "
             "top-K us (the faster) | DG schedule us | SPIN via DG: select/L + compact+DG + top-K + update us "
-            "| SPIN native us | SPIN(DG) / dense | SPIN(native) / dense | top-K sets equal "
+            "| SPIN native us | SPIN(DG) / dense | SPIN(native) / dense | top-K + update "
+            "beside us | SPIN(DG) as run / dense | top-K sets equal "
             "| update in sequence us | (select/L + update in sequence) / DG dense logits |")
     lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s; times per indexer layer", "",
-             head, "|" + "---|" * 15]
+             head, "|" + "---|" * head.count(" |")]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['target_sparsity']:.1f} "
@@ -221,7 +248,8 @@ def markdown(rows, copy_tbs) -> str:
             f"| {r['dense_schedule_us']:.1f} | {r['select_per_layer_us']:.1f} + "
             f"{r['spin_dg_logits_us']:.1f} + {r['spin_topk_us']:.1f} + {r['update_us']:.1f} = "
             f"{r['spin_dg_us']:.1f} | {r['spin_native_us']:.1f} | {r['spin_dg_over_dense']:.2f} "
-            f"| {r['spin_native_over_dense']:.2f} | {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "
+            f"| {r['spin_native_over_dense']:.2f} | {as_run_cells(r)} "
+            f"| {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "
             f"| {r['update_in_sequence_us']:.1f} | {100 * r['select_update_over_dense_logits']:.1f}% |")
     return "\n".join(lines)
 
