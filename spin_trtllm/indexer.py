@@ -4,9 +4,12 @@ Per decode step:
     prepare(request_ids, ...)   host side: batch metadata into preallocated device buffers
     select()                    one launch: the blocks of every request and indexer layer
                                 (with overlap_select: layer 0's; each layer's top-K is then
-                                followed by the next layer's select, which runs beside it)
+                                followed by the next layer's select, which runs beside it; the
+                                probe, hybrid and gauss select in layer(), so only a dense
+                                step's select runs here)
     layer(l, q, weights, kv)    per indexer layer: masked logits + top-K (TensorRT-LLM's
-                                topk_indices format); without MTP the EMA update follows
+                                topk_indices format); without MTP the update follows (the EMAs
+                                for spin and hybrid, the blocks' last step for probe and gauss)
     finish(accepted)            with MTP: the deferred updates, rows 0..accepted per request
 Everything after prepare() writes into buffers allocated once, so select/layer/finish can be
 captured in a CUDA graph per batch size. It takes the metadata TensorRT-LLM's indexer has:
@@ -134,7 +137,7 @@ class SpinIndexer:
         with the current query (summary tables kept in self.summaries; with 32-slot pages a
         block scores as its best page);
         "hybrid" by both (the max of their rank shares; max_context_len <= 512K slots).
-        overlap_update: without MTP, let a layer's EMA update run beside its top-K (both only
+        overlap_update: without MTP, let a layer's update run beside its top-K (both only
         read the logits; CUDA sm_90+, ops.update's beside_previous): the update fills the SMs
         that a top-K of few rows leaves idle, and what follows still waits for both.
         overlap_select: with predictor "spin", select each layer's blocks right after the
@@ -441,7 +444,8 @@ class SpinIndexer:
         return top
 
     def finish(self, accepted: Optional[torch.Tensor] = None) -> None:
-        """With MTP: replay the deferred EMA updates of every layer, rows 0..accepted[b]."""
+        """With MTP: replay the deferred updates of every layer, rows 0..accepted[b] (the EMAs
+        for spin and hybrid, the blocks' last step alone for probe and gauss)."""
         if self.next_n == 1:
             return
         B = self.batch

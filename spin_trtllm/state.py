@@ -1,4 +1,5 @@
-"""Per-request SPIN state for in-flight batching: a pool of V/D state slots x indexer layers.
+"""Per-request SPIN state for in-flight batching: a pool of state slots x indexer layers (V/D
+EMAs and the blocks' ages; the ages alone with history=False, for the probe and gauss).
 
 A request takes a slot when it is admitted and gives it back when it finishes. Its slot is
 zeroed (V = D = 0, warm-up restarted) when it is admitted, after its prefill, at the start of a

@@ -2,7 +2,9 @@
 
 state: V, D float32/float16/float8_e4m3fn [num_state_slots, L, cap]; last_seen int64
 [.., L, ceil(cap/64)]; decode_steps int64 [num_state_slots, L]. Request b uses state slot
-state_slot[b] (distinct per batch); cap covers every context length and query position.
+state_slot[b] (distinct per batch); cap covers every context length and query position. A
+state without history (V, D of width 0: the probe's and gauss's) has cap = 64 x last_seen's
+blocks and is selected by block_scores alone, without merge_history.
 context_lens int32 [B, R] (row j of a request with length N sees N - R + j + 1 slots),
 query_pos int32 [B, R] (slot coordinates), request_id/step int64 [B].
 -> block_ids int32 [B, L, m_cap] ascending, -1 padded; counts int32 [B, L] = the union size. A

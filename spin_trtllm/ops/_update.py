@@ -9,7 +9,9 @@ deferred updates), from logits [L, B*R, W] (layers a multiple of 4 floats apart)
 [B, L, m_cap] and counts [B, L] as select writes them. A request's block ids must be distinct,
 as select's are (on CUDA a repeated id races on its V/D entries).
 ema False (a predictor that ranks without the V/D history: probe, gauss): only last_seen and
-decode_steps change, as they would with it (the logits are not read, V and D not written).
+decode_steps change, as they would with it (the logits are not read, V and D not written): any
+fp32 tensor of two or more dims stands for the logits, and layer -1 needs no logits [L, ...]
+(block_ids [B, L, m_cap] give the layers). A state without history (V, D of width 0) needs it.
 beside_previous (CUDA, sm_90+): the kernel may run beside the one launched just before it
 (spin::topk on the same logits, or the next layer's select launched beside that top-K), which
 must write none of the update's inputs nor read its outputs; the update still completes after

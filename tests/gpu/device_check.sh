@@ -2,8 +2,8 @@
 # Every GPU test on a CUDA machine, plain and under compute-sanitizer, in steps that each fit one
 # 10-minute device call:
 #   bash tests/gpu/device_check.sh plain              every test marked gpu (the TensorRT-LLM
-#       stand-in's engine loop on DeepGEMM included), then the library's kernels they launched
-#       (SPIN_KERNEL_LOG, tests/gpu/kernel_coverage.py)
+#       stand-in's engine loop on DeepGEMM included), then the library's kernels that its tests
+#       not marked large (the sanitized ones) launched (SPIN_KERNEL_LOG, kernel_coverage.py)
 #   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
 #       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
 #       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS processes (default: as
