@@ -342,15 +342,20 @@ def test_state_grows_with_context_without_changing_results():
 
 
 @pytest.mark.parametrize("mtp", [0, 2])
-def test_the_short_arrival_schedule_keeps_what_the_graph_tests_check(mtp):
-    """arrivals(0.5), the GPU graph tests' schedule under sanitizers: the same requests, fewer
-    new tokens each (at least 3), and still the second turn, the pool's growth from a small
-    capacity and steps with more than one request (what the graph tests compare and count)."""
-    full, short = arrivals(), arrivals(0.5)
+@pytest.mark.parametrize("decode_share,prompt_share", [(0.5, 1.0), (0.25, 0.4)])
+def test_the_shorter_arrival_schedules_keep_what_the_graph_tests_check(mtp, decode_share,
+                                                                      prompt_share):
+    """The GPU graph tests' schedules under sanitizers (short: arrivals(0.5); brief, for
+    initcheck: arrivals(0.25, 0.4)): the same requests, fewer new tokens each (at least 3) and
+    prompts no longer, and still the second turn, the pool's growth from a small capacity, steps
+    with more than one request and more steps than graphs (what the graph tests compare and
+    count)."""
+    full, short = arrivals(), arrivals(decode_share, prompt_share)
     assert sorted(full) == sorted(short) == [0, 3, 6]
     pairs = [(f, s) for t in full for f, s in zip(full[t], short[t])]
     assert [f.request_id for f, _ in pairs] == [s.request_id for _, s in pairs]
     assert all(3 <= s.max_new_tokens < f.max_new_tokens for f, s in pairs)
+    assert all(0 < len(s.prompt) <= len(f.prompt) for f, s in pairs)
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     sc = SpinConfig(index_topk=cfg.index_topk, target_sparsity=0.5, exploration=0.1)
     e = Engine(cfg, sc, weights=init_weights(cfg), max_batch=3, state_initial_capacity=64,
@@ -359,3 +364,7 @@ def test_the_short_arrival_schedule_keeps_what_the_graph_tests_check(mtp):
     assert sorted(outs) == [0, 1, 2, 3] and len(outs[2].turns) == 2 and outs[2].turns[1]
     assert e.pool.generation >= 1
     assert sum(s.batch > 1 for s in e.history if s.spin) >= 3
+    # a graph per batch size at most: the graph test's replays outnumber its captures
+    assert len(e.history) > len({s.batch for s in e.history}) + 2
+    # test_switching's plan (SPIN 4 steps, then all-keep 3) reaches both indexers
+    assert len(e.history) >= 5

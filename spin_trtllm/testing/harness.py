@@ -53,16 +53,20 @@ def schedule_run(engine, arrivals):
     return outs
 
 
-def arrivals(decode_share: float = 1.0):
+def arrivals(decode_share: float = 1.0, prompt_share: float = 1.0):
     """Four requests arriving at steps 0, 0, 3 (with a second turn) and 6, greedy and sampled.
-    decode_share scales their new tokens (at least 3 each): the same schedule with fewer decode
-    steps, for runs under a sanitizer."""
+    decode_share scales their new tokens (at least 3 each) and prompt_share their first turns'
+    prompts: the same schedule with fewer decode steps and shorter prefills, for runs under a
+    sanitizer."""
     def new(n: int) -> int:
         return max(3, round(n * decode_share))
 
-    return {0: [Request(ARRIVAL_TEXT[:1500], max_new_tokens=new(24), request_id=0),
-                Request(ARRIVAL_TEXT[7:900], max_new_tokens=new(10), temperature=0.8, seed=2,
+    def prompt(start: int, end: int) -> str:
+        return ARRIVAL_TEXT[start:start + max(1, round((end - start) * prompt_share))]
+
+    return {0: [Request(prompt(0, 1500), max_new_tokens=new(24), request_id=0),
+                Request(prompt(7, 900), max_new_tokens=new(10), temperature=0.8, seed=2,
                         request_id=1)],
-            3: [Request(ARRIVAL_TEXT[3:1200], max_new_tokens=new(16), request_id=2,
+            3: [Request(prompt(3, 1200), max_new_tokens=new(16), request_id=2,
                         turns=[ARRIVAL_TEXT[50:150]])],
-            6: [Request(ARRIVAL_TEXT[9:400], max_new_tokens=new(12), request_id=3)]}
+            6: [Request(prompt(9, 400), max_new_tokens=new(12), request_id=3)]}

@@ -24,7 +24,9 @@
 # tests inside the limit. initcheck instruments every kernel: it sees only the writes of the
 # kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
 # racecheck also leaves out the tests marked no_racecheck (it fails on them with no kernel
-# instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there).
+# instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there);
+# initcheck those marked initcheck_slow (engine schedules: it instruments torch's kernels too),
+# whose initcheck_twin cases (briefer schedules) run there alone.
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
@@ -90,6 +92,11 @@ queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier r
 trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
   n=$shards marks="gpu and not large"
+  if [ "$tool" = initcheck ]; then
+    marks="$marks and not initcheck_slow"
+  else
+    marks="$marks and not initcheck_twin"
+  fi
   [ "$tool" = racecheck ] && n=$((2 * shards)) &&   # about half memcheck's speed on these tests
     marks="$marks and not no_racecheck and not racecheck_slow"
   for ((i = 0; i < n; i++)); do
