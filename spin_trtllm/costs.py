@@ -34,9 +34,8 @@ terms cancel (both sides read the same bytes per scored slot).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import NamedTuple, Sequence, Union
 
 import torch
 
@@ -45,6 +44,27 @@ from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
 
 LAST_SEEN_BYTES = torch.iinfo(torch.int64).bits // 8   # state.last_seen: one int64 step a block
+
+
+class _Requests(NamedTuple):
+    """A batch's requests as the model reads them, worked out once per call (the engine's switch
+    asks every step): visible slots (>= 0), the slots of their whole 64-slot blocks (whole
+    blocks are read), those summed, and the longest request's."""
+    visible: tuple[int, ...]
+    blocks: tuple[int, ...]
+    slots: float
+    longest: int
+
+
+Requests = Union[Sequence[int], _Requests]
+
+
+def _requests(visible_slots: Requests) -> _Requests:
+    if isinstance(visible_slots, _Requests):
+        return visible_slots
+    visible = tuple(max(0, int(s)) for s in visible_slots)
+    blocks = tuple(-(-n // BLOCK_SLOTS) * BLOCK_SLOTS for n in visible)
+    return _Requests(visible, blocks, float(sum(blocks)), max(blocks, default=0))
 
 
 @dataclass(frozen=True)
@@ -81,23 +101,24 @@ class CostModel:
         reread = _rows(self.mtp_reread, next_n)
         return self.logits_fixed_us + slots * SLOT_BYTES * reread / self.logits_bytes_per_us
 
-    def _peer_runs(self, visible_slots: Sequence[int], next_n: int) -> bool:
+    def _peer_runs(self, visible_slots: Requests, next_n: int) -> bool:
         """Whether ops.topk hands these rows to flashinfer (the rows and the longest request's
         blocks decide)."""
+        if not self.peer_topk:
+            return False
         from .ops import spin_topk_is_faster
 
-        rows = len(visible_slots) * next_n
-        width = _block_slots([max(visible_slots, default=0)])
-        return self.peer_topk and not spin_topk_is_faster(rows, int(width))
+        requests = _requests(visible_slots)
+        return not spin_topk_is_faster(len(requests.visible) * next_n, requests.longest)
 
-    def _topk(self, slots: float, next_n: int, visible_slots: Sequence[int] = ()) -> float:
+    def _topk(self, slots: float, next_n: int, visible_slots: Requests = ()) -> float:
         """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
         rows and their width, which decide whether ops.topk runs flashinfer's path."""
         if self._peer_runs(visible_slots, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
 
-    def _beside(self, visible_slots: Sequence[int], next_n: int, update_beside: bool) -> bool:
+    def _beside(self, visible_slots: Requests, next_n: int, update_beside: bool) -> bool:
         """Whether the update really runs beside the top-K: asked for, no MTP (the updates
         are deferred then), and spin's top-K kernel (flashinfer's path does not let it start)."""
         return update_beside and next_n == 1 and not self._peer_runs(visible_slots, next_n)
@@ -111,12 +132,12 @@ class CostModel:
             and ops.topk_backend() != "spin"
         return replace(self, peer_topk=peer)
 
-    def dense_us(self, visible_slots: Sequence[int], next_n: int = 1) -> float:
+    def dense_us(self, visible_slots: Requests, next_n: int = 1) -> float:
         """All-keep indexer, one layer: logits over every visible block + top-K."""
-        slots = _block_slots(visible_slots)
-        return self._logits(slots, next_n) + self._topk(slots, next_n, visible_slots)
+        requests = _requests(visible_slots)
+        return self._logits(requests.slots, next_n) + self._topk(requests.slots, next_n, requests)
 
-    def _choose(self, visible_slots: Sequence[int], slots: float, next_n: int, state: float,
+    def _choose(self, visible_slots: Requests, slots: float, next_n: int, state: float,
                 predictor: str) -> float:
         """Choosing the blocks, one layer: select's share of the all-layer launch (spin), or
         summarize + probe + a one-layer select (probe; hybrid adds the merge; gauss scores at
@@ -128,7 +149,7 @@ class CostModel:
         if not chosen.query:
             return (self.select_fixed_us + self.select_us_per_slot * slots * state
                     * _rows(self.select_next_n_share, next_n))
-        longest = max(_block_slots([s]) for s in visible_slots)
+        longest = _requests(visible_slots).longest
         gauss = predictor == "gauss"
         per_slot = self.gauss_us_per_slot if gauss else self.probe_us_per_slot
         cost = ((self.gauss_fixed_us if gauss else self.probe_fixed_us)
@@ -139,7 +160,7 @@ class CostModel:
             cost += self.hybrid_us_per_request_slot * longest * next_n * state
         return cost
 
-    def spin_us(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
+    def spin_us(self, visible_slots: Requests, target_sparsity: float, next_n: int = 1,
                 state_bytes: int = 2, predictor: str = "spin",
                 update_beside: bool = False, index_topk: int = 0) -> float:
         """SPIN, one layer: choosing the blocks (`predictor`: spin, probe, hybrid or gauss) + masked
@@ -148,34 +169,39 @@ class CostModel:
         update_beside: the update is launched beside the top-K (next_n 1 only); it overlaps
         only spin's top-K kernel, not flashinfer's path (whose last kernel, the remap, does not
         let it start early)."""
-        slots = _block_slots(visible_slots)
-        scored = sum(max(_block_slots([n]) * (1.0 - target_sparsity),
-                         _floor_slots(n, index_topk))
-                     for n in visible_slots)
+        requests = _requests(visible_slots)
+        slots, keep = requests.slots, 1.0 - target_sparsity
+        if index_topk > 0:      # never below the budget floor's blocks (a request's all at most)
+            scored = sum(max(b * keep, min(b, BLOCK_SLOTS * floor_blocks(
+                b // BLOCK_SLOTS, n, index_topk, BLOCK_SLOTS)))
+                for n, b in zip(requests.visible, requests.blocks))
+        else:
+            scored = sum(max(b * keep, 0.0) for b in requests.blocks)
         state = state_bytes / 2
-        choose = self._choose(visible_slots, slots, next_n, state, predictor)
+        choose = self._choose(requests, slots, next_n, state, predictor)
         update_bytes = (4 + 4 * state_bytes) / 12      # per scored slot, against fp16's 12
         update = self.update_fixed_us
         if REGISTRY[predictor].history:     # the others keep the counters alone (ema=False)
             update += self.update_us_per_slot * scored * next_n * update_bytes
-        if self._beside(visible_slots, next_n, update_beside):
+        if self._beside(requests, next_n, update_beside):
             update *= self.update_beside_share
-        return (choose + self._logits(scored, next_n) + self._topk(scored, next_n, visible_slots)
+        return (choose + self._logits(scored, next_n) + self._topk(scored, next_n, requests)
                 + update)
 
-    def prefer_spin(self, visible_slots: Sequence[int], target_sparsity: float, next_n: int = 1,
+    def prefer_spin(self, visible_slots: Requests, target_sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
                     predictor: str = "spin", update_beside: bool = False,
                     index_topk: int = 0) -> bool:
         """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
         batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
         every step)."""
-        if target_sparsity <= 0 or not visible_slots:
+        requests = _requests(visible_slots)
+        if target_sparsity <= 0 or not requests.visible:
             return False
-        dense = self.dense_us(visible_slots, next_n)
+        dense = self.dense_us(requests, next_n)
         overhead = self.engine_overhead_beside_us \
-            if self._beside(visible_slots, next_n, update_beside) else self.engine_overhead_us
-        spin = self.spin_us(visible_slots, target_sparsity, next_n, state_bytes, predictor,
+            if self._beside(requests, next_n, update_beside) else self.engine_overhead_us
+        spin = self.spin_us(requests, target_sparsity, next_n, state_bytes, predictor,
                             update_beside, index_topk) + overhead
         return spin < dense if running_spin else spin < dense * (1.0 - self.margin)
 
@@ -183,21 +209,6 @@ class CostModel:
 def _rows(share: float, next_n: int) -> float:
     """A term's factor for next_n rows when each row after the first adds `share` of it."""
     return 1.0 + share * (next_n - 1)
-
-
-def _floor_slots(visible: int, index_topk: int) -> float:
-    """Slots of the blocks the budget floor keeps for one request (reference.floor_blocks)."""
-    n = max(0, int(visible))
-    blocks = math.ceil(n / BLOCK_SLOTS)
-    if index_topk <= 0 or blocks == 0:
-        return 0.0
-    return float(min(blocks, floor_blocks(blocks, n, index_topk, BLOCK_SLOTS)) * BLOCK_SLOTS)
-
-
-def _block_slots(visible_slots: Sequence[int]) -> float:
-    """Slots of the visible blocks of every request (whole 64-slot blocks are read)."""
-    return float(sum(math.ceil(max(0, int(s)) / BLOCK_SLOTS) * BLOCK_SLOTS
-                     for s in visible_slots))
 
 
 H200 = CostModel()
