@@ -12,7 +12,8 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
                 the schedule metadata is listed apart (upstream builds it once per step in
                 prepare)
   spin (DG):    select / layers + compact + schedule + DeepGEMM logits on the compacted table +
-                top-K + update
+                top-K + update (compact and schedule are also timed alone: what a select that
+                wrote the compacted table itself would save)
   spin (native): select / layers + spin's masked logits + top-K + update
   as run:       spin (DG) as SpinIndexer runs it by default: without MTP on sm_90 the update is
                 launched beside the top-K (IndexerOptions.overlap_update), so the top-K and
@@ -112,6 +113,10 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
                                             ids, cnt), iters, sets)
     t_spin_dg = time_ms(spin_dg, iters, sets)          # compact + schedule + DeepGEMM
     logits, lens = out["spin"]
+    t_compact = time_ms(lambda i: ops.compact(ids[:, 0], cnt[:, 0], n, inputs[i][1], 64),
+                        iters, sets)
+    t_schedule = time_ms(lambda i: dg.dg.get_paged_mqa_logits_metadata(lens, 64, num_sms),
+                         iters, sets)
     t_spin_topk = time_ms(lambda i: ops.topk(logits, ids[:, 0], cnt[:, 0], next_n, k, top,
                                              row_lens=lens), iters, sets)
     t_update = time_ms(lambda i: ops.update(state, slot, logits, ids[:, 0], cnt[:, 0], n, q_pos,
@@ -154,6 +159,7 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "dense_logits_tbs": batch * pages * PAGE_BYTES / (t_dense * 1e-3) / 1e12,
         "select_per_layer_us": us * per_layer_select,
         "spin_dg_logits_us": us * t_spin_dg, "spin_topk_us": us * t_spin_topk,
+        "compact_us": us * t_compact, "spin_dg_schedule_us": us * t_schedule,
         "update_us": us * t_update, "update_in_sequence_us": us * t_update_seq,
         "select_update_over_dense_logits": (per_layer_select + t_update_seq) / t_dense,
         "spin_native_logits_us": us * t_native,
@@ -223,6 +229,13 @@ def topk_cell(row) -> str:
     return f"{row['dense_topk_us']:.1f}" + (f" ({each})" if each else "")
 
 
+def compact_cell(row) -> str:
+    """compact's and the schedule's share of compact+DG, timed alone ("" in older rows)."""
+    if "compact_us" not in row:
+        return ""
+    return f" (compact {row['compact_us']:.1f}, schedule {row['spin_dg_schedule_us']:.1f})"
+
+
 def as_run_cells(row) -> str:
     """The top-K with the update beside it and SPIN(DG) as run over dense ("-" in rows of
     older files; "(after)" where the update ran after the top-K: MTP, or below sm_90)."""
@@ -246,7 +259,8 @@ def markdown(rows, copy_tbs) -> str:
             f"| {r['realized_sparsity']:.3f} | {r['dense_logits_us']:.1f} "
             f"({r['dense_logits_tbs']:.2f}) | {topk_cell(r)} "
             f"| {r['dense_schedule_us']:.1f} | {r['select_per_layer_us']:.1f} + "
-            f"{r['spin_dg_logits_us']:.1f} + {r['spin_topk_us']:.1f} + {r['update_us']:.1f} = "
+            f"{r['spin_dg_logits_us']:.1f}{compact_cell(r)} + {r['spin_topk_us']:.1f} + "
+            f"{r['update_us']:.1f} = "
             f"{r['spin_dg_us']:.1f} | {r['spin_native_us']:.1f} | {r['spin_dg_over_dense']:.2f} "
             f"| {r['spin_native_over_dense']:.2f} | {as_run_cells(r)} "
             f"| {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "

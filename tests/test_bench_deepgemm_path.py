@@ -41,6 +41,13 @@ def test_every_row_has_the_headers_columns(bench):
     assert [line.count("|") for line in table[3:]] == [cells] * 4
 
 
+def test_compact_and_schedule_in_the_logits_cell(bench):
+    timed = dict(row(True), compact_us=4.2, spin_dg_schedule_us=3.1)
+    table = bench.markdown([timed, row(None)], 3.9).splitlines()
+    assert "+ 225.0 (compact 4.2, schedule 3.1) + 58.0 +" in table[4]
+    assert "+ 225.0 + 58.0 +" in table[5]        # rows of older files: no breakdown
+
+
 def test_as_run_columns(bench):
     assert bench.as_run_cells(row(True)) == "66.0 | 0.64"
     assert bench.as_run_cells(row(False)) == "81.0 (after) | 0.67"
