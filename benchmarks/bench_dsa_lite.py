@@ -19,7 +19,8 @@ labelled "probe 0.5 (native)"). Columns:
                GPU's peak bandwidth (--peak-tbs) and nothing else cost time. A target above the
                HBM ceiling cannot be met at that sparsity by any indexer around this model.
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
-(null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians:
+(null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians
+(printed with the runs' range):
 the host's share of a step moves by milliseconds between processes, more
 than SPIN's gain at small batches. The rows keep every run's step and forward times, and SPIN's
 rows the range of the per-round step (wall) speedups and whether the forward (GPU) speedup
@@ -115,6 +116,13 @@ def wall_against_gpu(r: dict, best: dict) -> dict:
             "wall_agrees_with_gpu": min(speedups) <= r["forward_speedup"] <= max(speedups)}
 
 
+def with_spread(r: dict, key: str) -> str:
+    """The median of a time (step_ms, forward_ms) and, over repeated runs, their range."""
+    runs = r.get(f"{key}_runs", [])
+    spread = f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+    return f"{r[key]:.2f}{spread}"
+
+
 def speedup_range(r: dict) -> str:
     low, high = r["step_speedup_range"]
     return f"{low:.3f}-{high:.3f}"
@@ -142,7 +150,7 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], cont
     r["indexer_share"] = r["indexer_ms"] / r["forward_ms"]
     rows.append(r)
     print(f"ctx {context:>7} B {batch:>3} next_n {mtp + 1} {label(r):>24}: step "
-          f"{r['step_ms']:7.2f} ms  forward {r['forward_ms']:7.2f} ms  indexer "
+          f"{with_spread(r, 'step_ms')} ms  forward {with_spread(r, 'forward_ms')} ms  indexer "
           f"{r['indexer_ms']:6.2f} ms ({r['indexer_share']:.0%})  sparsity "
           f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
           f"  x{r.get('step_speedup', 1):.3f}" + (
@@ -285,13 +293,15 @@ def markdown(rows: list[dict], args) -> str:
     out = [f"GPU: {torch.cuda.get_device_name()}; SPIN state {args.state_dtype}; "
            f"speedups against the fastest all-keep of the same case; ceilings at "
            f"{args.peak_tbs} TB/s peak (module docstring)\n\n",
-           "| context tokens (slots) | batch | next_n | indexer | step ms | forward ms | "
+           "| context tokens (slots) | batch | next_n | indexer | step ms (runs' range) | "
+           "forward ms (range) | "
            "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
            "speedup | ceiling kept / HBM | step speedup per round (holds GPU's?) |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
     for r in rows:
         out.append(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
-                   f"{r['next_n']} | {label(r)} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | "
+                   f"{r['next_n']} | {label(r)} | {with_spread(r, 'step_ms')} | "
+                   f"{with_spread(r, 'forward_ms')} | "
                    f"{r['indexer_ms']:.2f} | {r['realized_sparsity']:.3f} | "
                    f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
                    f"{r.get('forward_speedup', 1):.3f} | " + (

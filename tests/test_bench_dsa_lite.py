@@ -76,6 +76,8 @@ def test_a_wall_speedup_outside_the_gpus_is_flagged(monkeypatch, tmp_path):
     assert spin["step_speedup_range"] == pytest.approx([25.2 / 25.1, 25.0 / 24.8])
     assert spin["wall_agrees_with_gpu"] is False
     assert "1.004-1.008 (no)" in md.read_text()
+    # each engine's median and the range of its runs
+    assert "| 24.95 (24.80-25.10) | 12.30 (12.30-12.30) |" in md.read_text()
 
 
 def test_one_run_writes_each_engine_as_it_ends(monkeypatch, tmp_path):
