@@ -24,8 +24,9 @@ SUMMARY_BYTES = 144       # a page's probe summary: 128 fp8 bytes, fp32 scale, p
 GAUSS_SUMMARY_BYTES = 2 * SUMMARY_BYTES   # gauss: the mean row, then the per-dim std row
 MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row
 MAX_HYBRID_BLOCKS = 8192  # select(merge_history=True) sorts a row's blocks in shared memory
-MAX_M_CAP = 33554423      # m_cap * 64, plus a 512-slot load step, fits the kernels' int
+MAX_M_CAP = 33550335      # m_cap * 64, plus update's next pass (2^18 slots), fits the kernels' int
 MAX_LAUNCH_BATCH = 65535  # requests of one launch: the CUDA grid's y dimension
+INT32_MAX = 2**31 - 1     # the kernels' sizes and indices are int32: no tensor dim may pass it
 
 # Enum values as the kernels read them.
 POOLING = {"max": 0, "mean": 1, "top4": 2}

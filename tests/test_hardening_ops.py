@@ -212,3 +212,65 @@ def test_engine_still_takes_integer_arrays(engine):
     rid = engine.submit(Request(np.array([65, 66, 67]), max_new_tokens=1))
     rid2 = engine.submit(Request(torch.tensor([65, 66]), max_new_tokens=1))
     assert rid != rid2
+
+
+def test_a_state_without_layers_is_refused_by_every_state_op():
+    """V [slots, 0, cap]: select, update and reset name it (update's every-layer launch indexed
+    logits[0] and the CPU select reduced an empty tensor)."""
+    n, ids, cnt = _selection()
+    st = ops.OpState.zeros(2, 1, 256, CFG)
+    empty = ops.OpState(*(t[:, :0] for t in st.tensors()))
+    step = torch.zeros(2, dtype=torch.int64)
+    slots = torch.arange(2, dtype=torch.int32)
+    with pytest.raises(SpinError, match=r"spin::select: the state has no indexer layers"):
+        ops.select(empty, slots, n, n - 1, torch.arange(2), step, CFG, 4, 200)
+    with pytest.raises(SpinError, match=r"spin::update: the state has no indexer layers"):
+        ops.update(empty, slots, torch.zeros(0, 2, 256), ids[:, None, :0], cnt[:, None][:, :0],
+                   n, n - 1, torch.zeros(2, dtype=torch.int32), step, -1, CFG, 200)
+    with pytest.raises(SpinError, match=r"spin::reset: the state has no indexer layers"):
+        ops.reset(empty, slots, step)
+
+
+def test_sizes_past_the_kernels_int32_are_refused():
+    """An expand view makes a dim of 2^31 for free; the bindings hand sizes to the kernels as
+    int32, so such a dim would wrap (a block_scores width read as negative ignored every
+    score). Every op's tensor check refuses it."""
+    from spin_trtllm.limits import INT32_MAX
+    from spin_trtllm.ops._common import check_tensor
+
+    wide = torch.empty(1, 4, dtype=torch.int32).expand(INT32_MAX + 1, 4)
+    with pytest.raises(SpinError, match=r"spin::compact: block_table has shape \[2147483648, 4\]: "
+                                        r"the kernels take sizes of at most 2147483647"):
+        check_tensor("compact", "block_table", wide, (torch.int32,), 2, wide.device)
+    check_tensor("compact", "block_table", wide[:INT32_MAX], (torch.int32,), 2, wide.device)
+
+
+def test_topk_k_and_rows_are_bounded():
+    """K past MAX_INDEX_TOPK, or more rows than a launch takes (the kernels count rows and
+    loop to K in int32), is an error naming the bound."""
+    from spin_trtllm.limits import MAX_INDEX_TOPK, MAX_LAUNCH_BATCH, MAX_NEXT_N
+
+    n, ids, cnt = _selection()
+    z = torch.randn(2, 128)
+    ops.topk(z, ids, cnt, 1, MAX_INDEX_TOPK)                # the largest K: -1 padded
+    with pytest.raises(SpinError, match=rf"out must have shape \[2, 1 <= K <= {MAX_INDEX_TOPK}\]"):
+        ops.topk(z, ids, cnt, 1, MAX_INDEX_TOPK + 1)
+    B = MAX_LAUNCH_BATCH * MAX_NEXT_N // 2 + 1                   # x next_n 2: one row too many
+    many = torch.zeros(B, 1, dtype=torch.int32)
+    with pytest.raises(SpinError, match=rf"spin::topk: {B} requests x 2 rows; one launch takes "
+                                        rf"at most {MAX_LAUNCH_BATCH * MAX_NEXT_N} rows"):
+        ops.topk(torch.zeros(2 * B, 64), many, many[:, 0], 2, 4)
+    with pytest.raises(SpinError, match=rf"spin::compact: {B} requests x 2 rows"):
+        ops.compact(many, many[:, 0], many.expand(B, 2).contiguous(), many)
+    with pytest.raises(SpinError, match=rf"spin::remap: {B} requests x 2 rows"):
+        ops.remap(torch.zeros(2 * B, 4, dtype=torch.int32), many, many[:, 0], 2)
+
+
+def test_summarize_newest_takes_at_most_a_launch_batch():
+    from spin_trtllm.limits import MAX_LAUNCH_BATCH
+
+    cache = torch.zeros(4, 64, 1, 132, dtype=torch.uint8)
+    B = MAX_LAUNCH_BATCH + 1
+    with pytest.raises(SpinError, match=rf"spin::summarize_newest: context_lens has {B} requests"):
+        ops.summarize_newest(cache, torch.ones(B, 1, dtype=torch.int32),
+                             torch.zeros(B, 1, dtype=torch.int32), 64, ops.summaries_like(cache))

@@ -116,6 +116,35 @@ def test_compact_edge_cases():
     assert t0.shape == (0, 8) and n0.shape == (0, 2)
 
 
+def test_compact_refuses_outputs_that_share_memory_with_what_it_reads():
+    """Each request's CTA writes its row of the table while the others read block_table: a
+    table compacted in place, rows of one memory (expand) or lens inside the table would race
+    on CUDA. The reference gives an answer for some of these; the op refuses them all."""
+    ids = torch.tensor([[0, 2, 4, -1], [1, 3, 5, 6]], dtype=torch.int32)
+    counts = torch.tensor([3, 4], dtype=torch.int32)
+    ctx = torch.tensor([[300], [450]], dtype=torch.int32)
+    table = torch.arange(2 * 8, dtype=torch.int32).view(2, 8) + 100
+    lens = torch.empty(2, 1, dtype=torch.int32)
+    want_t, want_n = ops.compact(ids, counts, ctx, table, 64)
+    with pytest.raises(SpinError, match="compact_table must not overlap block_table"):
+        ops.compact(ids, counts, ctx, table, 64, compact_table=table, compact_lens=lens)
+    with pytest.raises(SpinError, match="compact_table must not overlap block_table"):
+        ops.compact(ids, counts, ctx, table, 64, compact_table=table[:, 4:], compact_lens=lens)
+    with pytest.raises(SpinError, match="compact_table rows overlap"):
+        ops.compact(ids, counts, ctx, table, 64,
+                    compact_table=torch.empty(1, 4, dtype=torch.int32).expand(2, 4),
+                    compact_lens=lens)
+    out = torch.empty(3, 4, dtype=torch.int32)
+    with pytest.raises(SpinError, match="compact_lens must not overlap compact_table"):
+        ops.compact(ids, counts, ctx, table, 64, compact_table=out[:2],
+                    compact_lens=out.view(-1)[6:8].view(2, 1))
+    # separate buffers, one storage: accepted, and the result is the allocated one's
+    both = torch.empty(2 * 4 + 2, dtype=torch.int32)
+    t, n = ops.compact(ids, counts, ctx, table, 64, compact_table=both[:8].view(2, 4),
+                       compact_lens=both[8:].view(2, 1))
+    assert torch.equal(t, want_t) and torch.equal(n, want_n)
+
+
 def _paged_logits(q, weights, keys, table, lens, page_slots, width):
     """A tiny paged-MQA-logits reference (what DeepGEMM's fp8_paged_mqa_logits computes): row
     (b, j) scores its first lens[b, j] positions, position c reading slot c % page_slots of page
@@ -370,7 +399,11 @@ def _compact_args():
     (2, lambda a: a[2].float(), "context_lens must be int32"),
     (3, lambda a: a[3][:1], "block_table has 1 rows, expected 2"),
     (3, lambda a: a[3].t(), "block_table must be contiguous in its last dim"),
-    (5, lambda a: torch.empty(2, 3, dtype=torch.int32), r"compact_table must have shape \[2, T >= "),
+    (5, lambda a: torch.empty(2, 3, dtype=torch.int32),
+     r"compact_table must have shape \[2, m_cap \* 1 = 4 <= T <= 33550335\]"),
+    # wider than any selection: its loop over the row's entries would pass int32
+    (5, lambda a: torch.empty(1, 33550336, dtype=torch.int32).expand(2, -1),
+     r"compact_table must have shape \[2, m_cap \* 1 = 4 <= T <= 33550335\]"),
     (5, lambda a: torch.empty(2, 4, dtype=torch.int64), "compact_table must be int32"),
     (6, lambda a: torch.empty(2, 1, dtype=torch.int32), "compact_lens must have shape"),
 ])
@@ -384,7 +417,7 @@ def test_compact_rejects_bad_arguments(index, value, needle):
 def test_compact_table_width_for_32_slot_pages():
     args = _compact_args()
     args[4] = 32                                                  # needs T >= 8
-    with pytest.raises(SpinError, match=r"compact_table must have shape \[2, T >= m_cap \* 2 = 8\]"):
+    with pytest.raises(SpinError, match=r"compact_table must have shape \[2, m_cap \* 2 = 8 <= T"):
         torch.ops.spin.compact(*args)
 
 

@@ -14,6 +14,9 @@ namespace spin {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMaxSlices = 64;  // CTAs a request at most (launch_update_as)
+// a request's positions stay in int32 one pass (of up to 8 a thread) past m_cap * 64
+static_assert(2 * kMaxSlices * kThreads * 8 <= kIndexSlack, "kMaxMCap leaves a pass's slack");
 
 // One-row update on 16-byte vectors (K entries) for interior blocks: all 64 slots below n and
 // the state's capacity, the block's D window [q - 64j - 63, q - 64j] inside [0, cap). A warp
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 4) update_kernel(UpdateParams p) {
   // on, lane l the positions l + 32e (e < 4), so V, D and the logits move in whole lines.
   // Block ids and logits are loaded one chunk ahead (the first before the count and the row
   // count are known; unused with several rows): V and D then wait on one load, not on a chain
-  // of them. Positions within a request fit in 32 bits (m_cap * 64 <= max_context + 63).
+  // of them. Positions within a request, a pass past them included, fit in 32 bits (kMaxMCap).
   const float* z_row = logits + static_cast<int64_t>(b) * p.rows * p.logits_stride;  // row 0
   const int lane = threadIdx.x & 31;
   const int chunk0 = (static_cast<int>(first) - lane) * 4;
@@ -438,8 +441,8 @@ cudaError_t launch_update_as(const UpdateParams& p, size_t smem, cudaStream_t st
   // prefetch, keeps up to 64.
   const int cover = (p.max_context + 8 * kThreads - 1) / (8 * kThreads);
   const bool one_row = p.rows == 1 || p.row0_only;
-  const int cap = one_row ? max(16, 1536 / p.batch) : 64;
-  const int slices = max(1, min(min(64, cover), cap));
+  const int cap = one_row ? max(16, 1536 / p.batch) : kMaxSlices;
+  const int slices = max(1, min(min(kMaxSlices, cover), cap));
   return launch_streams(update_kernel<kType>, p, slices, smem, stream);
 }
 

@@ -19,14 +19,13 @@ from .._inputs import one_line
 from .._outputs import check_output, check_plan, is_device, write_output
 from ..errors import SpinError
 from ..limits import (BLOCK_SLOTS, DEFAULT_EXPLORATION, DEFAULT_EXPLORATION_POLICY, DEFAULT_SEED,
-                      EXPLORATION_POLICY)
+                      EXPLORATION_POLICY, INT32_MAX)
 
 if TYPE_CHECKING:                        # the parser stays free of pydantic (--help is fast)
     from ..config import SpinConfig
 
 
 DEFAULT_SPARSITIES = (0.3, 0.4, 0.5)
-INT32_MAX = (1 << 31) - 1
 MAX_SPARSITIES = 16            # one replay stream (and its V/D state) per target sparsity
 # demo: the engine's KV and indexer caches are sized by batch x context (about 1 KiB per
 # token for the shipped model, so 4 GiB at this bound)

@@ -11,8 +11,8 @@ import torch
 
 from ..config import SpinConfig
 from ..errors import SpinError
-from ..limits import (BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, MAX_LAUNCH_BATCH, MAX_M_CAP, MAX_NEXT_N,
-                      SLOT_BYTES, STATE_DTYPES)
+from ..limits import (BLOCK_SLOTS, HEAD_DIM, INDEX_HEADS, INT32_MAX, MAX_LAUNCH_BATCH, MAX_M_CAP,
+                      MAX_NEXT_N, SLOT_BYTES, STATE_DTYPES)
 from ..reference.paged import page_layout
 from . import _native
 
@@ -45,6 +45,9 @@ def check_tensor(op: str, name: str, t, dtypes, ndim: int, device: torch.device,
         fail(op, f"{name} must have {ndim} dims, got shape {list(t.shape)}")
     if t.device != device:
         fail(op, f"{name} is on {t.device}, expected {device} like the other inputs")
+    if any(n > INT32_MAX for n in t.shape):     # an expand view costs nothing to make so wide
+        fail(op, f"{name} has shape {list(t.shape)}: the kernels take sizes of at most "
+                 f"{INT32_MAX} (int32)")
     if contiguous and not t.is_contiguous():
         fail(op, f"{name} must be contiguous")
     if inner_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
@@ -74,6 +77,9 @@ def check_state(op: str, V, D, last_seen, decode_steps) -> torch.device:
     check_tensor(op, "D", D, (V.dtype,), 3, dev, contiguous=True)
     check_shape(op, "D", D, V.shape)
     S, L, cap = V.shape
+    if L < 1:
+        fail(op, f"the state has no indexer layers (V {list(V.shape)}: [slots, layers >= 1, "
+                 f"capacity])")
     check_tensor(op, "last_seen", last_seen, I64, 3, dev, contiguous=True)
     if cap:
         check_shape(op, "last_seen", last_seen, (S, L, math.ceil(cap / BLOCK_SLOTS)))
@@ -96,6 +102,14 @@ def check_launch_batch(op: str, B: int) -> None:
     """Kernels with the requests on the grid's y dimension (select, update, logits, probe)."""
     if B > MAX_LAUNCH_BATCH:
         fail(op, f"context_lens has {B} requests; one launch takes at most {MAX_LAUNCH_BATCH}")
+
+
+def check_launch_rows(op: str, B: int, rows: int) -> None:
+    """Kernels with a CTA (or a cluster) a row, rows counted in int32 (compact, topk, remap):
+    as many rows as the largest launch batch of MTP requests."""
+    if B * rows > MAX_LAUNCH_BATCH * MAX_NEXT_N:
+        fail(op, f"{B} requests x {rows} rows; one launch takes at most "
+                 f"{MAX_LAUNCH_BATCH * MAX_NEXT_N} rows")
 
 
 def check_batch(op: str, dev, state_slot, context_lens, query_pos) -> tuple[int, int]:

@@ -28,9 +28,9 @@ from typing import Optional
 import torch
 
 from .. import reference as ref
-from ..limits import BLOCK_SLOTS, MAX_SORTED_K, PAGE_SIZES
-from ._common import (I32, check_context_lens, check_next_n, check_selection, check_shape,
-                      check_tensor, device_of, fail, register)
+from ..limits import BLOCK_SLOTS, MAX_M_CAP, MAX_SORTED_K, PAGE_SIZES
+from ._common import (I32, check_context_lens, check_launch_rows, check_next_n, check_selection,
+                      check_shape, check_tensor, device_of, fail, register)
 
 SCHEMA = ("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
           "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()")
@@ -44,6 +44,7 @@ def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_
     op = "compact"
     dev = device_of(block_ids)
     B, R = check_context_lens(op, context_lens, dev)
+    check_launch_rows(op, B, R)
     m_cap = check_selection(op, dev, block_ids, counts, B, layered=False)
     check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
@@ -53,11 +54,24 @@ def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_
                  f"got {page_slots}")
     ppb = BLOCK_SLOTS // page_slots
     check_tensor(op, "compact_table", compact_table, I32, 2, dev, inner_contiguous=True)
-    if compact_table.shape[0] != B or compact_table.shape[1] < m_cap * ppb:
-        fail(op, f"compact_table must have shape [{B}, T >= m_cap * {ppb} = {m_cap * ppb}], "
-                 f"got {list(compact_table.shape)}")
+    if compact_table.shape[0] != B or not m_cap * ppb <= compact_table.shape[1] \
+            <= MAX_M_CAP * ppb:
+        fail(op, f"compact_table must have shape [{B}, m_cap * {ppb} = {m_cap * ppb} <= T <= "
+                 f"{MAX_M_CAP * ppb}], got {list(compact_table.shape)}")
     check_tensor(op, "compact_lens", compact_lens, I32, 2, dev, contiguous=True)
     check_shape(op, "compact_lens", compact_lens, (B, R))
+    # each request's CTA writes its own row while others read theirs: rows that share memory, or
+    # a table written over what is read, would race
+    if B > 1 and compact_table.stride(0) < compact_table.shape[1]:
+        fail(op, f"compact_table rows overlap (row stride {compact_table.stride(0)} < width "
+                 f"{compact_table.shape[1]}): each row needs its own memory")
+    for name, read in (("block_table", block_table), ("block_ids", block_ids),
+                       ("counts", counts), ("context_lens", context_lens)):
+        if overlaps(compact_table, read):
+            fail(op, f"compact_table must not overlap {name}: the kernel reads it while it "
+                     f"writes the table")
+    if overlaps(compact_lens, compact_table):
+        fail(op, "compact_lens must not overlap compact_table")
 
 
 def _reference(block_ids, counts, context_lens, block_table, page_slots, compact_table,
@@ -73,6 +87,12 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + span * t.element_size()
 
 
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two tensors (first to last element) intersect."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
 def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
                     ascending=False, scores=None) -> None:
     op = "remap"
@@ -84,6 +104,7 @@ def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
     if positions.shape[0] != B * next_n:
         fail(op, f"positions must have shape [B*next_n = {B * next_n}, K], got "
                  f"{list(positions.shape)}")
+    check_launch_rows(op, B, next_n)
     check_tensor(op, "out", out, I32, 2, dev, contiguous=True)
     check_shape(op, "out", out, tuple(positions.shape))
     if values is not None:
@@ -100,8 +121,7 @@ def _validate_remap(positions, block_ids, counts, next_n, out, values=None,
         fail(op, f"ascending sorts rows of at most {MAX_SORTED_K} entries, got K = "
                  f"{positions.shape[1]}")
     same = out.data_ptr() == positions.data_ptr() and out.stride() == positions.stride()
-    (a0, a1), (b0, b1) = _byte_range(out), _byte_range(positions)
-    if not same and a0 < b1 and b0 < a1:
+    if not same and overlaps(out, positions):
         fail(op, "out must be positions itself (in place) or not overlap it")
 
 

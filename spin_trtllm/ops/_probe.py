@@ -6,8 +6,9 @@ slots too), pages int32 [P], fill int32 [P] -> summaries
 uint8 [num_pages, 144] (one row per page: 128 fp8 bytes, fp32 scale, padding), row pages[i] =
 the mean of that page's first clamp(fill[i], 0, S) dequantized keys (S slots per page),
 re-quantized e4m3 with scale amax / 448 (reference.summarize_pages; the kernel's bytes equal
-the reference's). Pages outside [0, num_pages) are skipped. Kept beside the K cache with the
-same page ids, whatever the keys' format.
+the reference's). Pages outside [0, num_pages) are skipped; a page listed twice is written by
+two CTAs at once on CUDA (the reference keeps the last listing): list each once. Kept beside
+the K cache with the same page ids, whatever the keys' format.
 probe: q, weights, context_lens, block_table as indexer_logits takes them, summaries, the
 cache's page_slots -> out fp32 [B*R, columns]: sum_h w_h ReLU(q_h . summary(block_table[b, j]))
 per page column j, -inf where the page has no visible slot, is past the table or is outside
@@ -26,7 +27,8 @@ from .. import reference as ref
 from ..limits import (BLOCK_SLOTS, FP4_SLOT_BYTES, GAUSS_SUMMARY_BYTES, PAGE_SIZES, SLOT_BYTES,
                       SUMMARY_BYTES)
 from ._common import (I32, check_aligned16, check_block_table, check_cache, check_context_lens,
-                      check_query, check_shape, check_tensor, device_of, fail, register)
+                      check_launch_batch, check_query, check_shape, check_tensor, device_of, fail,
+                      register)
 
 SUMMARIZE_SCHEMA = ("summarize(Tensor kv_cache, Tensor pages, Tensor fill, "
                     "Tensor(a!) summaries) -> ()")
@@ -75,6 +77,7 @@ def _validate_summarize_newest(kv_cache, context_lens, block_table, max_len, sum
                                op="summarize_newest", width=SUMMARY_BYTES) -> None:
     dev = _check_cache_and_summaries(op, kv_cache, summaries, width)
     B, _ = check_context_lens(op, context_lens, dev)
+    check_launch_batch(op, B)
     check_block_table(op, block_table, B, dev)
     if not 0 <= max_len <= ref.MAX_SLOT_ID:
         fail(op, f"max_len must be in [0, {ref.MAX_SLOT_ID}], got {max_len}")

@@ -28,9 +28,9 @@ import torch
 
 from .. import reference as ref
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, MAX_SORTED_K
-from ._common import (I32, check_logits, check_next_n, check_selection, check_shape,
-                      check_tensor, device_of, fail, register)
+from ..limits import BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K
+from ._common import (I32, check_launch_rows, check_logits, check_next_n, check_selection,
+                      check_shape, check_tensor, device_of, fail, register)
 from ._compact import remap
 
 SCHEMA = ("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
@@ -50,9 +50,11 @@ def _validate(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
     B = block_ids.shape[0]
     check_next_n(op, next_n)
     check_logits(op, logits, dev, B * next_n, m_cap)
+    check_launch_rows(op, B, next_n)
     check_tensor(op, "out", out, I32, 2, dev, contiguous=True)
-    if out.shape[0] != B * next_n or out.shape[1] < 1:
-        fail(op, f"out must have shape [{B * next_n}, K >= 1], got {list(out.shape)}")
+    if out.shape[0] != B * next_n or not 1 <= out.shape[1] <= MAX_INDEX_TOPK:
+        fail(op, f"out must have shape [{B * next_n}, 1 <= K <= {MAX_INDEX_TOPK}], got "
+                 f"{list(out.shape)}")
     if row_lens is not None:
         check_tensor(op, "row_lens", row_lens, I32, 2, dev, contiguous=True)
         check_shape(op, "row_lens", row_lens, (B, next_n))

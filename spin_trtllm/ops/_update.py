@@ -7,7 +7,8 @@ without a copy) and updates rows 0..accepted in order (or row 0; a negative acce
 means 0); a non-finite score is not observed. layer -1: every layer in one launch (MTP's
 deferred updates), from logits [L, B*R, W] (layers a multiple of 4 floats apart), block_ids
 [B, L, m_cap] and counts [B, L] as select writes them. A request's block ids must be distinct,
-as select's are (on CUDA a repeated id races on its V/D entries).
+as select's are (on CUDA a repeated id races on its V/D entries), and so must the requests'
+state slots (checked on CPU only: on CUDA two requests on one slot race on its state).
 ema False (a predictor that ranks without the V/D history: probe, gauss): only last_seen and
 decode_steps change, as they would with it (the logits are not read, V and D not written): any
 fp32 tensor of two or more dims stands for the logits, and layer -1 needs no logits [L, ...]
@@ -18,7 +19,8 @@ must write none of the update's inputs nor read its outputs; the update still co
 it. On sm_90+ topk, select and update let a kernel launched after them with programmatic
 stream serialization start at once: such a kernel must wait (griddepcontrol.wait) before it
 reads their outputs, as PDL requires.
-reset zeroes state slots and restarts their warm-up.
+reset zeroes state slots and restarts their warm-up; its slots are checked against the pool
+on CPU only (reading them on CUDA would wait for the device): pass ids in [0, num_state_slots).
 """
 
 from __future__ import annotations

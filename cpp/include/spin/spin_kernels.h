@@ -24,7 +24,10 @@ constexpr int kMaxNextN = 8;            // MTP rows per request supported [MAX_N
 constexpr int kMaxSortedK = 4096;       // remap(ascending): k one CTA sorts [MAX_SORTED_K]
 constexpr int kMaxHybridBlocks = 8192;  // merge_history rank sort [MAX_HYBRID_BLOCKS]
 constexpr int kTopKLoadStep = 4 * 128;  // positions a top-K warp loads in one step (topk.cu)
-constexpr int kMaxMCap = 33554423;      // m_cap * 64 + a load step fits int32 [MAX_M_CAP]
+// Positions past m_cap * 64 that int32 index arithmetic may reach: update's next pass over a
+// request (64 slices x 256 threads x 8 positions) and the offsets inside it.
+constexpr int kIndexSlack = 2 * 64 * 256 * 8;
+constexpr int kMaxMCap = (2147483647 - kIndexSlack) / kBlockSize;  // [MAX_M_CAP]
 constexpr int kMaxGridYZ = 65535;       // grid y/z: launch batch, update layers [MAX_LAUNCH_BATCH]
 constexpr float kE4M3Max = 448.0f;      // largest finite fp8 e4m3 [reference.FP8_MAX]
 // Enum values as the kernels read them (enumerators in value order, one a line).
@@ -51,7 +54,7 @@ enum StateType : int {
 static_assert(kSlotBytes == kHeadDim + 4, "a slot is the key row and its fp32 scale");
 static_assert(kSummaryBytes >= kHeadDim + 4 && kSummaryBytes % 16 == 0,
               "a summary row holds a key row and its scale, 16-byte aligned");
-static_assert(kMaxMCap == (2147483647 - kTopKLoadStep) / kBlockSize,
+static_assert(kIndexSlack >= kTopKLoadStep,
               "m_cap * kBlockSize fits int32 with a top-K load step past it");
 
 // State tensors are [num_state_slots, num_layers, cap]; request b uses slot state_slot[b].

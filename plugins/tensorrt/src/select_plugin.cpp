@@ -3,7 +3,7 @@
 //   outputs block_ids int32 [B, L, m_cap], counts int32 [B, L]
 #include "plugins.h"
 
-static_assert(spin::kMaxMCap == 33554423, "the m_cap field's help names kMaxMCap");
+static_assert(spin::kMaxMCap == 33550335, "the m_cap field's help names kMaxMCap");
 
 namespace spin_trt {
 namespace {
@@ -123,7 +123,7 @@ PluginSpec const& selectSpec() {
        intField("seed", false, 0, 0, 4294967295.0, "must satisfy 0 <= seed < 2^32"),
        maxContextField(),
        intField("m_cap", true, 0, 1, spin::kMaxMCap,
-                "block-list width, 1 <= m_cap <= 33554423; ceil(max_context / 64) keeps every block")}};
+                "block-list width, 1 <= m_cap <= 33550335; ceil(max_context / 64) keeps every block")}};
   return spec;
 }
 

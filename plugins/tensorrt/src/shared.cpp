@@ -106,8 +106,8 @@ void checkSelection(DimCheck& c, int32_t ids, int32_t counts, int64_t layer, int
   }
   c.same(counts, 0, ids, 0, "batch sizes differ");
   int32_t const last = c.rank(ids) - 1;
-  static_assert(spin::kMaxMCap == 33554423, "the message below names kMaxMCap");
-  c.within(ids, last, 0, spin::kMaxMCap, "block_ids m_cap (last dim) must be <= 33554423");
+  static_assert(spin::kMaxMCap == 33550335, "the message below names kMaxMCap");
+  c.within(ids, last, 0, spin::kMaxMCap, "block_ids m_cap (last dim) must be <= 33550335");
   if (!layered) return;
   c.same(counts, 1, ids, 1, "layers differ");
   if (layer < 0) {

@@ -11,13 +11,12 @@ import math
 
 from ...config import SpinConfig
 from ...errors import SpinError
-from ...limits import BLOCK_SLOTS, EXPLORATION_POLICY, MAX_M_CAP, MAX_NEXT_N, POOLING
+from ...limits import BLOCK_SLOTS, EXPLORATION_POLICY, INT32_MAX, MAX_M_CAP, MAX_NEXT_N, POOLING
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 SELECT, LOGITS, TOPK, UPDATE = "SpinSelect", "SpinIndexerLogits", "SpinTopK", "SpinUpdate"
 PLUGIN_NAMES = (SELECT, LOGITS, TOPK, UPDATE)
-INT32_MAX = 2**31 - 1
 
 # plugin -> ((field, kind), ...) in the creator's order; kind "int" (INT64) or "float" (FLOAT64)
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
