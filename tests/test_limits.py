@@ -22,7 +22,8 @@ CONSTANTS = {"BLOCK_SLOTS": "kBlockSize", "MAX_NEXT_N": "kMaxNextN", "INDEX_HEAD
              "HEAD_DIM": "kHeadDim", "SLOT_BYTES": "kSlotBytes", "SUMMARY_BYTES": "kSummaryBytes",
              "MAX_SORTED_K": "kMaxSortedK", "MAX_HYBRID_BLOCKS": "kMaxHybridBlocks",
              "MAX_M_CAP": "kMaxMCap", "MAX_LAUNCH_BATCH": "kMaxGridYZ", "FP4_BLOCK": "kFp4Block",
-             "FP4_SLOT_BYTES": "kFp4SlotBytes", "GAUSS_SUMMARY_BYTES": "kGaussSummaryBytes"}
+             "FP4_SLOT_BYTES": "kFp4SlotBytes", "GAUSS_SUMMARY_BYTES": "kGaussSummaryBytes",
+             "MAX_INDEX_TOPK": "kMaxIndexTopK"}
 # Python dict/tuple in spin_trtllm.limits -> C++ enum (enumerators in value order)
 ENUMS = {"POOLING": "Pooling", "EXPLORATION_POLICY": "ExplorePolicy", "STATE_DTYPES": "StateType"}
 

@@ -29,6 +29,7 @@ constexpr int kTopKLoadStep = 4 * 128;  // positions a top-K warp loads in one s
 constexpr int kIndexSlack = 2 * 64 * 256 * 8;
 constexpr int kMaxMCap = (2147483647 - kIndexSlack) / kBlockSize;  // [MAX_M_CAP]
 constexpr int kMaxGridYZ = 65535;       // grid y/z: launch batch, update layers [MAX_LAUNCH_BATCH]
+constexpr int kMaxIndexTopK = 1 << 20;  // K: topk's -1 fill loops to it in int32 [MAX_INDEX_TOPK]
 constexpr float kE4M3Max = 448.0f;      // largest finite fp8 e4m3 [reference.FP8_MAX]
 // Enum values as the kernels read them (enumerators in value order, one a line).
 // select's pooling of a block's slot scores [POOLING]

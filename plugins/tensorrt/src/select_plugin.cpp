@@ -115,7 +115,7 @@ PluginSpec const& selectSpec() {
        floatField("exploration", 0.05, "must satisfy 0 <= exploration < 1"),
        enumField("policy", 0, {"random", "staleness", "age"}, "must be 0/'random', 1/'staleness' or 2/'age'"),
        enumField("pooling", 0, {"max", "mean", "top4"}, "must be 0/'max', 1/'mean' or 2/'top4'"),
-       intField("index_topk", false, 512, 1, kInt32Max, "must satisfy 1 <= index_topk < 2^31"),
+       intField("index_topk", false, 512, 1, spin::kMaxIndexTopK, "must satisfy 1 <= index_topk <= 2^20"),
        intField("warmup_steps", false, 1, 1, kInt32Max, "must satisfy 1 <= warmup_steps < 2^31"),
        boolField("keep_sink", true),
        boolField("keep_newest", true),

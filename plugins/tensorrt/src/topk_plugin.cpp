@@ -49,6 +49,8 @@ class TopKPlugin final : public SpinPluginBase {
     if (B > 0 && rows >= 0 && (rows % B != 0 || rows / B < 1 || rows / B > spin::kMaxNextN))
       c.fail("logits has " + std::to_string(rows) + " rows: must be B*R with B = " + std::to_string(B) +
              " (block_ids dim 0) and 1 <= R <= 8");
+    if (B == 0 && rows > 0)  // nothing would be launched: the rows' top-K left unwritten
+      c.fail("logits has " + std::to_string(rows) + " rows but block_ids holds no request: must be 0");
     if (concrete) c.within(kLogits, 0, 0, kInt32Max, "logits must have < 2^31 rows (one CTA each)");
   }
 
@@ -91,7 +93,7 @@ class TopKPlugin final : public SpinPluginBase {
 PluginSpec const& topkSpec() {
   static PluginSpec const spec{
       "SpinTopK",
-      {blockSizeField(), intField("index_topk", true, 0, 1, kInt32Max, "K of the top-K, 1 <= index_topk < 2^31"),
+      {blockSizeField(), intField("index_topk", true, 0, 1, spin::kMaxIndexTopK, "K of the top-K, 1 <= index_topk <= 2^20"),
        layerField(false)}};
   return spec;
 }

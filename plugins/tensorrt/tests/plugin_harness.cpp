@@ -800,6 +800,12 @@ void checkConfigure() {
   EXPECT(shapeChange(k, ki, err) != 0 && contains(err, "logits has 7 rows: must be B*R with B = 3"), "%s", err.c_str());
   ki.in[0] = desc(kF32, {27, 320});
   EXPECT(shapeChange(k, ki, err) != 0 && contains(err, "1 <= R <= 8"), "%s", err.c_str());
+  // no request, yet rows of logits: nothing would write their top-K
+  Io kz = topkIo(0, 2, 2, 5, 128, true);
+  EXPECT(shapeChange(k, kz, err) == 0, "empty batch: %s", err.c_str());
+  kz.in[0] = desc(kF32, {4, 320});
+  EXPECT(shapeChange(k, kz, err) != 0 && contains(err, "logits has 4 rows but block_ids holds no request"),
+         "%s", err.c_str());
 
   Fields fu = updateFields();
   Plugin u = create("SpinUpdate", fu);
@@ -901,7 +907,8 @@ void checkBadFields() {
   sel([](Fields& f) { f.drop("m_cap").i32("m_cap", 0); }, "field 'm_cap' = 0");
   sel([](Fields& f) { f.drop("m_cap").f32("m_cap", 4.0F); }, "'m_cap' must be an integer");
   sel([](Fields& f) { f.drop("keep_sink").i32("keep_sink", 2); }, "'keep_sink' = 2: must be 0 or 1");
-  sel([](Fields& f) { f.drop("index_topk").i32("index_topk", 0); }, "1 <= index_topk < 2^31");
+  sel([](Fields& f) { f.drop("index_topk").i32("index_topk", 0); }, "1 <= index_topk <= 2^20");
+  sel([](Fields& f) { f.drop("index_topk").i32("index_topk", (1 << 20) + 1); }, "1 <= index_topk <= 2^20");
   sel([](Fields& f) { f.drop("m_cap").str("m_cap", "16"); }, "'m_cap' must be a number, got a string");
   sel([](Fields& f) {
     int32_t two[2] = {1, 2};
@@ -910,6 +917,9 @@ void checkBadFields() {
   Fields ft;
   ft.i32("layer", 0);
   cases.push_back({"SpinTopK", std::move(ft), "missing field 'index_topk'"});
+  Fields ftk = topkFields();  // K past 2^20: the kernel's -1 fill would loop past int32
+  ftk.drop("index_topk").i32("index_topk", 2147483647);
+  cases.push_back({"SpinTopK", std::move(ftk), "1 <= index_topk <= 2^20"});
   Fields fu;
   fu.i32("max_context", 64);
   cases.push_back({"SpinUpdate", std::move(fu), "missing field 'layer'"});
