@@ -145,6 +145,11 @@ def test_demo_runs_dsa_lite_side_by_side(capsys, tmp_path):
     (["demo", "--requests", "0"], "--requests must be >= 1"),
     (["demo", "--device", "cuda", "--quiet"], "no CUDA device"),
     (["demo", "--checkpoint", "/nonexistent.safetensors", "--quiet"], "not a readable"),
+    # GPU-only flags on a CPU run are refused, not ignored
+    (["demo", "--device", "cpu", "--cuda-graphs", "--quiet"],
+     "--cuda-graphs needs a CUDA device (this run is on cpu)"),
+    (["demo", "--device", "cpu", "--speed-size", "8", "4096", "--quiet"],
+     "--speed-size needs a CUDA device"),
 ])
 def test_demo_bad_options(argv, msg, capsys):
     if "cuda" in argv and __import__("torch").cuda.is_available():

@@ -305,6 +305,23 @@ def test_cpu_threads(monkeypatch):
     assert torch.get_num_threads() == before
 
 
+def test_the_report_says_why_spin_equals_all_keep():
+    """A switch that never ran SPIN, or a budget that kept every block, reads as such, not as
+    a SPIN column equal to all-keep's with no word."""
+    from spin_trtllm.harness.report import skipped_nothing_lines
+
+    res = {"model": {"index_topk": 256},
+           "spin": {"decode_steps": 30, "spin_steps": 0, "realized_sparsity": 0.0}}
+    assert "the switch ran all-keep at every step" in " ".join(skipped_nothing_lines(res))
+    res["spin"]["spin_steps"] = 30
+    assert "SPIN skipped no block: its budget keeps at least K = 256 slots" in \
+        " ".join(skipped_nothing_lines(res))
+    res["spin"]["realized_sparsity"] = 0.3
+    assert skipped_nothing_lines(res) == []
+    res["spin"].update(decode_steps=0, spin_steps=0, realized_sparsity=None)   # no decode step
+    assert skipped_nothing_lines(res) == []
+
+
 # ---- the demo end to end ------------------------------------------------------------------
 @pytest.mark.slow
 def test_cpu_demo_report(capsys, tmp_path):

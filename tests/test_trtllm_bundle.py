@@ -177,9 +177,17 @@ def test_the_memory_line_keeps_mtp_logits_for_history_predictors_only(tmp_path):
                                                          mtp_depth=1, max_batch_size=8))
         history = predictor in ("spin", "hybrid")
         assert ("MTP logits kept until acceptance" in line) == history
-        step_gib[predictor] = float(re.search(r"step buffers ([0-9.]+) GiB", line).group(1))
+        value, unit = re.search(r"step buffers ([0-9.]+) (GiB|MiB)", line).groups()
+        step_gib[predictor] = float(value) / (1 if unit == "GiB" else 1024)
     assert step_gib["probe"] == step_gib["gauss"] < step_gib["hybrid"]
     assert step_gib["probe"] < step_gib["spin"] / 4
+
+
+def test_small_memory_reads_in_mib_not_as_zero():
+    """One request of a small model holds about a MiB: printed as such, not as 0.00 GiB."""
+    from spin_trtllm.integrations.trtllm.bundle import _gib
+    assert _gib(3 * 2**30 // 2) == "1.50 GiB" and _gib(2**30 // 100 + 1) == "0.01 GiB"
+    assert _gib(1_153_434) == "1.1 MiB" and _gib(0) == "0.0 MiB"
 
 
 def test_build_and_serve_write_the_predictor(tmp_path, capsys):

@@ -23,11 +23,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(target_sparsity=args.sparsity)
     elif "target_sparsity" not in cfg.model_fields_set:
         cfg = cfg.with_overrides(target_sparsity=0.5)
+    device = resolve_device(args.device)
     # the workload flags left out take the device's defaults (limits.DEMO_WORKLOADS)
     work = with_workload(DemoOptions(requests=args.requests, prompt_tokens=args.prompt_tokens,
                                      new_tokens=args.new_tokens,
-                                     measure_miss=args.measure_miss),
-                         resolve_device(args.device))
+                                     measure_miss=args.measure_miss), device)
+    # GPU-only flags are errors elsewhere, not ignored; so is replaying steps that run eagerly
+    if device.type != "cuda":
+        for flag, given in (("--cuda-graphs", args.cuda_graphs),
+                            ("--speed-size", args.speed_size)):
+            if given:
+                raise SpinError(f"{flag} needs a CUDA device (this run is on {device})")
+    if args.cuda_graphs and (work.measure_miss or args.dump_trace):
+        raise SpinError("--cuda-graphs replays captured steps, but --measure-miss and "
+                        "--dump-trace run every step eagerly: use --no-measure-miss and no "
+                        "--dump-trace with it")
     tokens = args.batch * (work.prompt_tokens + work.new_tokens)
     if tokens > DEMO_MAX_BATCH_TOKENS:
         raise SpinError(f"--batch x (--prompt-tokens + --new-tokens) = {tokens:,} is over "

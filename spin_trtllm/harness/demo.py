@@ -218,6 +218,8 @@ def summarize(engine: Engine, outs: dict[int, RequestOutput], warmup: int) -> di
     mean_batch = sum(s.batch for s in hist) / steps if steps else None
     return {
         "decode_steps": steps,
+        # steps the SPIN indexer ran (an engine with switch "auto" may run all-keep instead)
+        "spin_steps": sum(1 for s in hist if getattr(s, "spin", True)) if engine.spin else 0,
         "step_ms_median": median_ms,
         "indexer_ms_median": statistics.median(index_ms) if steps and engine.time_indexer else None,
         "cuda_graphs": any(s.graph for s in hist),
@@ -349,6 +351,7 @@ def _run_demo(spin: SpinConfig, opts: DemoOptions) -> dict[str, Any]:
                                                                   default_checkpoint()),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "spin_config": spin.model_dump(mode="json"), "predictor": opts.predictor,
+            "switch": opts.switch or "spin",
             "logits_backend": opts.logits_backend,
             "workload": {"prompt_tokens": [len(parse(r, cfg, f"request {r.request_id}")[0][0])
                                            for _, r in arrivals],

@@ -195,6 +195,21 @@ def workload_line(res: dict[str, Any]) -> list[str]:
                  f"the all-keep indexer", indent="", hang="  ")
 
 
+def skipped_nothing_lines(res: dict[str, Any]) -> list[str]:
+    """Why the SPIN column equals all-keep's, where it does: the switch never ran SPIN, or SPIN
+    ran but its budget kept every block (contexts too short for the budget floor)."""
+    s, k = res["spin"], res["model"]["index_topk"]
+    if s["decode_steps"] and s.get("spin_steps") == 0:
+        return _wrap("(the switch ran all-keep at every step: at this batch and context the cost "
+                     "model finds that SPIN would not pay; --switch spin runs it anyway)",
+                     indent="")
+    if s["realized_sparsity"] == 0:
+        return _wrap(f"(SPIN skipped no block: its budget keeps at least K = {k} slots a request, "
+                     f"about all these contexts hold; longer --prompt-tokens let it skip)",
+                     indent="")
+    return []
+
+
 def format_report(res: dict[str, Any]) -> str:
     m, s, d = res["model"], res["spin"], res["all_keep"]
     ratios = m["compress_ratios"]
@@ -244,6 +259,7 @@ def format_report(res: dict[str, Any]) -> str:
     lines += table(("", f"{name} @ {sp:.2f}", "all-keep"), rows)
     lines.append(f"token agreement with all-keep: {f(res['token_agreement'], pct)} of tokens, "
                  f"{res['identical_requests']}/{res['requests']} requests identical")
+    lines += skipped_nothing_lines(res)
     lines += sample_lines(res)
     if not res.get("speed"):
         lines += quoted_lines()

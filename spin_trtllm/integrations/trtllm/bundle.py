@@ -123,6 +123,11 @@ def model_shapes(opts: BundleOptions) -> tuple[dict[str, int], list[str]]:
     return shapes, assumed
 
 
+def _gib(n: int) -> str:
+    """GiB to two decimals, or MiB where that would read 0.00."""
+    return f"{n / 2**30:.2f} GiB" if n >= 0.01 * 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
     """What SPIN will hold on each GPU (its state and step buffers, made at the engine's first
     step, during TensorRT-LLM's start-up, before the KV cache is sized)."""
@@ -140,10 +145,10 @@ def memory_report(spin: SpinConfig, opts: BundleOptions) -> str:
         "1 request (pass --max-batch-size for the engine's total)"
     chosen = predictors.get(opts.predictor, engine=True)
     kept = opts.mtp_depth and chosen.history     # the EMAs read them after acceptance
-    line = (f"SPIN memory on each GPU: {total / 2**30:.2f} GiB = state {state / 2**30:.2f} GiB "
+    line = (f"SPIN memory on each GPU: {_gib(total)} = state {_gib(state)} "
             f"({shapes['spin_layers']} SPIN layers x {who} x {slots:,} slots, "
             f"{spin.state_dtype if chosen.history else 'no V/D: each block its last step'}) "
-            f"+ step buffers {(total - state) / 2**30:.2f} GiB"
+            f"+ step buffers {_gib(total - state)}"
             f"{' (MTP logits kept until acceptance)' if kept else ''}; made at the "
             f"engine's first step, before TensorRT-LLM sizes its KV cache")
     if chosen.query:
