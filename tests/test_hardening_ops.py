@@ -11,6 +11,8 @@ from spin_trtllm.harness import Engine, Request, tiny
 from spin_trtllm.harness.engine import RequestError
 
 CFG = SpinConfig(index_topk=8)
+# GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), not the reference against itself
+pytestmark = pytest.mark.usefixtures("require_native")
 
 
 def _selection():

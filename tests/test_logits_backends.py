@@ -90,10 +90,11 @@ def assert_same(a, b):
 
 
 @pytest.mark.parametrize("R", [1, 2, 3])
-def test_deepgemm_on_compacted_tables_equals_native_and_reference(R):
+def test_deepgemm_on_compacted_tables_equals_native(R):
+    """On a CPU "native" runs the reference logits (the kernel is held to them by
+    test_ops_logits's GPU tests): this is DeepGEMM's calling convention against them."""
     dg = Sm90Like(standin_deep_gemm())
     native = drive("native", 64, R)
-    assert_same(native, drive("reference", 64, R))
     assert_same(native, drive(DeepGemmLogits(dg, 64), 64, R))        # R 3: one request per row
     assert_same(native, drive(DeepGemmLogits(dg, 32), 32, R))        # a SPIN block = 2 pages
 

@@ -460,10 +460,12 @@ def test_gpu_compact_and_remap_reject_mismatched_devices():
                   torch.ones(2, dtype=torch.int32), 1)
 
 
-def test_fake_impls_trace_compact_and_remap():
+@pytest.mark.parametrize("mode", ["fake", "meta"])
+def test_fake_impls_trace_compact_and_remap(mode):
+    """As test_ops_native's: on meta tensors only a registered fake impl can run them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
+    with FakeTensorMode() if mode == "fake" else torch.device("meta"):
         ids = torch.empty(2, 4, dtype=torch.int32)
         cnt = torch.empty(2, dtype=torch.int32)
         torch.ops.spin.compact(ids, cnt, torch.empty(2, 3, dtype=torch.int32),

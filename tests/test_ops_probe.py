@@ -14,6 +14,9 @@ from spin_trtllm.replay.probe import BlockSummaries, gauss_scores
 from spin_trtllm.testing.pages import make_cache, random_mxfp4_pages
 from spin_trtllm.testing.problems import Problem, integer_state
 
+# GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), not the reference against itself
+pytestmark = pytest.mark.usefixtures("require_native")
+
 
 def _summaries(cache, gen, fills=None):
     """Summaries of every page, with page fills drawn from edge values unless given."""
