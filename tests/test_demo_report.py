@@ -312,6 +312,9 @@ def test_the_report_says_why_spin_equals_all_keep():
     res = {"model": {"index_topk": 256},
            "spin": {"decode_steps": 30, "spin_steps": 0, "realized_sparsity": 0.0}}
     assert "the switch ran all-keep at every step" in " ".join(skipped_nothing_lines(res))
+    # asked for all-keep: no cost model to blame
+    assert skipped_nothing_lines(dict(res, switch="dense")) == \
+        ["(--switch dense: the SPIN engine ran all-keep at every step)"]
     res["spin"]["spin_steps"] = 30
     assert "SPIN skipped no block: its budget keeps at least K = 256 slots" in \
         " ".join(skipped_nothing_lines(res))

@@ -200,6 +200,8 @@ def skipped_nothing_lines(res: dict[str, Any]) -> list[str]:
     ran but its budget kept every block (contexts too short for the budget floor)."""
     s, k = res["spin"], res["model"]["index_topk"]
     if s["decode_steps"] and s.get("spin_steps") == 0:
+        if res.get("switch") == "dense":
+            return ["(--switch dense: the SPIN engine ran all-keep at every step)"]
         return _wrap("(the switch ran all-keep at every step: at this batch and context the cost "
                      "model finds that SPIN would not pay; --switch spin runs it anyway)",
                      indent="")
