@@ -91,6 +91,15 @@ def bars(monkeypatch):
     return record_bars(monkeypatch)
 
 
+@pytest.fixture(params=["fake", "meta"])
+def without_data(request):
+    """Where ops run on shapes alone: FakeTensorMode (torch.compile's tracing) or meta tensors.
+    Only a registered fake impl runs an op on meta tensors (else NotImplementedError)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode() if request.param == "fake" else torch.device("meta")
+
+
 @pytest.fixture
 def small_trace():
     return make_trace()
