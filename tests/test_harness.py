@@ -346,10 +346,10 @@ def test_state_grows_with_context_without_changing_results():
 def test_the_shorter_arrival_schedules_keep_what_the_graph_tests_check(mtp, decode_share,
                                                                       prompt_share):
     """The GPU graph tests' schedules under sanitizers (short: arrivals(0.5); brief, for
-    initcheck: arrivals(0.25, 0.4)): the same requests, fewer new tokens each (at least 3) and
-    prompts no longer, and still the second turn, the pool's growth from a small capacity, steps
-    with more than one request and more steps than graphs (what the graph tests compare and
-    count)."""
+    initcheck and racecheck: arrivals(0.25, 0.4)): the same requests, fewer new tokens each (at
+    least 3) and prompts no longer, and still the second turn, the pool's growth from a small
+    capacity, steps with more than one request and more steps than graphs (what the graph tests
+    compare and count)."""
     full, short = arrivals(), arrivals(decode_share, prompt_share)
     assert sorted(full) == sorted(short) == [0, 3, 6]
     pairs = [(f, s) for t in full for f, s in zip(full[t], short[t])]

@@ -9,11 +9,12 @@ from spin_trtllm.testing.harness import Scheduled, arrivals, schedule_run
 
 # (decode share, prompt share) of arrivals(). Under a sanitizer a whole schedule takes 230-370 s;
 # the short one (about half the decode steps) keeps the arrivals, the second turn and the pool's
-# growth. initcheck instruments torch's kernels too and did not finish a short one in 330 s: the
-# brief one (a quarter of the decode steps, 40% of the prompts) runs there instead.
+# growth. initcheck (which instruments torch's kernels too) did not finish a short one in 330 s
+# and racecheck took 160-270 s each: the brief one (a quarter of the decode steps, 40% of the
+# prompts; the same kernel instances) runs under those two instead.
 SCHEDULES = [pytest.param((1.0, 1.0), id="full", marks=pytest.mark.large),
-             pytest.param((0.5, 1.0), id="short", marks=pytest.mark.initcheck_slow),
-             pytest.param((0.25, 0.4), id="brief", marks=pytest.mark.initcheck_twin)]
+             pytest.param((0.5, 1.0), id="short", marks=pytest.mark.slow_schedule),
+             pytest.param((0.25, 0.4), id="brief", marks=pytest.mark.brief_schedule)]
 
 
 @pytest.mark.gpu

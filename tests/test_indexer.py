@@ -200,8 +200,11 @@ def state_of(pool):
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("beside", ["update", "select", "select, update"])
 # 1M-slot rows: a top-K long enough that the launches beside it finish first; under racecheck
-# such a case ran 9 minutes, so the sanitizers run the same launches on 64K-slot rows
-@pytest.mark.parametrize("m_cap", [pytest.param(16384, marks=pytest.mark.large), 1024])
+# such a case ran 9 minutes, so the sanitizers run the same launches on 64K-slot rows, and
+# racecheck (minutes on their clusters of 8 too) on 8K-slot ones: the cluster-8 top-K has its
+# racecheck case in test_ops_topk
+@pytest.mark.parametrize("m_cap", [pytest.param(16384, marks=pytest.mark.large),
+                                   pytest.param(1024, marks=pytest.mark.racecheck_slow), 128])
 def test_gpu_launches_beside_topk_complete_after_it(graph, beside, m_cap):
     """An update or the next layer's select launched beside a long top-K (4 rows of m_cap
     blocks; both: SpinIndexer's order) may finish its own work first, but what follows on the

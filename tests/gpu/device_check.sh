@@ -25,8 +25,8 @@
 # kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
 # racecheck also leaves out the tests marked no_racecheck (it fails on them with no kernel
 # instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there);
-# initcheck those marked initcheck_slow (engine schedules: it instruments torch's kernels too),
-# whose initcheck_twin cases (briefer schedules) run there alone.
+# initcheck and racecheck those marked slow_schedule (engine schedules, minutes each there),
+# whose brief_schedule twins (fewer steps, the same kernel instances) run there alone.
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
@@ -92,10 +92,10 @@ queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier r
 trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
   n=$shards marks="gpu and not large"
-  if [ "$tool" = initcheck ]; then
-    marks="$marks and not initcheck_slow"
+  if [ "$tool" = initcheck ] || [ "$tool" = racecheck ]; then
+    marks="$marks and not slow_schedule"
   else
-    marks="$marks and not initcheck_twin"
+    marks="$marks and not brief_schedule"
   fi
   [ "$tool" = racecheck ] && n=$((2 * shards)) &&   # about half memcheck's speed on these tests
     marks="$marks and not no_racecheck and not racecheck_slow"
