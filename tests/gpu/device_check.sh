@@ -11,7 +11,8 @@
 #       out as they go (SPIN_TEST_QUEUE, spin_trtllm/testing/queue_plugin.py), the longest
 #       known first (SANITIZER_ORDER: .times files of an earlier run, colon-separated; default
 #       tests/gpu/sanitizer_order.times; empty: collection order; SPIN_TEST_ORDER), with
-#       a limit of SANITIZER_LIMIT seconds (default 480)
+#       a limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
+#       script's start, after the builds, less 45 s for the summary; 480 in `all`)
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call) `sanitize` also
 # lists, per tool, the library's kernels that the tests it ran launched (coverage_TOOL.txt):
@@ -78,13 +79,17 @@ tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck init
 only_spin="--kernel-name kns=spin"
 # not `| grep -q`: grep's early exit breaks the pipe, which pipefail reads as "no such option"
 [[ "$(compute-sanitizer --help 2>&1)" == *--kernel-name* ]] || only_spin="--filter kns=spin"
-limit=${SANITIZER_LIMIT:-480}
 # one process per core: each tool one share, racecheck two
 shares=$(( ${#tools[@]} + $(printf '%s\n' "${tools[@]}" | grep -c '^racecheck$') ))
 shards=${SANITIZER_SHARDS:-$(( $(nproc) / shares > 0 ? $(nproc) / shares : 1 ))}
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
 [ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
   tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
+# what the build left of a 10-minute call (CALL_LIMIT); `all` is two calls' work: 480 s
+left=$(( ${CALL_LIMIT:-585} - SECONDS - 45 )); [ "$step" = all ] && left=480
+limit=${SANITIZER_LIMIT:-$left}
+[ "$limit" -ge 60 ] || { echo "sanitizer limit ${limit} s: CALL_LIMIT leaves too little"; exit 2; }
+echo "sanitizer limit: $limit s"
 start=$SECONDS
 read -ra opts <<< "$only_spin"
 shard_dir="$out/shards"; mkdir -p "$shard_dir"   # top level: the summary and one archive of these
