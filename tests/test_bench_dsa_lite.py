@@ -117,6 +117,28 @@ def test_a_failure_in_a_later_round_keeps_every_engines_earlier_runs(monkeypatch
     assert spin["step_speedup"] == pytest.approx(26.0 / 23.0)
 
 
+def test_ctrl_c_prints_the_runs_so_far_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    """device_dsa_lite.sh's BENCH_LIMIT stops the benchmark with SIGINT: every engine's runs of
+    the rounds that ended are printed (a file is written only by a whole run or a failure)."""
+    calls: list[str] = []
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(23.0, 12.0)]}, calls)
+    fake = mod.in_fresh_process
+
+    def interrupted(spec: dict) -> dict:
+        if len(calls) == 3:                            # round 2's first run
+            raise KeyboardInterrupt
+        return fake(spec)
+    monkeypatch.setattr(mod, "in_fresh_process", interrupted)
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(ARGS + ["--repeats", "2", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert calls == ["null", "dense", "spin"]
+    assert printed.count("ctx    4096 B   2") == 3 and "SPIN" in printed
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flags,update,select", [([], True, False),
                                                  (["--no-overlap-update"], False, False),
                                                  (["--overlap-select"], True, True)])
