@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a CUDA machine: build the native library and DeepGEMM (third_party/deepgemm.tar.gz, made
-# as tests/gpu/deepgemm_env.sh says; carry it), run the GPU tests of the compacted-table path
+# by tests/gpu/pack_deepgemm.sh; carry it), run the GPU tests of the compacted-table path
 # (spin.compact/remap, top-K row lengths, deepgemm backend == native on random inputs and on
 # dsa-lite), then benchmarks/bench_deepgemm_path.py with the given flags; with
 # third_party/flashinfer_topk.tar.gz carried, flashinfer's top-K is timed beside spin's for the

@@ -1,7 +1,8 @@
 # Sourced from the repository root on the GPU machine. Defines build_deepgemm LOG, which builds
 # DeepGEMM (the kernels TensorRT-LLM runs for the DSA indexer logits) from
 # third_party/deepgemm.tar.gz: DeepGEMM HEAD plus the cutlass and fmt headers it pins, packed
-# off-line because the GPU machine cannot reach GitHub. Nothing of DeepGEMM is committed here.
+# off-line by tests/gpu/pack_deepgemm.sh because the GPU machine cannot reach GitHub. Nothing of
+# DeepGEMM is committed here.
 DG_SRC=/tmp/deepgemm
 # Kernels are compiled by nvcc at first call; keep that cache off the copied working tree.
 export DG_JIT_CACHE_DIR=/tmp/deepgemm_jit

@@ -36,7 +36,8 @@
 # sources in $OUT/libspin_native.so.sources, for a later call.
 # Logs go to ${OUT:-/tmp/spin-gpu}; the sanitizer shards' to its shards/ folder, packed as
 # shards.tar.gz beside summary.txt.
-# Needs third_party/deepgemm.tar.gz (tests/gpu/deepgemm_env.sh) and .whl/ where pydantic is missing.
+# Needs third_party/deepgemm.tar.gz (tests/gpu/pack_deepgemm.sh) and .whl/ where pydantic is
+# missing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-all}; [ $# -gt 0 ] && shift

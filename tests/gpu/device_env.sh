@@ -1,6 +1,9 @@
 # Sourced by the device scripts, from the repository root: the package on PYTHONPATH, wheels
 # from .whl/ for packages the GPU machine lacks (pydantic), and the system libstdc++ (torch
-# extensions crashed in std::regex with the image's own otherwise).
+# extensions crashed in std::regex with the image's own otherwise). .whl/ is made off the GPU
+# machine (which has no network), for its Python 3.12:
+#   pip download -d .whl --python-version 3.12 --only-binary=:all: \
+#     --platform manylinux2014_x86_64 pydantic pyyaml hypothesis safetensors tqdm
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \

@@ -3,8 +3,8 @@
 # metadata on CUDA (real CUDA-graph capture and replay) driving DeepGEMM's own kernels through
 # SPIN, then the same loop under compute-sanitizer memcheck. Logs go to ${OUT:-/tmp/spin-gpu}.
 #   bash tests/gpu/engine_loop.sh
-# Needs third_party/deepgemm.tar.gz (DeepGEMM with its cutlass and fmt headers, see
-# deepgemm_env.sh) and the wheels of .whl/ where the machine lacks pydantic.
+# Needs third_party/deepgemm.tar.gz (DeepGEMM with its cutlass and fmt headers, made by
+# pack_deepgemm.sh) and the wheels of .whl/ where the machine lacks pydantic.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/spin-gpu}; mkdir -p "$out"
