@@ -2,6 +2,7 @@
 of the cutlass and fmt commits it pins (gitlinks), under deepgemm/, as deepgemm_env.sh unpacks
 it; a repository without the pinned commit is refused and writes nothing."""
 
+import os
 import shutil
 import subprocess
 import tarfile
@@ -41,7 +42,7 @@ def deepgemm(tmp_path: Path, cutlass_pin: str, fmt_pin: str) -> Path:
 
 def run(*args, env_out: Path):
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "DEEPGEMM_TARBALL": str(env_out)})
+                          env={**os.environ, "DEEPGEMM_TARBALL": str(env_out)})
 
 
 def test_packs_deepgemm_with_the_pinned_include_trees(tmp_path):
