@@ -14,10 +14,6 @@ from spin_trtllm.testing.problems import Problem
 
 # GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1)
 pytestmark = pytest.mark.usefixtures("require_native")
-# Two rows of 1100 blocks run the top-K in clusters of 8, which racecheck takes minutes on; the
-# stride and row lengths are arguments of the same kernel instance, which test_ops_topk's
-# split_over_clusters[3-1024] runs under racecheck
-_RACECHECK_SLOW = [pytest.mark.racecheck_slow]
 
 
 # ---- random selections ----------------------------------------------------------------------------
@@ -578,8 +574,11 @@ def test_gpu_topk_and_update_read_strided_logits(R):
 
 
 @pytest.mark.gpu
+# Two rows of 1100 blocks run the top-K in clusters of 8, which racecheck takes minutes on; the
+# stride and row lengths are arguments of the same kernel instance, which test_ops_topk's
+# split_over_clusters[3-1024] runs under racecheck (here and in the row-lengths test below)
 @pytest.mark.parametrize("blocks,rows", [
-    (40, 6), (300, 2), pytest.param(1100, 2, marks=_RACECHECK_SLOW), (1100, 70)])
+    (40, 6), (300, 2), pytest.param(1100, 2, marks=pytest.mark.racecheck_slow), (1100, 70)])
 def test_gpu_topk_on_strided_long_rows_matches_reference(blocks, rows):
     # one CTA per row, clusters of 4 and 8 (rows cached in shared memory) and the uncached path
     gen = torch.Generator().manual_seed(blocks + rows)
@@ -625,7 +624,8 @@ def test_topk_row_lens_equal_minus_inf_past_the_lengths(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("blocks,B,R", [
-    (5, 3, 2), (300, 2, 1), pytest.param(1100, 1, 2, marks=_RACECHECK_SLOW), (40, 40, 2)])
+    (5, 3, 2), (300, 2, 1), pytest.param(1100, 1, 2, marks=pytest.mark.racecheck_slow),
+    (40, 40, 2)])
 def test_gpu_topk_row_lens_match_reference(blocks, B, R):
     # one CTA per row, clusters (few rows of long rows) and the uncached path
     z, ids, cnt, lens, _ = _row_lens_case(blocks + B, B, R, blocks, 2048)

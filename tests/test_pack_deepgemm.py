@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "gpu" / "pack_deepgemm.sh"
+SCRIPT = Path(__file__).resolve().parent / "gpu" / "pack_deepgemm.sh"
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
