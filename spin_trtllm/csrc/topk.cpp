@@ -1,7 +1,18 @@
 // spin_native::topk -> spin::launch_topk (cpp/src/topk.cu).
+#include <cstdlib>
+#include <cstring>
+
 #include "binding.h"
 
 namespace {
+
+// SPIN_TOPK_SPLIT: 0 never ranks rows in chunks, 1 wherever the shapes allow, anything else
+// (or unset) where it is the faster path. Read at every call, so tests can switch it.
+int split_mode() {
+  const char* v = std::getenv("SPIN_TOPK_SPLIT");
+  if (v == nullptr) return -1;
+  return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "1") == 0 ? 1 : -1;
+}
 
 void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64_t next_n,
                at::Tensor out, const c10::optional<at::Tensor>& row_lens) {
@@ -15,6 +26,14 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
   p.logits_stride = logits.stride(0);
   p.out = out.data_ptr<int32_t>();
   p.row_lens = row_lens.has_value() ? row_lens->data_ptr<int32_t>() : nullptr;
+  p.split = split_mode();
+  at::Tensor workspace;  // stream-ordered: reused only by work queued after these kernels
+  p.workspace_bytes = spin::topk_workspace_bytes(p);
+  if (p.workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(p.workspace_bytes)},
+                          logits.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
   spin_native::check(spin::launch_topk(p, c10::cuda::getCurrentCUDAStream()), "topk");
 }
 

@@ -178,7 +178,14 @@ struct TopKParams {
   // [B*R] compact length of each row, or null: positions past it take no part (a dense kernel
   // on a compacted table leaves them unspecified)
   const int32_t* row_lens = nullptr;
+  // Many long rows are ranked in chunks, through a device workspace of topk_workspace_bytes
+  // (0: the shapes never use one); without it the one-CTA-a-row kernel runs. split: -1 where
+  // it is the faster path, 0 never, 1 wherever the shapes allow.
+  int split = -1;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+size_t topk_workspace_bytes(const TopKParams& p);
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
 
 struct UpdateParams {
