@@ -262,3 +262,17 @@ def test_gpu_out_of_range_state_slot_is_skipped():
     for a, b in zip(p.state.tensors(), before.tensors()):
         keep = [s for s in range(a.shape[0]) if s != s0]
         assert torch.equal(a[keep], b[keep])
+
+
+def test_select_beside_previous_needs_output_buffers_allocated_before():
+    # fresh outputs could take memory the previous kernel (the top-K) still reads
+    cfg = SpinConfig(index_topk=64, target_sparsity=0.5)
+    p = Problem(B=2, R=1, L=2, lens=(300,), seed=5, cfg=cfg)
+    with pytest.raises(SpinError, match="beside_previous writes block_ids and counts"):
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx,
+                   layer=0, beside_previous=True)
+    ids = torch.full((2, 2, p.m_cap), -1, dtype=torch.int32)
+    cnt = torch.zeros(2, 2, dtype=torch.int32)
+    ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx, ids, cnt,
+               layer=0, beside_previous=True)
+    assert (cnt[:, 0] > 0).all()

@@ -15,6 +15,7 @@
 //      finds the exact K-th key and, among entries equal to it, the last position taken;
 //   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
 //      each warp writes its entries in position order.
+// Many long rows go instead through two launches and a workspace (below: the top-K over chunks).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -713,7 +714,7 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(TopKParams p,
 int split_chunks(const TopKParams& p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t chunks = (static_cast<int64_t>(p.m_cap) * kBlockSize + kChunk - 1) / kChunk;
-  if (p.split == 0 || (p.split < 0 && rows < kSplitMinRows)) return 0;
+  if (p.k < 1 || p.split == 0 || (p.split < 0 && rows < kSplitMinRows)) return 0;
   if (chunks < 2 || chunks > kMaxChunks || chunks * p.k > kMergeCap) return 0;
   return static_cast<int>(chunks);
 }

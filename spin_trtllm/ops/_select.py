@@ -165,6 +165,10 @@ def select(state: OpState, state_slot, context_lens, query_pos, request_id, step
                         "pass block_scores and layer")
     B, L = context_lens.shape[0], state.V.shape[1]
     dev = state.V.device
+    if beside_previous and (block_ids is None or counts is None):
+        raise SpinError("select: beside_previous writes block_ids and counts while the previous "
+                        "kernel may still read memory freed before this call; pass buffers "
+                        "allocated before that kernel")
     if block_ids is None:
         block_ids = torch.full((B, L, m_cap), -1, dtype=torch.int32, device=dev)
     if counts is None:
