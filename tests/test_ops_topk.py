@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from spin_trtllm import ops
+from spin_trtllm import SpinError, ops
 
 # GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), and spin's own top-K (bit for bit)
 pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
@@ -48,6 +48,14 @@ def test_topk_k_larger_than_context():
     out = ops.topk(logits, torch.tensor([[3]], dtype=torch.int32),
                    torch.tensor([1], dtype=torch.int32), 1, 512)
     assert out[0, :10].tolist() == list(range(192, 202)) and (out[0, 10:] == -1).all()
+
+
+@pytest.mark.parametrize("mode", ["2", "", "on"])
+def test_topk_rejects_an_unknown_split_mode(monkeypatch, mode):
+    monkeypatch.setenv("SPIN_TOPK_SPLIT", mode)
+    ids, cnt = torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(SpinError, match="SPIN_TOPK_SPLIT must be 0, 1 or auto, got"):
+        ops.topk(torch.zeros(1, 64), ids, cnt, 1, 4)
 
 
 def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
@@ -241,5 +249,5 @@ def test_gpu_topk_auto_ranks_many_rows_in_chunks_like_one_cta(monkeypatch):
     ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1).cuda()
     cnt = torch.full((rows,), blocks, dtype=torch.int32).cuda()
     one_cta = ops.topk(z, ids, cnt, 1, 512)
-    monkeypatch.delenv("SPIN_TOPK_SPLIT")
+    monkeypatch.setenv("SPIN_TOPK_SPLIT", "auto")
     assert torch.equal(ops.topk(z, ids, cnt, 1, 512), one_cta)

@@ -15,7 +15,8 @@ Many long rows (at least 32 rows of more than 8192 compact slots, K chunks of a 
 16384 entries) are ranked in chunks: one CTA per 8192 slots keeps its scores in registers and
 keeps its K first, then one CTA per row merges those lists, through a workspace the binding
 allocates. SPIN_TOPK_SPLIT=0 keeps one CTA (or a cluster) a row everywhere, =1 ranks in chunks
-at any row count; the binding reads it at every call. The TensorRT plugin runs one CTA a row.
+at any row count, auto (or unset) as above; it is read at every call. The TensorRT plugin runs
+one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
@@ -175,6 +176,16 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, ascending=True, scores=x)
 
 
+TOPK_SPLIT_MODES = ("0", "1", "auto")
+
+
+def check_split_mode() -> None:
+    """SPIN_TOPK_SPLIT, which the binding reads at every call, must be one it knows."""
+    mode = os.environ.get("SPIN_TOPK_SPLIT")
+    if mode is not None and mode not in TOPK_SPLIT_MODES:
+        raise SpinError(f"SPIN_TOPK_SPLIT must be 0, 1 or auto, got {mode!r}")
+
+
 def topk(logits, block_ids, counts, next_n: int, k: int,
          out: Optional[torch.Tensor] = None,
          row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -185,5 +196,6 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
     if topk_peer(logits, block_ids, k) is not None:
         _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens)
     else:
+        check_split_mode()
         torch.ops.spin.topk(logits, block_ids, counts, next_n, out, row_lens)
     return out
