@@ -17,6 +17,7 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
   one-CTA:    the same with SPIN_TOPK_SPLIT=0: one CTA (or a cluster) a row
   chunks:     the same with SPIN_TOPK_SPLIT=1: rows ranked in chunks of 8192 slots, then merged,
               wherever the shapes allow (rows of more than one chunk; else the one-CTA kernel)
+              (the spin column runs what SPIN_TOPK_SPLIT says: unset, the one-CTA kernel)
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
               positions (one seq_lens entry per row, next_n=1, so the lengths are exact); on
               sm_90 only "radix_cutlass" exists (CuTe-DSL "radix"/"gvr" are Blackwell+)

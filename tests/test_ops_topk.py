@@ -189,10 +189,12 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
 
 
 # Chunks are 8192 slots (128 blocks): 129 blocks leave a second chunk of one block, 1024 make
-# 8 chunks, whose lists at K 2048 fill the merge's 16384 entries
+# 8 chunks, whose lists at K 2048 fill the merge's 16384 entries. 40 rows: racecheck runs the
+# same kernels on the smaller cases
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks,k", [(4, 129, 512), (6, 300, 100), (40, 1024, 512),
-                                           (34, 1024, 2048), (3, 256, 1)])
+@pytest.mark.parametrize("rows,blocks,k", [(4, 129, 512), (6, 300, 100), (4, 1024, 512),
+                                           (4, 1024, 2048), (3, 256, 1),
+                                           pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
 def test_gpu_topk_over_chunks_matches_reference(monkeypatch, rows, blocks, k, kind):
     monkeypatch.setenv("SPIN_TOPK_SPLIT", "1")
@@ -231,7 +233,7 @@ def test_gpu_topk_over_chunks_threshold_bins_match_reference(monkeypatch, in_bin
     # the K-th value's coarse bin spread over the chunks, ties among it crossing chunk edges
     monkeypatch.setenv("SPIN_TOPK_SPLIT", "1")
     gen = torch.Generator().manual_seed(in_bin + tied)
-    rows, blocks, k = 36, 400, 512
+    rows, blocks, k = 4, 400, 512
     z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
     ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
     cnt = torch.full((rows,), blocks, dtype=torch.int32)
@@ -241,8 +243,9 @@ def test_gpu_topk_over_chunks_threshold_bins_match_reference(monkeypatch, in_bin
 
 
 @pytest.mark.gpu
+@pytest.mark.racecheck_slow
 def test_gpu_topk_auto_ranks_many_rows_in_chunks_like_one_cta(monkeypatch):
-    # the default (SPIN_TOPK_SPLIT unset) at 96 rows of 64K slots, against the one-CTA kernel
+    # SPIN_TOPK_SPLIT=auto at 96 rows of 64K slots (chunks), against the one-CTA kernel
     gen = torch.Generator().manual_seed(96)
     rows, blocks = 96, 1024
     z = torch.randn(rows, blocks * 64, generator=gen).cuda()

@@ -6,12 +6,13 @@
 
 namespace {
 
-// SPIN_TOPK_SPLIT: 0 never ranks rows in chunks, 1 wherever the shapes allow, auto where it is
-// the faster path (TopKParams::split); unset: auto. Read at every call, so tests can switch it.
+// SPIN_TOPK_SPLIT: 0 (or unset: the chunks are not yet timed on a GPU) never ranks rows in
+// chunks, 1 wherever the shapes allow, auto for many long rows (TopKParams::split). Read at
+// every call, so tests can switch it.
 int split_mode() {
   const char* v = std::getenv("SPIN_TOPK_SPLIT");
-  if (v == nullptr || std::strcmp(v, "auto") == 0) return -1;
-  if (std::strcmp(v, "0") == 0) return 0;
+  if (v != nullptr && std::strcmp(v, "auto") == 0) return -1;
+  if (v == nullptr || std::strcmp(v, "0") == 0) return 0;
   TORCH_CHECK(std::strcmp(v, "1") == 0, "SPIN_TOPK_SPLIT must be 0, 1 or auto, got '", v, "'");
   return 1;
 }

@@ -11,12 +11,12 @@ top-K's output, and may write only memory allocated before the top-K call: the l
 workspace of the chunked path (SPIN_TOPK_SPLIT below), are still being read when the call
 returns and their memory may be handed out again.
 
-Many long rows (at least 32 rows of more than 8192 compact slots, K chunks of a row at most
-16384 entries) are ranked in chunks: one CTA per 8192 slots keeps its scores in registers and
-keeps its K first, then one CTA per row merges those lists, through a workspace the binding
-allocates. SPIN_TOPK_SPLIT=0 keeps one CTA (or a cluster) a row everywhere, =1 ranks in chunks
-at any row count, auto (or unset) as above; it is read at every call. The TensorRT plugin runs
-one CTA a row.
+SPIN_TOPK_SPLIT=auto ranks many long rows (at least 32 rows of more than 8192 compact slots, K
+chunks of a row at most 16384 entries) in chunks: one CTA per 8192 slots keeps its scores in
+registers and keeps its K first, then one CTA per row merges those lists, through a workspace
+the binding allocates. =1 ranks in chunks at any row count; 0, or unset, keeps one CTA (or a
+cluster) a row everywhere: the default until the chunks are timed on a GPU. It is read at every
+call. The TensorRT plugin runs one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The

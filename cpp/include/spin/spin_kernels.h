@@ -178,10 +178,11 @@ struct TopKParams {
   // [B*R] compact length of each row, or null: positions past it take no part (a dense kernel
   // on a compacted table leaves them unspecified)
   const int32_t* row_lens = nullptr;
-  // Many long rows are ranked in chunks, through a device workspace of topk_workspace_bytes
-  // (0: the shapes never use one); without it the one-CTA-a-row kernel runs. split: -1 where
-  // it is the faster path, 0 never, 1 wherever the shapes allow.
-  int split = -1;
+  // Many long rows may be ranked in chunks, through a device workspace of topk_workspace_bytes
+  // (0: these shapes never use one); without it the one-CTA-a-row kernel runs. split: 0 never
+  // (the default until the chunks are timed on a GPU), 1 wherever the shapes allow, -1 for many
+  // long rows.
+  int split = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
