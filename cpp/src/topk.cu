@@ -458,6 +458,28 @@ constexpr int kMaxChunks = 64;                               // 512K slots a row
 // one-CTA kernel share each row over several SMs.
 constexpr int kSplitMinRows = 32;
 
+// Exclusive prefix sums over one warp of n <= 32 * kPerLane values, lane l taking values
+// kPerLane * l ..: write(i, sum of the values before i); returns the total.
+template <int kPerLane, typename ValueAt, typename Write>
+__device__ __forceinline__ int warp_exclusive_sums(int n, ValueAt value_at, Write write) {
+  const int lane = threadIdx.x & 31;
+  int v[kPerLane], sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane * kPerLane + j;
+    sum += v[j] = i < n ? value_at(i) : 0;
+  }
+  const int incl = warp_inclusive_sum(sum);
+  int run = incl - sum;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane * kPerLane + j;
+    if (i < n) write(i, run);
+    run += v[j];
+  }
+  return __shfl_sync(0xffffffffu, incl, 31);
+}
+
 // Where the entries a thread takes part with sit in the order of positions: group u of thread t
 // comes after every group below u and after group u of threads below t.
 template <int THREADS, int kGroups>
@@ -477,23 +499,10 @@ struct GroupOrder {
         if (lane == 31) totals[u * kWarpsHere + warp] = incl;
       }
     __syncthreads();
-    if (warp == 0) {  // exclusive scan of the warps' totals, in place
-      constexpr int kPerLane = (kTotals + 31) / 32;
-      const int n = groups * kWarpsHere;
-      int v[kPerLane], sum = 0;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int at = lane * kPerLane + j;
-        sum += v[j] = at < n ? totals[at] : 0;
-      }
-      int run = warp_inclusive_sum(sum) - sum;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int at = lane * kPerLane + j;
-        if (at < n) totals[at] = run;
-        run += v[j];
-      }
-    }
+    if (warp == 0)  // the warps' totals become their offsets, in place
+      warp_exclusive_sums<(kTotals + 31) / 32>(
+          groups * kWarpsHere, [&](int i) { return totals[i]; },
+          [&](int i, int before) { totals[i] = before; });
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kGroups; ++u)
@@ -654,21 +663,11 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(TopKParams p,
   const int row_id = blockIdx.x;
   const ChunkLists lists(p, chunks);
   const int64_t first_list = static_cast<int64_t>(row_id) * chunks;
-  if (threadIdx.x < 32) {  // list_start: exclusive sums of the lists' lengths
-    constexpr int kPerLane = kMaxChunks / 32;
-    int n[kPerLane], sum = 0;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int c = threadIdx.x * kPerLane + j;
-      sum += n[j] = c < chunks ? lists.counts[first_list + c] : 0;
-    }
-    int run = warp_inclusive_sum(sum) - sum;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      list_start[threadIdx.x * kPerLane + j] = run;
-      run += n[j];
-    }
-    if (threadIdx.x == 31) list_start[kMaxChunks] = run;
+  if (threadIdx.x < 32) {  // list_start: where each list begins, then the entries in all
+    const int entries = warp_exclusive_sums<kMaxChunks / 32>(
+        kMaxChunks, [&](int c) { return c < chunks ? lists.counts[first_list + c] : 0; },
+        [&](int c, int before) { list_start[c] = before; });
+    if (threadIdx.x == 0) list_start[kMaxChunks] = entries;
   }
   __syncthreads();
   const int entries = list_start[kMaxChunks];
