@@ -49,6 +49,7 @@ native library; without flashinfer the other columns still run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -167,6 +168,20 @@ def check(z, spin_slots, fi_pos, torch_vals, slot_of_pos, next_n: int):
     return sets_eq, kth_eq, kth_eq_torch
 
 
+@contextlib.contextmanager
+def env(name: str, value: str):
+    """The environment variable `name` set to `value` inside the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
+
+
 def timed(name, fn, iters, sets, errors):
     """(us, mode) of fn via a captured graph, else eagerly, else (None, error message)."""
     from bench_decode_indexer import time_eager_ms, time_ms
@@ -219,15 +234,8 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
 
     def forced(split):   # SPIN_TOPK_SPLIT=split for one call (read by the binding)
         def call(i):
-            before = os.environ.get("SPIN_TOPK_SPLIT")
-            os.environ["SPIN_TOPK_SPLIT"] = split
-            try:
+            with env("SPIN_TOPK_SPLIT", split):
                 ops.topk(zs[i], ids, cnt, next_n, k, top)
-            finally:
-                if before is None:
-                    os.environ.pop("SPIN_TOPK_SPLIT")
-                else:
-                    os.environ["SPIN_TOPK_SPLIT"] = before
         return call
 
     row["one_cta_us"], row["one_cta_mode"] = timed(
@@ -252,11 +260,8 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
             "flashinfer.top_k_varlen", fi_varlen, args.iters, sets, errors)
 
         def via_flashinfer(i):   # spin.topk's flashinfer path: remap and ordering included
-            os.environ["SPIN_TOPK"] = "flashinfer"
-            try:
+            with env("SPIN_TOPK", "flashinfer"):
                 ops.topk(zs[i], ids, cnt, next_n, k, top)
-            finally:
-                os.environ["SPIN_TOPK"] = "spin"
 
         row["via_fi_us"], row["via_fi_mode"] = timed(
             "spin.topk via flashinfer", via_flashinfer, args.iters, sets, errors)
@@ -326,7 +331,8 @@ def line(r) -> str:
     vf = fmt(r["via_fi_us"]) + (" eager" if r["via_fi_mode"] == "eager" else "")
     return (f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
             f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
-            f"| {fmt(r.get('one_cta_us'))} | {fmt(r.get('chunks_us'))} | {fv} | {vf} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
+            f"| {fmt(r.get('one_cta_us'))} | {fmt(r.get('chunks_us'))} | {fv} | {vf} "
+            f"| {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
             f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
             f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} "
             f"| {fmt(r['bound_us'], '.2f')} | {fmt(r['spin_over_bound'], '.2f')} "

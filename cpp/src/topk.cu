@@ -454,7 +454,7 @@ constexpr int kMergeThreads = 512;
 constexpr int kMergeGroups = 32;                             // entries a thread ranks
 constexpr int kMergeCap = kMergeThreads * kMergeGroups;      // 16384 entries, 64 KB of keys
 constexpr int kMaxChunks = 64;                               // 512K slots a row
-// Rows from which the chunks run unless SPIN_TOPK_SPLIT says otherwise: below, clusters of the
+// Rows from which split -1 (SPIN_TOPK_SPLIT=auto) ranks in chunks: below, clusters of the
 // one-CTA kernel share each row over several SMs.
 constexpr int kSplitMinRows = 32;
 
@@ -521,6 +521,11 @@ struct Threshold {
   int taken;  // min(k, entries taking part)
   __device__ __forceinline__ int packed(uint32_t k) const {
     return (static_cast<int>(k > key) << 16) | static_cast<int>(k == key);
+  }
+  // Where entry k goes among the taken ones, given the counts of packed() over the entries
+  // before it; -1 if it is not taken.
+  __device__ __forceinline__ int place(uint32_t k, int above, int equal) const {
+    return k > key || (k == key && equal < ties) ? above + min(equal, ties) : -1;
   }
 };
 
@@ -637,8 +642,8 @@ __global__ void __launch_bounds__(kChunkThreads) topk_chunk_kernel(TopKParams p,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const uint32_t key = keys[u][e];
-          if (key > t.key || (key == t.key && equal < t.ties)) {
-            const int at = above + min(equal, t.ties);
+          const int at = t.place(key, above, equal);
+          if (at >= 0) {
             out_keys[at] = key;
             out_pos[at] = group_pos(u) + e;
           }
@@ -695,14 +700,14 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(TopKParams p,
     GroupOrder<kMergeThreads, kMergeGroups>::visit(
         groups, [&](int u) { return t.packed(key_at(u)); },
         [&](int u, int above, int equal) {
-          const uint32_t key = key_at(u);
-          if (key > t.key || (key == t.key && equal < t.ties)) {
+          const int at = t.place(key_at(u), above, equal);
+          if (at >= 0) {
             const int i = u * kMergeThreads + threadIdx.x;
             int c = 0;  // the list holding entry i: the last start at or below it
             for (int step = kMaxChunks / 2; step > 0; step >>= 1)
               if (c + step < chunks && list_start[c + step] <= i) c += step;
             const int pos = lists.positions[(first_list + c) * p.k + i - list_start[c]];
-            out[above + min(equal, t.ties)] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+            out[at] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
           }
         },
         totals);

@@ -30,7 +30,8 @@ void spin_topk(at::Tensor logits, at::Tensor block_ids, at::Tensor counts, int64
   p.out = out.data_ptr<int32_t>();
   p.row_lens = row_lens.has_value() ? row_lens->data_ptr<int32_t>() : nullptr;
   p.split = split_mode();
-  at::Tensor workspace;  // stream-ordered: reused only by work queued after these kernels
+  // freed at return, reused in stream order (a kernel beside the top-K: ops/_topk.py's contract)
+  at::Tensor workspace;
   p.workspace_bytes = spin::topk_workspace_bytes(p);
   if (p.workspace_bytes > 0) {
     workspace = at::empty({static_cast<int64_t>(p.workspace_bytes)},
