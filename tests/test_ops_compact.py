@@ -576,7 +576,7 @@ def test_gpu_topk_and_update_read_strided_logits(R):
 @pytest.mark.gpu
 # Two rows of 1100 blocks run the top-K in clusters of 8, which racecheck takes minutes on; the
 # stride and row lengths are arguments of the same kernel instance, which test_ops_topk's
-# split_over_clusters[3-1024] runs under racecheck (here and in the row-lengths test below)
+# threshold_bin_sizes[*-1-1024] cases run under racecheck (here and in the row-lengths test below)
 @pytest.mark.parametrize("blocks,rows", [
     (40, 6), (300, 2), pytest.param(1100, 2, marks=pytest.mark.racecheck_slow), (1100, 70)])
 def test_gpu_topk_on_strided_long_rows_matches_reference(blocks, rows):

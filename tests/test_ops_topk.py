@@ -11,8 +11,9 @@ from spin_trtllm import SpinError, ops
 
 # GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), and spin's own top-K (bit for bit)
 pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
-# Cases racecheck takes 40-330 s on (cluster kernels over 1024+ blocks, 100x memcheck's time):
-# it runs their smaller twins instead, the same kernel instance (cluster size, cached share)
+# Cases racecheck takes 100-500 s on (cluster kernels, all-tied rows, 1024+ blocks; 100x
+# memcheck's time): it runs their smaller twins instead, the same kernel instance (cluster size,
+# cached share) and path
 _RACECHECK_SLOW = [pytest.mark.racecheck_slow]
 
 
@@ -77,7 +78,7 @@ def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.
 
 
 # 4 rows of 1100 blocks run clusters of 8 (700: of 4), each CTA's share cached. Under racecheck
-# they take 210-300 s a kind: split_over_clusters' 3 x 1024 rows run that instance with ties
+# they take 210-300 s a kind: threshold_bin_sizes' 1 x 1024 rows run that instance with ties
 # there; the sanitizers' other tools keep ties at K (zeros) and non-finite entries (wide)
 @pytest.mark.gpu
 @pytest.mark.parametrize("blocks,k,kind", [
@@ -121,13 +122,23 @@ def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
     return z
 
 
+def _threshold_bin_cases():
+    """Racecheck runs, per cluster size, one bin of each path: counting (40, 25), radix over
+    the candidates (257, 100; not at clusters of 8) and over the whole row (5000, 60)."""
+    racechecked = {(40, 25), (257, 100), (5000, 60)}
+    for rows, blocks in [(1, 1024), (3, 1024), (20, 256), (20, 1024), (40, 128), (40, 1024),
+                         (140, 300)]:
+        for in_bin, tied in [(1, 0), (40, 0), (40, 25), (256, 256), (257, 100), (1000, 0),
+                             (5000, 60)]:
+            checked = (blocks < 1024 or rows == 1) and (in_bin, tied) in racechecked
+            if rows == 1 and (in_bin, tied) == (257, 100):
+                checked = False
+            yield pytest.param(rows, blocks, in_bin, tied,
+                               marks=[] if checked else _RACECHECK_SLOW)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks", [
-    (1, 1024), pytest.param(3, 1024, marks=_RACECHECK_SLOW),
-    (20, 256), pytest.param(20, 1024, marks=_RACECHECK_SLOW),
-    (40, 128), pytest.param(40, 1024, marks=_RACECHECK_SLOW), (140, 300)])
-@pytest.mark.parametrize("in_bin,tied", [(1, 0), (40, 0), (40, 25), (256, 256), (257, 100),
-                                         (1000, 0), (5000, 60)])
+@pytest.mark.parametrize("rows,blocks,in_bin,tied", _threshold_bin_cases())
 def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied):
     # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row; bins up to 256 entries are ranked by
     # counting (gathered over the cluster), larger ones by radix passes (over the candidates, or
@@ -159,13 +170,19 @@ def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks
     assert torch.equal(got.cpu(), want)
 
 
+def _split_marks(rows, blocks, kind):
+    """Racecheck runs clusters of 4 and 2 (randn; all-tied rows at 2 only); clusters of 8 in
+    the threshold-bin test."""
+    if kind == "few_ties":
+        return [pytest.mark.large]
+    return _RACECHECK_SLOW if blocks > 400 or (rows, kind) == (20, "zeros") else []
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks", [
-    (3, 1024), pytest.param(3, 4096, marks=_RACECHECK_SLOW),
-    (20, 400), pytest.param(20, 1536, marks=_RACECHECK_SLOW),
-    pytest.param(40, 1536, marks=_RACECHECK_SLOW), (40, 300)])
-@pytest.mark.parametrize("kind", ["randn", "zeros",
-                                  pytest.param("few_ties", marks=pytest.mark.large)])
+@pytest.mark.parametrize("rows,blocks,kind", [
+    pytest.param(rows, blocks, kind, marks=_split_marks(rows, blocks, kind))
+    for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 300)]
+    for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
     # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares: the largest
     # cached, and 300 blocks) CTAs per row; ties and the whole-row fallback cross the CTAs' shares
@@ -189,12 +206,13 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
 
 
 # Chunks are 8192 slots (128 blocks): 129 blocks leave a second chunk of one block, 1024 make
-# 8 chunks, whose lists at K 2048 fill the merge's 16384 entries. 40 rows: racecheck runs the
-# same kernels on the smaller cases
+# 8 chunks, whose lists at K 2048 fill the merge's 16384 entries. 1024 blocks: racecheck runs
+# the same two kernels on the smaller cases
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks,k", [(4, 129, 512), (6, 300, 100), (4, 1024, 512),
-                                           (4, 1024, 2048), (3, 256, 1),
-                                           pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
+@pytest.mark.parametrize("rows,blocks,k", [
+    (4, 129, 512), (6, 300, 100), pytest.param(4, 1024, 512, marks=_RACECHECK_SLOW),
+    pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (3, 256, 1),
+    pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
 def test_gpu_topk_over_chunks_matches_reference(monkeypatch, rows, blocks, k, kind):
     monkeypatch.setenv("SPIN_TOPK_SPLIT", "1")

@@ -2,6 +2,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <ATen/ops/empty.h>
+
 #include "binding.h"
 
 namespace {
