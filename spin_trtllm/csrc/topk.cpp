@@ -8,7 +8,7 @@
 
 namespace {
 
-// SPIN_TOPK_SPLIT: 0 (or unset: the chunks are not yet timed on a GPU) never ranks rows in
+// SPIN_TOPK_SPLIT: 0 (or unset: the chunks were slower on the H200) never ranks rows in
 // chunks, 1 wherever the shapes allow, auto for many long rows (TopKParams::split). Read at
 // every call, so tests can switch it.
 int split_mode() {

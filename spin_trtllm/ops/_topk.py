@@ -15,8 +15,9 @@ SPIN_TOPK_SPLIT=auto ranks many long rows (at least 32 rows of more than 8192 co
 chunks of a row at most 16384 entries) in chunks: one CTA per 8192 slots keeps its scores in
 registers and keeps its K first, then one CTA per row merges those lists, through a workspace
 the binding allocates. =1 ranks in chunks at any row count; 0, or unset, keeps one CTA (or a
-cluster) a row everywhere: the default until the chunks are timed on a GPU. It is read at every
-call. The TensorRT plugin runs one CTA a row.
+cluster) a row everywhere: the default, since the chunks were slower at all but the densest
+96-row shapes on the H200 (docs/ops.md). It is read at every call. The TensorRT plugin runs one
+CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
