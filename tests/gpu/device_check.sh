@@ -7,10 +7,11 @@
 #   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
 #       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
 #       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS processes (default: as
-#       many as keep one process per CPU core; racecheck twice as many) that share its tests
-#       out as they go (SPIN_TEST_QUEUE, spin_trtllm/testing/queue_plugin.py), the longest
-#       known first (SANITIZER_ORDER: .times files of an earlier run, colon-separated; default
-#       tests/gpu/sanitizer_order.times; empty: collection order; SPIN_TEST_ORDER), with
+#       many as keep one process per CPU core and 6 GiB of GPU memory; racecheck twice as many)
+#       that share its tests out as they go (SPIN_TEST_QUEUE,
+#       spin_trtllm/testing/queue_plugin.py), the longest known first (SANITIZER_ORDER: .times
+#       files of an earlier run, colon-separated; default tests/gpu/sanitizer_order.times;
+#       empty: collection order; SPIN_TEST_ORDER), with
 #       a limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
 #       script's start, after the builds, less 45 s for the summary; 480 in `all`)
 #   bash tests/gpu/device_check.sh                    both, one after the other
@@ -80,9 +81,14 @@ tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck init
 only_spin="--kernel-name kns=spin"
 # not `| grep -q`: grep's early exit breaks the pipe, which pipefail reads as "no such option"
 [[ "$(compute-sanitizer --help 2>&1)" == *--kernel-name* ]] || only_spin="--filter kns=spin"
-# one process per core: each tool one share, racecheck two
+# one process per core: each tool one share, racecheck two; and no more processes than the GPU
+# holds: a test process peaks near 6 GiB (the engine schedules; 16 of them ran an H100's 79 GiB
+# out of memory)
 shares=$(( ${#tools[@]} + $(printf '%s\n' "${tools[@]}" | grep -c '^racecheck$') ))
-shards=${SANITIZER_SHARDS:-$(( $(nproc) / shares > 0 ? $(nproc) / shares : 1 ))}
+gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
+per_share=$(( $(nproc) < gpu_gib / 6 ? $(nproc) : gpu_gib / 6 ))
+shards=${SANITIZER_SHARDS:-$(( per_share / shares > 0 ? per_share / shares : 1 ))}
+echo "sanitizer processes: $shards per share, $shares shares ($(nproc) cores, $gpu_gib GiB)"
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
 [ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
   tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
