@@ -123,22 +123,23 @@ def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
 
 
 def _threshold_bin_cases():
-    """Racecheck runs, per cluster size, one bin of each path: counting (40, 25), radix over
-    the candidates (257, 100; not at clusters of 8) and over the whole row (5000, 60)."""
-    racechecked = {(40, 25), (257, 100), (5000, 60)}
+    """Racecheck runs one bin of each path per cluster size: counting (40, 25), radix over the
+    candidates (257, 100) and over the whole row (5000, 60); at clusters of 8 (1 x 1024), where
+    it is slowest, counting and the whole row only."""
+    cases = []
     for rows, blocks in [(1, 1024), (3, 1024), (20, 256), (20, 1024), (40, 128), (40, 1024),
                          (140, 300)]:
+        racechecked = ({(40, 25), (5000, 60)} if rows == 1 else
+                       {(40, 25), (257, 100), (5000, 60)} if blocks < 1024 else set())
         for in_bin, tied in [(1, 0), (40, 0), (40, 25), (256, 256), (257, 100), (1000, 0),
                              (5000, 60)]:
-            checked = (blocks < 1024 or rows == 1) and (in_bin, tied) in racechecked
-            if rows == 1 and (in_bin, tied) == (257, 100):
-                checked = False
-            yield pytest.param(rows, blocks, in_bin, tied,
-                               marks=[] if checked else _RACECHECK_SLOW)
+            marks = [] if (in_bin, tied) in racechecked else _RACECHECK_SLOW
+            cases.append(pytest.param(in_bin, tied, rows, blocks, marks=marks))
+    return cases
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks,in_bin,tied", _threshold_bin_cases())
+@pytest.mark.parametrize("in_bin,tied,rows,blocks", _threshold_bin_cases())
 def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied):
     # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row; bins up to 256 entries are ranked by
     # counting (gathered over the cluster), larger ones by radix passes (over the candidates, or
@@ -179,8 +180,8 @@ def _split_marks(rows, blocks, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks,kind", [
-    pytest.param(rows, blocks, kind, marks=_split_marks(rows, blocks, kind))
+@pytest.mark.parametrize("kind,rows,blocks", [
+    pytest.param(kind, rows, blocks, marks=_split_marks(rows, blocks, kind))
     for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 300)]
     for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
