@@ -6,7 +6,8 @@
   the portable kernels on Hopper).
 - Otherwise: says so in one line; the ops run through the reference.
 - --check: compiles every cpp/src/*.cu for sm_90a, sm_90 and sm_89 with nvcc alone (no torch
-  CUDA needed), so a kernel that does not compile fails on CPU-only machines too.
+  CUDA needed), and checks the bindings' syntax against the installed torch's headers, so a
+  kernel or binding that does not compile fails on CPU-only machines too.
 """
 
 from __future__ import annotations
@@ -45,13 +46,60 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def cuda_include(compiler: str) -> Path | None:
+    """The CUDA toolkit's include folder (cuda_runtime.h), for the bindings' check."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             Path(compiler).resolve().parent.parent, "/usr/local/cuda"]
+    for home in homes:
+        if home and (Path(home) / "include" / "cuda_runtime.h").exists():
+            return Path(home) / "include"
+    return None
+
+
+def check_bindings(compiler: str) -> int:
+    """The bindings' syntax against the installed torch's headers (a CPU wheel's too); the number
+    that fail."""
+    import sysconfig
+
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cuda = cuda_include(compiler)
+    if cxx is None or cuda is None:
+        print("spin_trtllm build check: no C++ compiler or CUDA headers; bindings not checked")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        # CPU wheels leave out the header that CUDA builds of torch generate; c10/cuda needs
+        # only its name
+        stub = Path(tmp) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+        stub.parent.mkdir(parents=True)
+        stub.write_text("#pragma once\n")
+        flags = ["-fsyntax-only", "-std=c++17", f"-I{ROOT / 'cpp' / 'include'}",
+                 *[f"-isystem{d}" for d in include_paths()], f"-idirafter{tmp}",
+                 f"-isystem{cuda}", f"-isystem{sysconfig.get_paths()['include']}"]
+        runs = [(src, subprocess.Popen([cxx, *flags, str(src)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+                for src in BINDINGS]
+        failed = 0
+        for src, proc in runs:
+            out = proc.communicate()[0]
+            status = "ok" if proc.returncode == 0 else "FAILED"
+            name = src.relative_to(ROOT) if src.is_relative_to(ROOT) else src
+            print(f"c++ {name} (torch {torch.__version__} headers): {status}")
+            if proc.returncode:
+                print(out, file=sys.stderr)
+                failed += 1
+    return failed
+
+
 def check() -> int:
-    """Compile each kernel source on its own; 0 when all compile."""
+    """Compile each kernel source on its own and check the bindings; 0 when all compile."""
     compiler = nvcc()
     if compiler is None:
         print("spin_trtllm build check: nvcc not found; kernel sources not compiled")
         return 0
-    failed = 0
+    failed = check_bindings(compiler)
     with tempfile.TemporaryDirectory() as tmp:
         for src in SOURCES:
             cmd = [compiler, "-std=c++17", "-c", *CHECK_GENCODE, f"-I{ROOT / 'cpp' / 'include'}",
@@ -95,7 +143,8 @@ def build(verbose: bool = False) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only compile the .cu files with nvcc")
+    ap.add_argument("--check", action="store_true",
+                    help="only compile the .cu files with nvcc and check the bindings")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     return check() if args.check else build(args.verbose)

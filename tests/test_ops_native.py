@@ -53,7 +53,26 @@ def test_fake_impls_trace_without_data(without_data):
 
 @pytest.mark.slow
 def test_kernel_sources_compile_for_sm90a():
-    """Where nvcc exists (this machine and CI), every .cu file must compile for sm_90a/sm_90."""
+    """Where nvcc exists (this machine and CI), every .cu file must compile for sm_90a/sm_90, and
+    every binding against the installed torch's headers."""
     res = subprocess.run([sys.executable, "-m", "spin_trtllm._build", "--check"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_binding_check_fails_on_a_binding_that_does_not_compile(tmp_path, monkeypatch, capsys):
+    # at::empty without its header: a CUDA build of torch 2.11 did not compile this
+    from spin_trtllm import _build
+    compiler = _build.nvcc()
+    if compiler is None or _build.cuda_include(compiler) is None:
+        pytest.skip("needs nvcc and the CUDA headers")
+    topk = (_build.PACKAGE / "csrc" / "topk.cpp").read_text()
+    assert "#include <ATen/ops/empty.h>" in topk
+    bad = tmp_path / "topk.cpp"
+    bad.write_text(topk.replace("#include <ATen/ops/empty.h>", "")
+                   .replace('#include "binding.h"', f'#include "{_build.PACKAGE}/csrc/binding.h"'))
+    monkeypatch.setattr(_build, "BINDINGS", [bad, _build.PACKAGE / "csrc" / "update.cpp"])
+    assert _build.check_bindings(compiler) == 1
+    out = capsys.readouterr()
+    assert "topk.cpp" in out.out and "FAILED" in out.out and "empty" in out.err
