@@ -61,14 +61,10 @@ def same_sets(a: torch.Tensor, b: torch.Tensor) -> float:
 def topk_by_backend(run, iters, sets) -> dict[str, float]:
     """ms of a top-K call (run(i) calls ops.topk) with each backend this run has: spin's kernel,
     and flashinfer's where it is installed."""
-    before = ops.topk_backend()
     times = {}
-    try:
-        for backend in ("spin", "flashinfer") if ops.peer_available() else ("spin",):
-            ops.set_topk_backend(backend)
+    for backend in ("spin", "flashinfer") if ops.peer_available() else ("spin",):
+        with ops.using_topk_backend(backend):
             times[backend] = time_ms(run, iters, sets)
-    finally:
-        ops.set_topk_backend(before)
     return times
 
 

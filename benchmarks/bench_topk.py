@@ -182,19 +182,6 @@ def env(name: str, value: str):
             os.environ[name] = before
 
 
-@contextlib.contextmanager
-def topk_backend(choice: str):
-    """ops.topk's backend set to `choice` inside the block, then as it was (SPIN_TOPK is read
-    once, at the first top-K, so setting the variable would not switch it)."""
-    from spin_trtllm import ops
-    before = ops.topk_backend()
-    ops.set_topk_backend(choice)
-    try:
-        yield
-    finally:
-        ops.set_topk_backend(before)
-
-
 def timed(name, fn, iters, sets, errors):
     """(us, mode) of fn via a captured graph, else eagerly, else (None, error message)."""
     from bench_decode_indexer import time_eager_ms, time_ms
@@ -273,7 +260,7 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
             "flashinfer.top_k_varlen", fi_varlen, args.iters, sets, errors)
 
         def via_flashinfer(i):   # spin.topk's flashinfer path: remap and ordering included
-            with topk_backend("flashinfer"):
+            with ops.using_topk_backend("flashinfer"):
                 ops.topk(zs[i], ids, cnt, next_n, k, top)
 
         row["via_fi_us"], row["via_fi_mode"] = timed(

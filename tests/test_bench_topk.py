@@ -57,16 +57,3 @@ def test_every_line_has_the_headers_columns(bench):
     assert [line.count("|") for line in table[3:]] == [cells] * 3
     assert table[4].split("|")[-4:-1] == [" 6.29 ", " 9.54 ", " 5.72 "]
 
-
-def test_flashinfer_column_switches_the_backend_that_is_read_once(bench, monkeypatch):
-    from spin_trtllm import ops
-    from spin_trtllm.ops import _topk
-    monkeypatch.setattr(_topk, "_backend", None)   # restored after: other tests read SPIN_TOPK
-    ops.topk_backend()                     # read SPIN_TOPK, as the spin column's first call does
-    before = ops.topk_backend()
-    with bench.topk_backend("flashinfer"):
-        assert ops.topk_backend() == "flashinfer"
-    assert ops.topk_backend() == before
-    with pytest.raises(RuntimeError), bench.topk_backend("flashinfer"):
-        raise RuntimeError("a failed call")
-    assert ops.topk_backend() == before

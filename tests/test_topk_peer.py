@@ -217,3 +217,17 @@ def test_no_rows_never_reach_the_peer(fake_flashinfer, monkeypatch):
     logits, ids, counts, _ = case(3, 2, 1, 3, 16, False)
     assert ops.topk_peer(logits[:0], ids[:0], 16) is None
     assert ops.topk(logits[:0], ids[:0], counts[:0], 1, 16).shape == (0, 16)
+
+
+def test_using_a_backend_switches_the_one_read_once(monkeypatch):
+    # bench_topk's flashinfer-path column: setting SPIN_TOPK would not switch it
+    monkeypatch.setattr(_topk, "_backend", None)   # restored after: other tests read SPIN_TOPK
+    monkeypatch.setenv("SPIN_TOPK", "spin")
+    ops.topk_backend()                     # read SPIN_TOPK, as the spin column's first call does
+    before = ops.topk_backend()
+    with ops.using_topk_backend("flashinfer"):
+        assert ops.topk_backend() == "flashinfer"
+    assert ops.topk_backend() == before
+    with pytest.raises(RuntimeError), ops.using_topk_backend("flashinfer"):
+        raise RuntimeError("a failed call")
+    assert ops.topk_backend() == before

@@ -30,9 +30,10 @@ TOPK_SPIN_MAX_ROWS rows (H200, K 512; benchmarks/RESULTS.md, top-K).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -95,6 +96,18 @@ def topk_backend() -> str:
     if _backend is None:
         set_topk_backend(os.environ.get("SPIN_TOPK", "auto"))
     return _backend
+
+
+@contextlib.contextmanager
+def using_topk_backend(choice: str) -> Iterator[None]:
+    """The top-K backend set to `choice` inside the block, then as it was (SPIN_TOPK is read
+    once, so setting the variable would not switch it)."""
+    before = topk_backend()
+    set_topk_backend(choice)
+    try:
+        yield
+    finally:
+        set_topk_backend(before)
 
 
 @functools.lru_cache(maxsize=None)
