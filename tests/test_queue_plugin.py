@@ -86,3 +86,24 @@ def test_longest_first_keeps_modules_whole(tmp_path):
     order = [i.nodeid for i in longest_first(items, seconds)]
     assert order == ["m2.py::x", "m2.py::y", "m2.py::new", "m1.py::slow", "m1.py::fast",
                      "m0.py::new"]
+
+
+def _fake_torch(initialized: bool, emptied: list):
+    cuda = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: initialized,
+                           empty_cache=lambda: emptied.append(1))
+    return SimpleNamespace(cuda=cuda)
+
+
+def test_each_test_gives_back_the_gpu_memory_torch_keeps_cached(tmp_path, monkeypatch):
+    # processes sharing a GPU hold what their current test needs, not their largest test's
+    from spin_trtllm.testing.queue_plugin import TestQueue
+    queue, item = TestQueue(str(tmp_path / "queue")), SimpleNamespace(nodeid="t::a")
+    emptied: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, emptied))
+    queue.pytest_runtest_teardown(item)
+    queue.pytest_runtest_teardown(item)
+    assert emptied == [1, 1]
+    # a process that never touched the GPU does not start CUDA for it
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(False, emptied))
+    queue.pytest_runtest_teardown(item)
+    assert emptied == [1, 1]

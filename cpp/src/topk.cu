@@ -15,7 +15,6 @@
 //      finds the exact K-th key and, among entries equal to it, the last position taken;
 //   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
 //      each warp writes its entries in position order.
-// Many long rows go instead through two launches and a workspace (below: the top-K over chunks).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -153,49 +152,27 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
-// The entries counted in hist (kBins bins; returned), and for T = min(k, that) below it the
-// bin holding the T-th largest entry (bins scanned from the top) and how many entries lie in
-// higher bins, in bcast[0] and bcast[1]. Each of the THREADS threads scans kBins / THREADS bins.
-template <int THREADS>
+// The entries counted in hist (returned), and for T = min(k, that) below it the bin holding
+// the T-th largest entry (bins scanned from the top) and how many entries lie in higher bins,
+// in bcast[0] and bcast[1].
 __device__ int find_bin(const int* hist, int k, int* warp_sums, int* bcast) {
-  constexpr int kWarpsHere = THREADS / 32, kPerThread = kBins / THREADS;
-  static_assert(kBins % THREADS == 0 && kWarpsHere <= 32, "whole bins a thread, one warp of sums");
   const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
-  const int hi = kBins - 1 - kPerThread * i;
-  int h[kPerThread], sum = 0;
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) sum += h[j] = hist[hi - j];
-  const int incl = warp_inclusive_sum(sum);
+  const int hi = kBins - 1 - 2 * i;
+  const int h0 = hist[hi], h1 = hist[hi - 1];
+  const int incl = warp_inclusive_sum(h0 + h1);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  if (warp == 0) {
-    const int s = warp_inclusive_sum(lane < kWarpsHere ? warp_sums[lane] : 0);
-    if (lane < kWarpsHere) warp_sums[lane] = s;
-  }
+  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
   __syncthreads();
-  const int total = warp_sums[kWarpsHere - 1], T = min(k, total);
-  int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - sum;
-  if (T < total && before < T && before + sum >= T) {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      if (before + h[j] >= T) {
-        bcast[0] = hi - j;
-        bcast[1] = before;
-        break;
-      }
-      before += h[j];
-    }
+  const int total = warp_sums[kWarps - 1], T = min(k, total);
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (h0 + h1);
+  if (T < total && before < T && before + h0 + h1 >= T) {
+    const bool first = before + h0 >= T;
+    bcast[0] = first ? hi : hi - 1;
+    bcast[1] = first ? before : before + h0;
   }
   __syncthreads();
   return total;
-}
-
-// The row's scored length: slots of the selected blocks, cut at the row's compact length.
-__device__ __forceinline__ int row_limit(const TopKParams& p, int row_id) {
-  const int b = row_id / p.rows;
-  int limit = max(0, min(p.counts[b * p.counts_stride], p.m_cap)) * kBlockSize;  // no wrap
-  if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
-  return limit;
 }
 
 // One row per CTA, or per thread-block cluster of kCluster CTAs when there are few rows: each
@@ -228,7 +205,8 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks (and within the row's compact length, when given) with a
   // finite score take part; segments stay whole 16-byte loads
-  const int limit = row_limit(p, row_id);
+  int limit = max(0, min(p.counts[b * p.counts_stride], p.m_cap)) * kBlockSize;  // no wrap
+  if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
   const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
@@ -277,7 +255,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   });
   __syncthreads();
   merge_bins(kBins);
-  const int finite = find_bin<kThreads>(merged, p.k, warp_sums, bcast);
+  const int finite = find_bin(merged, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
@@ -440,307 +418,6 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
 }
 
-// ---- Many rows: the top-K over chunks ----------------------------------------------------------
-// One CTA per chunk of kChunk positions keeps its keys in registers (each score is read once)
-// and writes the chunk's K first entries by (key descending, position ascending), in position
-// order, to a workspace; then one CTA per row ranks its chunks' lists, which hold at most
-// kMergeCap entries. Exact: an entry among a row's K first is among its chunk's K first. The
-// one-CTA kernel above walks its row four times on one SM; at 96 rows the SMs' instruction
-// throughput, not memory, bounded it.
-constexpr int kChunkThreads = 256;
-constexpr int kChunkGroups = 8;                              // float4 groups a thread holds
-constexpr int kChunk = kChunkThreads * kChunkGroups * 4;     // 8192 positions
-constexpr int kMergeThreads = 512;
-constexpr int kMergeGroups = 32;                             // entries a thread ranks
-constexpr int kMergeCap = kMergeThreads * kMergeGroups;      // 16384 entries, 64 KB of keys
-constexpr int kMaxChunks = 64;                               // 512K slots a row
-// Rows from which split -1 (SPIN_TOPK_SPLIT=auto) ranks in chunks: below, clusters of the
-// one-CTA kernel share each row over several SMs.
-constexpr int kSplitMinRows = 32;
-
-// Exclusive prefix sums over one warp of n <= 32 * kPerLane values, lane l taking values
-// kPerLane * l ..: write(i, sum of the values before i); returns the total.
-template <int kPerLane, typename ValueAt, typename Write>
-__device__ __forceinline__ int warp_exclusive_sums(int n, ValueAt value_at, Write write) {
-  const int lane = threadIdx.x & 31;
-  int v[kPerLane], sum = 0;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int i = lane * kPerLane + j;
-    sum += v[j] = i < n ? value_at(i) : 0;
-  }
-  const int incl = warp_inclusive_sum(sum);
-  int run = incl - sum;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int i = lane * kPerLane + j;
-    if (i < n) write(i, run);
-    run += v[j];
-  }
-  return __shfl_sync(0xffffffffu, incl, 31);
-}
-
-// Where the entries a thread takes part with sit in the order of positions: group u of thread t
-// comes after every group below u and after group u of threads below t.
-template <int THREADS, int kGroups>
-struct GroupOrder {
-  static constexpr int kWarpsHere = THREADS / 32;
-  static constexpr int kTotals = kGroups * kWarpsHere;
-  // count_of(u): this thread's entries in group u above the threshold key (<< 16) and equal to
-  // it (low 16 bits; at most 16384 each); emit(u, above, equal) gets those counts of every
-  // entry before the group. `totals` holds kTotals ints.
-  template <typename CountOf, typename Emit>
-  __device__ static void visit(int groups, CountOf count_of, Emit emit, int* totals) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int u = 0; u < kGroups; ++u)
-      if (u < groups) {
-        const int incl = warp_inclusive_sum(count_of(u));
-        if (lane == 31) totals[u * kWarpsHere + warp] = incl;
-      }
-    __syncthreads();
-    if (warp == 0)  // the warps' totals become their offsets, in place
-      warp_exclusive_sums<(kTotals + 31) / 32>(
-          groups * kWarpsHere, [&](int i) { return totals[i]; },
-          [&](int i, int before) { totals[i] = before; });
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kGroups; ++u)
-      if (u < groups) {
-        const int c = count_of(u);
-        const int before = totals[u * kWarpsHere + warp] + warp_inclusive_sum(c) - c;
-        emit(u, before >> 16, before & 0xFFFF);
-      }
-  }
-};
-
-// Entries taken: key > key_, or key == key_ among the first `ties` of them by position.
-struct Threshold {
-  uint32_t key;
-  int ties;
-  int taken;  // min(k, entries taking part)
-  __device__ __forceinline__ int packed(uint32_t k) const {
-    return (static_cast<int>(k > key) << 16) | static_cast<int>(k == key);
-  }
-  // Where entry k goes among the taken ones, given the counts of packed() over the entries
-  // before it; -1 if it is not taken.
-  __device__ __forceinline__ int place(uint32_t k, int above, int equal) const {
-    return k > key || (k == key && equal < ties) ? above + min(equal, ties) : -1;
-  }
-};
-
-// The threshold of the k first among the keys each_key(fn) hands to fn (0: not taking part),
-// over the CTA's THREADS threads: a histogram of the coarse digit, then passes of up to 11 bits
-// over the keys inside the threshold's bin, until the bin is one key or taken whole.
-template <int THREADS, typename EachKey>
-__device__ Threshold find_threshold(int k, EachKey each_key, int* hist, int* warp_sums,
-                                    int* bcast, uint32_t* bin_keys) {
-  for (int d = threadIdx.x; d < kBins; d += THREADS) hist[d] = 0;
-  __syncthreads();
-  each_key([&](uint32_t key) {
-    if (key) atomicAdd(&hist[coarse_digit(key)], 1);
-  });
-  __syncthreads();
-  const int total = find_bin<THREADS>(hist, k, warp_sums, bcast);
-  const int T = min(k, total);
-  if (T == total) return {1u, INT_MAX, T};  // every entry taking part: all keys are >= 1
-  const int bin = bcast[0];
-  int need = T - bcast[1];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < 2) {
-    const uint32_t key = first_key_of_digit(bin + warp);
-    if (lane == 0) bin_keys[warp] = key;
-  }
-  __syncthreads();
-  uint64_t lo = bin_keys[0], hi = bin_keys[1];  // the keys still in question: [lo, hi)
-  int in_range = hist[bin];
-  while (in_range > need && hi - lo > 1) {
-    const int bits = 64 - __clzll(static_cast<long long>(hi - lo - 1));  // hi - lo <= 2^bits
-    const int shift = max(bits - 11, 0);
-    const uint32_t base = static_cast<uint32_t>(lo);
-    __syncthreads();  // every thread has read in_range
-    for (int d = threadIdx.x; d < kBins; d += THREADS) hist[d] = 0;
-    __syncthreads();
-    each_key([&](uint32_t key) {
-      if (key >= lo && key < hi) atomicAdd(&hist[(key - base) >> shift], 1);
-    });
-    __syncthreads();
-    find_bin<THREADS>(hist, need, warp_sums, bcast);  // in_range > need: a bin is found
-    const int d = bcast[0];
-    need -= bcast[1];
-    lo += static_cast<uint64_t>(d) << shift;
-    hi = min(hi, lo + (uint64_t{1} << shift));
-    in_range = hist[d];
-  }
-  // all of [lo, hi) taken, or the need first of the entries equal to lo
-  return {static_cast<uint32_t>(lo), in_range == need ? INT_MAX : need, T};
-}
-
-// A chunk's list in the workspace: counts [rows * chunks], then keys and positions
-// [rows * chunks, k] each.
-struct ChunkLists {
-  int32_t* counts;
-  uint32_t* keys;
-  int32_t* positions;
-  __device__ __forceinline__ ChunkLists(const TopKParams& p, int chunks) {
-    const int64_t lists = static_cast<int64_t>(p.batch) * p.rows * chunks;
-    counts = static_cast<int32_t*>(p.workspace);
-    keys = reinterpret_cast<uint32_t*>(counts + lists);
-    positions = reinterpret_cast<int32_t*>(keys + lists * p.k);
-  }
-};
-
-__global__ void __launch_bounds__(kChunkThreads) topk_chunk_kernel(TopKParams p, int chunks) {
-  __shared__ int hist[kBins];
-  __shared__ int warp_sums[kChunkThreads / 32];
-  __shared__ int totals[GroupOrder<kChunkThreads, kChunkGroups>::kTotals];
-  __shared__ int bcast[2];
-  __shared__ uint32_t bin_keys[2];
-  pdl_launch_dependents();  // the merge may start: it waits for this grid before it reads
-  const int list = blockIdx.x, row_id = list / chunks;
-  const int base = (list % chunks) * kChunk, limit = row_limit(p, row_id);
-  const ChunkLists lists(p, chunks);
-  if (base >= limit) {
-    if (threadIdx.x == 0) lists.counts[list] = 0;
-    return;
-  }
-  const float* z = p.logits + static_cast<int64_t>(row_id) * p.logits_stride;
-  // group u: the 4 positions from base + u * 1024 + 4 * t (whole 16-byte loads: rows are
-  // 16-byte aligned and limit <= m_cap * 64, a multiple of 4)
-  auto group_pos = [&](int u) { return base + u * kChunkThreads * 4 + 4 * threadIdx.x; };
-  uint32_t keys[kChunkGroups][4];
-#pragma unroll
-  for (int u = 0; u < kChunkGroups; ++u) {
-    const int pos = group_pos(u);
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (pos < limit) v = __ldg(reinterpret_cast<const float4*>(z + pos));
-    const float vs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) keys[u][e] = pos + e < limit ? key_of(vs[e]) : 0u;
-  }
-  auto each_key = [&](auto fn) {
-#pragma unroll
-    for (int u = 0; u < kChunkGroups; ++u)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) fn(keys[u][e]);
-  };
-  const Threshold t = find_threshold<kChunkThreads>(p.k, each_key, hist, warp_sums, bcast,
-                                                    bin_keys);
-  if (threadIdx.x == 0) lists.counts[list] = t.taken;
-  if (t.taken == 0) return;
-  uint32_t* const out_keys = lists.keys + static_cast<int64_t>(list) * p.k;
-  int32_t* const out_pos = lists.positions + static_cast<int64_t>(list) * p.k;
-  GroupOrder<kChunkThreads, kChunkGroups>::visit(
-      kChunkGroups,
-      [&](int u) {
-        int c = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c += t.packed(keys[u][e]);
-        return c;
-      },
-      [&](int u, int above, int equal) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t key = keys[u][e];
-          const int at = t.place(key, above, equal);
-          if (at >= 0) {
-            out_keys[at] = key;
-            out_pos[at] = group_pos(u) + e;
-          }
-          above += key > t.key;
-          equal += key == t.key;
-        }
-      },
-      totals);
-}
-
-__global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(TopKParams p, int chunks) {
-  extern __shared__ uint32_t row_keys[];  // the row's lists, chunk after chunk
-  __shared__ int hist[kBins];
-  __shared__ int warp_sums[kMergeThreads / 32];
-  __shared__ int totals[GroupOrder<kMergeThreads, kMergeGroups>::kTotals];
-  __shared__ int list_start[kMaxChunks + 1];
-  __shared__ int bcast[2];
-  __shared__ uint32_t bin_keys[2];
-  // a kernel launched beside this one (the update) may start: it writes nothing read here
-  pdl_launch_dependents();
-  pdl_wait();  // the chunks' lists
-  const int row_id = blockIdx.x;
-  const ChunkLists lists(p, chunks);
-  const int64_t first_list = static_cast<int64_t>(row_id) * chunks;
-  if (threadIdx.x < 32) {  // list_start: where each list begins, then the entries in all
-    const int entries = warp_exclusive_sums<kMaxChunks / 32>(
-        kMaxChunks, [&](int c) { return c < chunks ? lists.counts[first_list + c] : 0; },
-        [&](int c, int before) { list_start[c] = before; });
-    if (threadIdx.x == 0) list_start[kMaxChunks] = entries;
-  }
-  __syncthreads();
-  const int entries = list_start[kMaxChunks];
-  for (int c = 0; c < chunks; ++c) {
-    const uint32_t* keys = lists.keys + (first_list + c) * p.k;
-    for (int i = threadIdx.x; i < list_start[c + 1] - list_start[c]; i += kMergeThreads)
-      row_keys[list_start[c] + i] = keys[i];
-  }
-  __syncthreads();
-  const int groups = (entries + kMergeThreads - 1) / kMergeThreads;
-  auto key_at = [&](int u) {
-    const int i = u * kMergeThreads + threadIdx.x;
-    return i < entries ? row_keys[i] : 0u;
-  };
-  auto each_key = [&](auto fn) {
-#pragma unroll
-    for (int u = 0; u < kMergeGroups; ++u)
-      if (u < groups) fn(key_at(u));
-  };
-  const Threshold t = find_threshold<kMergeThreads>(p.k, each_key, hist, warp_sums, bcast,
-                                                    bin_keys);
-  int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
-  const int32_t* const ids = p.block_ids + (row_id / p.rows) * p.ids_stride;
-  if (t.taken > 0)
-    GroupOrder<kMergeThreads, kMergeGroups>::visit(
-        groups, [&](int u) { return t.packed(key_at(u)); },
-        [&](int u, int above, int equal) {
-          const int at = t.place(key_at(u), above, equal);
-          if (at >= 0) {
-            const int i = u * kMergeThreads + threadIdx.x;
-            int c = 0;  // the list holding entry i: the last start at or below it
-            for (int step = kMaxChunks / 2; step > 0; step >>= 1)
-              if (c + step < chunks && list_start[c + step] <= i) c += step;
-            const int pos = lists.positions[(first_list + c) * p.k + i - list_start[c]];
-            out[at] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
-          }
-        },
-        totals);
-  for (int c = t.taken + threadIdx.x; c < p.k; c += kMergeThreads) out[c] = -1;
-}
-
-// Chunks a row of these rows is ranked in, or 0 where the one-CTA kernel runs.
-int split_chunks(const TopKParams& p) {
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
-  const int64_t chunks = (static_cast<int64_t>(p.m_cap) * kBlockSize + kChunk - 1) / kChunk;
-  if (p.k < 1 || p.split == 0 || (p.split < 0 && rows < kSplitMinRows)) return 0;
-  if (chunks < 2 || chunks > kMaxChunks || chunks * p.k > kMergeCap) return 0;
-  return static_cast<int>(chunks);
-}
-
-cudaError_t launch_split(const TopKParams& p, int chunks, cudaStream_t stream) {
-  const int rows = p.batch * p.rows;
-  topk_chunk_kernel<<<rows * chunks, kChunkThreads, 0, stream>>>(p, chunks);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const size_t smem = static_cast<size_t>(chunks) * p.k * sizeof(uint32_t);
-  err = allow_dynamic_smem(topk_merge_kernel, smem);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(rows);
-  cfg.blockDim = dim3(kMergeThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  allow_beside_previous(cfg, attr, true);  // starts beside the chunks; pdl_wait before reading
-  return cudaLaunchKernelEx(&cfg, topk_merge_kernel, p, chunks);
-}
-
 template <bool kCached, int kCluster>
 cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
   auto kernel = topk_kernel<kCached, kCluster>;
@@ -790,16 +467,8 @@ cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t str
 
 }  // namespace
 
-size_t topk_workspace_bytes(const TopKParams& p) {
-  const int64_t lists = static_cast<int64_t>(p.batch) * p.rows * split_chunks(p);
-  return static_cast<size_t>(lists) * (sizeof(int32_t) + static_cast<size_t>(p.k) * 8);
-}
-
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.rows == 0) return cudaSuccess;
-  const int chunks = split_chunks(p);
-  if (chunks > 0 && p.workspace != nullptr && p.workspace_bytes >= topk_workspace_bytes(p))
-    return launch_split(p, chunks, stream);
   int device = 0, sms = 132, major = 0, optin = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

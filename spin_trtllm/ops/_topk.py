@@ -7,17 +7,8 @@ int32 [B, R]: compact positions at or past a row's length take no part (logits f
 kernel on a compacted table, which leaves those columns unspecified). On sm_90+ the kernel lets
 a kernel launched after it with programmatic stream serialization start at once (select's and
 update's beside_previous); such a kernel must wait (griddepcontrol.wait) before it reads the
-top-K's output, and may write only memory allocated before the top-K call: the logits, and the
-workspace of the chunked path (SPIN_TOPK_SPLIT below), are still being read when the call
-returns and their memory may be handed out again.
-
-SPIN_TOPK_SPLIT=auto ranks many long rows (at least 32 rows of more than 8192 compact slots, K
-chunks of a row at most 16384 entries) in chunks: one CTA per 8192 slots keeps its scores in
-registers and keeps its K first, then one CTA per row merges those lists, through a workspace
-the binding allocates. =1 ranks in chunks at any row count; 0, or unset, keeps one CTA (or a
-cluster) a row everywhere: the default, since the chunks were slower at all but the densest
-96-row shapes on the H200 (docs/ops.md). It is read at every call. The TensorRT plugin runs one
-CTA a row.
+top-K's output, and may write only memory allocated before the top-K call: the logits are
+still being read when the call returns and their memory may be handed out again.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
@@ -190,16 +181,6 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, ascending=True, scores=x)
 
 
-TOPK_SPLIT_MODES = ("0", "1", "auto")
-
-
-def check_split_mode() -> None:
-    """SPIN_TOPK_SPLIT, which the binding reads at every call, must be one it knows."""
-    mode = os.environ.get("SPIN_TOPK_SPLIT")
-    if mode is not None and mode not in TOPK_SPLIT_MODES:
-        raise SpinError(f"SPIN_TOPK_SPLIT must be 0, 1 or auto, got {mode!r}")
-
-
 def topk(logits, block_ids, counts, next_n: int, k: int,
          out: Optional[torch.Tensor] = None,
          row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -210,6 +191,5 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
     if topk_peer(logits, block_ids, k) is not None:
         _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens)
     else:
-        check_split_mode()
         torch.ops.spin.topk(logits, block_ids, counts, next_n, out, row_lens)
     return out

@@ -7,10 +7,11 @@
 #   bash tests/gpu/device_check.sh sanitize [TOOL...] every GPU test except the `large` shapes
 #       (each has a smaller case on the same path) under each TOOL (default: memcheck racecheck
 #       synccheck initcheck), side by side, each tool in SANITIZER_SHARDS processes (default: as
-#       many as keep one process per CPU core and 6 GiB of GPU memory; racecheck twice as many)
+#       many as keep one process per CPU core and 6-8 GiB of GPU memory; racecheck twice as many)
 #       that share its tests out as they go (SPIN_TEST_QUEUE,
 #       spin_trtllm/testing/queue_plugin.py), the longest known first (SANITIZER_ORDER: .times
-#       files of an earlier run, colon-separated; default tests/gpu/sanitizer_order.times;
+#       files of an earlier run, colon-separated; default tests/gpu/sanitizer_order/TOOL.times,
+#       racecheck's for a tool without one;
 #       empty: collection order; SPIN_TEST_ORDER), with
 #       a limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
 #       script's start, after the builds, less 45 s for the summary; 480 in `all`)
@@ -81,13 +82,22 @@ tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck init
 only_spin="--kernel-name kns=spin"
 # not `| grep -q`: grep's early exit breaks the pipe, which pipefail reads as "no such option"
 [[ "$(compute-sanitizer --help 2>&1)" == *--kernel-name* ]] || only_spin="--filter kns=spin"
-# one process per core: each tool one share, racecheck two; and no more processes than the GPU
-# holds: a test process peaks near 6 GiB (the engine schedules; 16 of them ran an H100's 79 GiB
-# out of memory)
-shares=$(( ${#tools[@]} + $(printf '%s\n' "${tools[@]}" | grep -c '^racecheck$') ))
+# One process per core: each tool one share, racecheck two. And no more processes than the GPU
+# holds: under memcheck and synccheck, which run the long engine schedules, a test process
+# reached 6.0-7.4 GiB (12 of them ran an H100's 79 GiB out of memory), under racecheck and
+# initcheck (brief schedules) 6; a share's processes are counted at that size.
+shares=0 share_gib=0
+for tool in "${tools[@]}"; do
+  case $tool in
+    racecheck) shares=$((shares + 2)) share_gib=$((share_gib + 12));;
+    initcheck) shares=$((shares + 1)) share_gib=$((share_gib + 6));;
+    *) shares=$((shares + 1)) share_gib=$((share_gib + 8));;
+  esac
+done
 gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
-per_share=$(( $(nproc) < gpu_gib / 6 ? $(nproc) : gpu_gib / 6 ))
-shards=${SANITIZER_SHARDS:-$(( per_share / shares > 0 ? per_share / shares : 1 ))}
+by_cores=$(( $(nproc) / shares )) by_memory=$(( gpu_gib / share_gib ))
+shards=$(( by_cores < by_memory ? by_cores : by_memory ))
+shards=${SANITIZER_SHARDS:-$(( shards > 0 ? shards : 1 ))}
 echo "sanitizer processes: $shards per share, $shares shares ($(nproc) cores, $gpu_gib GiB)"
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
 [ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
@@ -111,10 +121,12 @@ for tool in "${tools[@]}"; do
   fi
   [ "$tool" = racecheck ] && n=$((2 * shards)) &&   # about half memcheck's speed on these tests
     marks="$marks and not no_racecheck and not racecheck_slow"
+  order=tests/gpu/sanitizer_order/$tool.times
+  [ -f "$order" ] || order=tests/gpu/sanitizer_order/racecheck.times
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-tests/gpu/sanitizer_order.times}" \
+      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \

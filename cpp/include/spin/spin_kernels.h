@@ -178,15 +178,7 @@ struct TopKParams {
   // [B*R] compact length of each row, or null: positions past it take no part (a dense kernel
   // on a compacted table leaves them unspecified)
   const int32_t* row_lens = nullptr;
-  // Many long rows may be ranked in chunks, through a device workspace of topk_workspace_bytes
-  // (0: these shapes never use one); without it the one-CTA-a-row kernel runs. split: 0 never
-  // (the default: the chunks were slower on the H200), 1 wherever the shapes allow, -1 for many
-  // long rows.
-  int split = 0;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
 };
-size_t topk_workspace_bytes(const TopKParams& p);
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
 
 struct UpdateParams {
