@@ -56,4 +56,3 @@ def test_every_line_has_the_headers_columns(bench):
     cells = table[2].count("|")
     assert [line.count("|") for line in table[3:]] == [cells] * 3
     assert table[4].split("|")[-4:-1] == [" 6.29 ", " 9.54 ", " 5.72 "]
-

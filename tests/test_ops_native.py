@@ -71,8 +71,8 @@ def test_binding_check_fails_on_a_binding_that_does_not_compile(tmp_path, monkey
     assert "ATen/ops/empty.h" not in topk
     bad = tmp_path / "topk.cpp"
     uses_empty = "at::Tensor scratch(const at::Tensor& x) { return at::empty({1}, x.options()); }"
-    bad.write_text(topk.replace('#include "binding.h"', f'#include "{_build.PACKAGE}/csrc/binding.h"')
-                   + "\n" + uses_empty + "\n")
+    binding = f'#include "{_build.PACKAGE}/csrc/binding.h"'
+    bad.write_text(topk.replace('#include "binding.h"', binding) + "\n" + uses_empty + "\n")
     monkeypatch.setattr(_build, "BINDINGS", [bad, _build.PACKAGE / "csrc" / "update.cpp"])
     assert _build.check_bindings(compiler) == 1
     out = capsys.readouterr()

@@ -79,7 +79,7 @@ class TestQueue:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item) -> None:
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
 

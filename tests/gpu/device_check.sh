@@ -11,9 +11,8 @@
 #       that share its tests out as they go (SPIN_TEST_QUEUE,
 #       spin_trtllm/testing/queue_plugin.py), the longest known first (SANITIZER_ORDER: .times
 #       files of an earlier run, colon-separated; default tests/gpu/sanitizer_order/TOOL.times,
-#       racecheck's for a tool without one;
-#       empty: collection order; SPIN_TEST_ORDER), with
-#       a limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
+#       racecheck's for a tool without one; empty: collection order; SPIN_TEST_ORDER), with a
+#       limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
 #       script's start, after the builds, less 45 s for the summary; 480 in `all`)
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call) `sanitize` also
