@@ -207,13 +207,14 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
 
 
 # The filter's passes take 16384 slots (256 blocks) a CTA: 257 blocks leave a second slice of
-# one block, 3 blocks (the first batch row) one slice. zeros, narrow and few_ties put more than
-# 4096 entries in the K-th value's bin: those rows are ranked whole after the passes. 1024
+# one block, 3 blocks (the first batch row) one slice. randn ranks the K-th value's bin by
+# counting, few_ties by radix passes over the candidates (ties split); zeros, narrow and wide
+# put more than 4096 entries in it, and those rows are ranked whole after the passes. 1024
 # blocks: racecheck runs the same kernels on the smaller cases
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,blocks,k", [
     (4, 257, 512), (6, 300, 100), pytest.param(4, 1024, 512, marks=_RACECHECK_SLOW),
-    pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (3, 256, 1),
+    pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (5, 300, 1),
     pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
 def test_gpu_topk_through_the_filter_matches_reference(monkeypatch, rows, blocks, k, kind):
@@ -275,3 +276,34 @@ def test_gpu_topk_auto_filters_many_rows_like_one_cta(monkeypatch):
     one_cta = ops.topk(z, ids, cnt, 1, 512)
     monkeypatch.setenv("SPIN_TOPK_FILTER", "auto")
     assert torch.equal(ops.topk(z, ids, cnt, 1, 512), one_cta)
+
+
+def _launched_kernels(fn) -> set:
+    """Names of the CUDA kernels fn() launches (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.gpu
+def test_gpu_topk_filter_edge_rows_match_reference(monkeypatch):
+    # every finite entry taken across both slices (T == finite < K, and T == finite == K), a
+    # row ending exactly at the first slice's edge, a full row; the filter's kernels do run
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
+    gen = torch.Generator().manual_seed(7)
+    blocks, k = 300, 2048
+    z = torch.full((4, blocks * 64), float("-inf"))
+    for row, finite in [(0, k), (1, 1000)]:
+        at = torch.randperm(blocks * 64, generator=gen)[:finite]
+        z[row, at] = torch.randn(finite, generator=gen)
+    z[2:] = torch.randn(2, blocks * 64, generator=gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(4, 1)
+    cnt = torch.tensor([blocks, blocks, 256, blocks], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    zg, ig, cg = z.cuda(), ids.cuda(), cnt.cuda()
+    got = ops.topk(zg, ig, cg, 1, k)
+    assert torch.equal(got.cpu(), want)
+    names = " ".join(_launched_kernels(lambda: ops.topk(zg, ig, cg, 1, k)))
+    assert "topk_histogram_kernel" in names and "topk_filter_kernel" in names, names

@@ -264,6 +264,7 @@ constexpr int kFilterCap = kCandCap;                          // candidates a ro
 constexpr int kFilterMaxK = 2048;                             // taken positions a row lists
 constexpr int kFilterMaxSlots = 512 * 1024;                   // the bitmap: 64 KB of shared memory
 constexpr int kFilterMinRows = 32;                            // filter -1: from these rows
+constexpr int kFilterMaxRows = 2048;                          // a workspace of 96 MB at most
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
 
@@ -381,7 +382,8 @@ __global__ void __launch_bounds__(kPassThreads) topk_filter_kernel(TopKParams p)
     for (int e = 0; e < 4; ++e) {
       const uint32_t key = keys[u][e];
       if (key >= above_from) {
-        above[above_at++] = slice_pos(base, u, e);  // fewer than T <= kFilterMaxK a row
+        if (above_at < kFilterMaxK) above[above_at] = slice_pos(base, u, e);  // fewer than T
+        ++above_at;
       } else if (key >= cand_from) {
         if (cand_at < kFilterCap) {
           cand_pos[cand_at] = slice_pos(base, u, e);
@@ -402,7 +404,8 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   const int finite = find_bin<kThreads>(row_counts, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
   const int n_above = row_counts[kBins], n_cand = row_counts[kBins + 1];
-  if (n_cand > kFilterCap) return false;  // every thread read the same count
+  // every thread read the same counts; above T (never, by the histogram) the lists are not used
+  if (n_cand > kFilterCap || n_above > T) return false;
   const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
   for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
   const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
@@ -455,7 +458,7 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   for (int w = w0; w < w1; ++w)
     for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
       const int pos = w * 32 + __ffs(bits) - 1;
-      out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+      if (at < p.k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
     }
   for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
   return true;
@@ -727,7 +730,20 @@ bool filter_shapes(const TopKParams& p) {
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   if (p.filter == 0 || p.k < 1 || p.k > kFilterMaxK) return false;
   if (p.filter < 0 && rows < kFilterMinRows) return false;
-  return slots > kSlice && slots <= kFilterMaxSlots && rows <= 65535;  // rows: grid.y
+  return slots > kSlice && slots <= kFilterMaxSlots && rows <= kFilterMaxRows;
+}
+
+// Whether topk_kernel<false, 1> has room for the bitmap of these rows beside its static shared
+// memory (sm_89 and sm_120 give a CTA 99 KB).
+bool filter_fits(const TopKParams& p) {
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, topk_kernel<false, 1>) == cudaSuccess
+               ? attr.sharedSizeBytes : SIZE_MAX;
+  }();
+  const size_t bitmap = static_cast<size_t>(p.m_cap) * kBlockSize / 8;
+  const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return static_bytes != SIZE_MAX && static_bytes + bitmap <= static_cast<size_t>(optin);
 }
 
 cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
@@ -741,8 +757,7 @@ cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
   topk_filter_kernel<<<grid, kPassThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_rows<false, 1>(p, static_cast<size_t>((slots + 31) / 32) * sizeof(uint32_t),
-                               stream);
+  return launch_rows<false, 1>(p, static_cast<size_t>(slots / 8), stream);  // slots: 64 * m_cap
 }
 
 }  // namespace
@@ -756,7 +771,7 @@ size_t topk_workspace_bytes(const TopKParams& p) {
 cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
   if (params.batch == 0 || params.rows == 0) return cudaSuccess;
   if (filter_shapes(params) && params.workspace != nullptr &&
-      params.workspace_bytes >= topk_workspace_bytes(params))
+      params.workspace_bytes >= topk_workspace_bytes(params) && filter_fits(params))
     return launch_filtered(params, stream);
   TopKParams p = params;
   p.workspace = nullptr;  // topk_kernel ranks the whole row
