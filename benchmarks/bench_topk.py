@@ -13,8 +13,9 @@ ops.indexer_logits over the selected blocks, fp32 rows [B*next_n, m_cap*64] whos
 position k*64 + s is slot ids[k]*64 + s, -inf past the row's causal length and past the
 selected count. Each row's valid length is a prefix (ids ascending): counts*64 clipped to the
 row's context, the compact_lens of ops.compact. Columns (all times per call, microseconds):
-  spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending (what
-              SPIN_TOPK_FILTER says: unset, one CTA or a cluster a row)
+  spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending, with
+              SPIN_TOPK_FILTER=0: one CTA or a cluster a row (ops.topk's default, auto, takes
+              the filter below from 16 rows of more than 32K slots, else this)
   filter:     the same with SPIN_TOPK_FILTER=1: rows ranked through the filter wherever the shapes
               allow (K up to 2048, 16K-512K slots a row; else as spin)
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
@@ -227,10 +228,13 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
            "rows": rows, "score_bytes": 4 * int(row_lens.sum()),
            "bound_us": bound_us(4 * int(row_lens.sum()), copy_tbs)}
 
-    row["spin_us"], row["spin_mode"] = timed(
-        "spin", lambda i: ops.topk(zs[i], ids, cnt, next_n, k, top), args.iters, sets, errors)
-    spin_slots = ops.topk(zs[0], ids, cnt, next_n, k).clone()
+    def one_cta(i):    # SPIN_TOPK_FILTER=0 for one call (read by the binding)
+        with env("SPIN_TOPK_FILTER", "0"):
+            ops.topk(zs[i], ids, cnt, next_n, k, top)
 
+    row["spin_us"], row["spin_mode"] = timed("spin", one_cta, args.iters, sets, errors)
+    with env("SPIN_TOPK_FILTER", "0"):
+        spin_slots = ops.topk(zs[0], ids, cnt, next_n, k).clone()
 
     def filtered(i):   # SPIN_TOPK_FILTER=1 for one call (read by the binding)
         with env("SPIN_TOPK_FILTER", "1"):
@@ -238,6 +242,8 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
 
     row["filter_us"], row["filter_mode"] = timed(
         "spin filter", filtered, args.iters, sets, errors)
+    with env("SPIN_TOPK_FILTER", "1"):   # exact: the same slots as one CTA a row
+        row["filter_equal"] = torch.equal(ops.topk(zs[0], ids, cnt, next_n, k), spin_slots)
     row["torch_us"], row["torch_mode"] = timed(
         "torch.topk", lambda i: torch.topk(zs[i], k, dim=-1), args.iters, sets, errors)
     torch_vals = torch.topk(zs[0], k, dim=-1).values
@@ -402,7 +408,9 @@ def main() -> int:
     bad = [r for r in rows if (r["kth_eq"] is not None and r["kth_eq"] < 1)
            or r["kth_eq_torch"] < 1]
     log(f"done: {len(rows)} cases; K-th value disagreements in {len(bad)} cases"
-        + ("" if not bad else " (see kth eq)"))
+        + ("" if not bad else " (see kth eq)")
+        + f"; the filter's slots differ from one CTA's in "
+          f"{sum(r.get('filter_equal') is False for r in rows)}")
     slow = over_target(rows)
     log(f"spin's kernel over {TARGET_RATIO:g}x the bound at {len(slow)} of the "
         f"{sum(r['rows'] >= TARGET_ROWS and r['slots'] >= TARGET_SLOTS for r in rows)} cases of "

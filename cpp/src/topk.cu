@@ -263,7 +263,10 @@ constexpr int kSlice = kPassThreads * kPassGroups * 4;        // 16384 slots a p
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
 constexpr int kFilterMaxK = 2048;                             // taken positions a row lists
 constexpr int kFilterMaxSlots = 512 * 1024;                   // the bitmap: 64 KB of shared memory
-constexpr int kFilterMinRows = 32;                            // filter -1: from these rows
+// filter -1 (auto): from 16 rows of more than two slices; at 32K slots a row one CTA a row
+// was faster up to 96 rows, at 64K and 128K the filter from 16 (H100, benchmarks/RESULTS.md)
+constexpr int kFilterAutoMinRows = 16;
+constexpr int kFilterAutoMinSlots = 2 * kSlice + 1;
 constexpr int kFilterMaxRows = 2048;                          // a workspace of 96 MB at most
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
@@ -729,7 +732,7 @@ bool filter_shapes(const TopKParams& p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   if (p.filter == 0 || p.k < 1 || p.k > kFilterMaxK) return false;
-  if (p.filter < 0 && rows < kFilterMinRows) return false;
+  if (p.filter < 0 && (rows < kFilterAutoMinRows || slots < kFilterAutoMinSlots)) return false;
   return slots > kSlice && slots <= kFilterMaxSlots && rows <= kFilterMaxRows;
 }
 
