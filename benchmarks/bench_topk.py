@@ -13,7 +13,11 @@ ops.indexer_logits over the selected blocks, fp32 rows [B*next_n, m_cap*64] whos
 position k*64 + s is slot ids[k]*64 + s, -inf past the row's causal length and past the
 selected count. Each row's valid length is a prefix (ids ascending): counts*64 clipped to the
 row's context, the compact_lens of ops.compact. Columns (all times per call, microseconds):
-  spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending
+  spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending, with
+              SPIN_TOPK_FILTER=0: one CTA or a cluster a row (ops.topk's default, auto, takes
+              the filter below from 16 rows of more than 32K slots, else this)
+  filter:     the same with SPIN_TOPK_FILTER=1: rows ranked through the filter wherever the shapes
+              allow (K up to 2048, 16K-512K slots a row; else as spin)
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
               positions (one seq_lens entry per row, next_n=1, so the lengths are exact); on
               sm_90 only "radix_cutlass" exists (CuTe-DSL "radix"/"gvr" are Blackwell+)
@@ -45,6 +49,7 @@ native library; without flashinfer the other columns still run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -163,6 +168,20 @@ def check(z, spin_slots, fi_pos, torch_vals, slot_of_pos, next_n: int):
     return sets_eq, kth_eq, kth_eq_torch
 
 
+@contextlib.contextmanager
+def env(name: str, value: str):
+    """The environment variable `name` set to `value` inside the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
+
+
 def timed(name, fn, iters, sets, errors):
     """(us, mode) of fn via a captured graph, else eagerly, else (None, error message)."""
     from bench_decode_indexer import time_eager_ms, time_ms
@@ -209,10 +228,22 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
            "rows": rows, "score_bytes": 4 * int(row_lens.sum()),
            "bound_us": bound_us(4 * int(row_lens.sum()), copy_tbs)}
 
-    row["spin_us"], row["spin_mode"] = timed(
-        "spin", lambda i: ops.topk(zs[i], ids, cnt, next_n, k, top), args.iters, sets, errors)
-    spin_slots = ops.topk(zs[0], ids, cnt, next_n, k).clone()
+    def one_cta(i):    # SPIN_TOPK_FILTER=0 for one call (read by the binding)
+        with env("SPIN_TOPK_FILTER", "0"):
+            ops.topk(zs[i], ids, cnt, next_n, k, top)
 
+    row["spin_us"], row["spin_mode"] = timed("spin", one_cta, args.iters, sets, errors)
+    with env("SPIN_TOPK_FILTER", "0"):
+        spin_slots = ops.topk(zs[0], ids, cnt, next_n, k).clone()
+
+    def filtered(i):   # SPIN_TOPK_FILTER=1 for one call (read by the binding)
+        with env("SPIN_TOPK_FILTER", "1"):
+            ops.topk(zs[i], ids, cnt, next_n, k, top)
+
+    row["filter_us"], row["filter_mode"] = timed(
+        "spin filter", filtered, args.iters, sets, errors)
+    with env("SPIN_TOPK_FILTER", "1"):   # exact: the same slots as one CTA a row
+        row["filter_equal"] = torch.equal(ops.topk(zs[0], ids, cnt, next_n, k), spin_slots)
     row["torch_us"], row["torch_mode"] = timed(
         "torch.topk", lambda i: torch.topk(zs[i], k, dim=-1), args.iters, sets, errors)
     torch_vals = torch.topk(zs[0], k, dim=-1).values
@@ -252,7 +283,7 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
                 0, True, False) else "radix"
         except Exception:  # noqa: BLE001
             pass
-    for col in ("spin", "torch", "fi_varlen", "via_fi", "fi_ragged"):
+    for col in ("spin", "filter", "torch", "fi_varlen", "via_fi", "fi_ragged"):
         if row[f"{col}_us"] is None and row[f"{col}_mode"] is not None:   # an error message
             row[f"{col}_error"], row[f"{col}_mode"] = row[f"{col}_mode"], None
     row["sets_eq"], row["kth_eq"], row["kth_eq_torch"] = check(
@@ -289,7 +320,8 @@ def fmt(v, spec=".1f", none="-"):
     return none if v is None else format(v, spec)
 
 
-COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | fi varlen us "
+COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | filter us "
+           "| fi varlen us "
            "| spin.topk via fi us | fi ragged us (algo) | torch.topk us | fi varlen / spin "
            "| sets eq | kth eq (fi, torch) | bound us | spin / bound | best fi / bound |")
 
@@ -301,7 +333,8 @@ def line(r) -> str:
     vf = fmt(r["via_fi_us"]) + (" eager" if r["via_fi_mode"] == "eager" else "")
     return (f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
             f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
-            f"| {fv} | {vf} | {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
+            f"| {fmt(r.get('filter_us'))} | {fv} | {vf} "
+            f"| {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
             f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
             f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} "
             f"| {fmt(r['bound_us'], '.2f')} | {fmt(r['spin_over_bound'], '.2f')} "
@@ -375,7 +408,9 @@ def main() -> int:
     bad = [r for r in rows if (r["kth_eq"] is not None and r["kth_eq"] < 1)
            or r["kth_eq_torch"] < 1]
     log(f"done: {len(rows)} cases; K-th value disagreements in {len(bad)} cases"
-        + ("" if not bad else " (see kth eq)"))
+        + ("" if not bad else " (see kth eq)")
+        + f"; the filter's slots differ from one CTA's in "
+          f"{sum(r.get('filter_equal') is False for r in rows)}")
     slow = over_target(rows)
     log(f"spin's kernel over {TARGET_RATIO:g}x the bound at {len(slow)} of the "
         f"{sum(r['rows'] >= TARGET_ROWS and r['slots'] >= TARGET_SLOTS for r in rows)} cases of "

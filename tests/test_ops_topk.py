@@ -1,13 +1,13 @@
 """torch.ops.spin.topk: the top-K slots of the selected blocks against a naive ranking (CPU);
-the kernel against the reference on ties, long rows, threshold bins of every size and rows
-split over clusters (GPU: marked gpu)."""
+the kernels against the reference on ties, long rows, threshold bins of every size, rows split
+over clusters and rows ranked through the filter (GPU: marked gpu)."""
 
 import math
 
 import pytest
 import torch
 
-from spin_trtllm import ops
+from spin_trtllm import SpinError, ops
 
 # GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), and spin's own top-K (bit for bit)
 pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
@@ -15,6 +15,13 @@ pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
 # memcheck's time): it runs their smaller twins instead, the same kernel instance (cluster size,
 # cached share) and path
 _RACECHECK_SLOW = [pytest.mark.racecheck_slow]
+
+
+@pytest.fixture(autouse=True)
+def one_cta_topk(monkeypatch):
+    """The one-CTA (and cluster) kernel, which these tests are about; the filter's tests switch
+    to the filter (SPIN_TOPK_FILTER, read by the binding at every call)."""
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")
 
 
 def test_topk_slots_match_naive():
@@ -42,6 +49,14 @@ def test_topk_k_larger_than_context():
     out = ops.topk(logits, torch.tensor([[3]], dtype=torch.int32),
                    torch.tensor([1], dtype=torch.int32), 1, 512)
     assert out[0, :10].tolist() == list(range(192, 202)) and (out[0, 10:] == -1).all()
+
+
+@pytest.mark.parametrize("mode", ["2", "", "on"])
+def test_topk_rejects_an_unknown_filter_mode(monkeypatch, mode):
+    monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
+    ids, cnt = torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(SpinError, match="SPIN_TOPK_FILTER must be 0, 1 or auto, got"):
+        ops.topk(torch.zeros(1, 64), ids, cnt, 1, 4)
 
 
 def _topk_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
@@ -190,3 +205,123 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
         graph.replay()
         assert torch.equal(out.cpu(), want)
 
+
+# The filter's passes take 16384 slots (256 blocks) a CTA: 257 blocks leave a second slice of
+# one block, 3 blocks (the first batch row) one slice. randn ranks the K-th value's bin by
+# counting, few_ties by radix passes over the candidates (ties split); zeros, narrow and wide
+# put more than 4096 entries in it, and those rows are ranked whole after the passes. 1024
+# blocks: racecheck runs the same kernels on the smaller cases
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks,k", [
+    (4, 257, 512), (6, 300, 100), pytest.param(4, 1024, 512, marks=_RACECHECK_SLOW),
+    pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (5, 300, 1),
+    pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
+@pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
+def test_gpu_topk_through_the_filter_matches_reference(monkeypatch, rows, blocks, k, kind):
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
+    gen = torch.Generator().manual_seed(rows * blocks + k)
+    R = 2 if rows % 2 == 0 else 1
+    B = rows // R
+    m_cap = blocks + 5
+    z = _topk_rows(kind, rows, m_cap * 64, gen)
+    z[-1] = float("-inf")                                    # no finite score
+    ids = torch.stack([torch.randperm(2 * m_cap, generator=gen)[:m_cap].sort().values
+                       for _ in range(B)]).int()
+    cnt = torch.full((B,), blocks, dtype=torch.int32)
+    cnt[0] = 3                                               # K above the finite count, one slice
+    if B > 2:
+        cnt[1] = 0                                           # nothing selected
+        cnt[2] = blocks // 2 + 1
+    lens = torch.randint(0, m_cap * 64, (B, R), generator=gen, dtype=torch.int32)
+    lens[-1, 0] = m_cap * 64
+    for row_lens in (None, lens):
+        want = ops.topk(z, ids, cnt, R, k, row_lens=row_lens)
+        zg, ig, cg = z.cuda(), ids.cuda(), cnt.cuda()
+        lg = None if row_lens is None else row_lens.cuda()
+        got = ops.topk(zg, ig, cg, R, k, row_lens=lg)
+        assert torch.equal(got.cpu(), want), f"row_lens {row_lens is not None}"
+    out = torch.empty_like(got)                              # the workspace inside a capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.topk(zg, ig, cg, R, k, out, row_lens=lg)
+    graph.replay()
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_bin,tied", [(1, 0), (40, 25), (257, 100), (5000, 60)])
+def test_gpu_topk_filter_threshold_bins_match_reference(monkeypatch, in_bin, tied):
+    # the K-th value's bin spread over the slices, ties among it crossing their edges: ranked by
+    # counting (40), by radix passes over the candidates (257), whole (5000: over 4096)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
+    gen = torch.Generator().manual_seed(in_bin + tied)
+    rows, blocks, k = 4, 400, 512
+    z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.racecheck_slow
+def test_gpu_topk_auto_filters_many_rows_like_one_cta(monkeypatch):
+    # SPIN_TOPK_FILTER=auto at 96 rows of 64K slots (the filter), against the one-CTA kernel
+    gen = torch.Generator().manual_seed(96)
+    rows, blocks = 96, 1024
+    z = torch.randn(rows, blocks * 64, generator=gen).cuda()
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1).cuda()
+    cnt = torch.full((rows,), blocks, dtype=torch.int32).cuda()
+    one_cta = ops.topk(z, ids, cnt, 1, 512)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "auto")
+    assert torch.equal(ops.topk(z, ids, cnt, 1, 512), one_cta)
+
+
+def _launched_kernels(fn) -> set:
+    """Names of the CUDA kernels fn() launches (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.gpu
+def test_gpu_topk_filter_edge_rows_match_reference(monkeypatch):
+    # every finite entry taken across both slices (T == finite < K, and T == finite == K), a
+    # row ending exactly at the first slice's edge, a full row
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
+    gen = torch.Generator().manual_seed(7)
+    blocks, k = 300, 2048
+    z = torch.full((4, blocks * 64), float("-inf"))
+    for row, finite in [(0, k), (1, 1000)]:
+        at = torch.randperm(blocks * 64, generator=gen)[:finite]
+        z[row, at] = torch.randn(finite, generator=gen)
+    z[2:] = torch.randn(2, blocks * 64, generator=gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(4, 1)
+    cnt = torch.tensor([blocks, blocks, 256, blocks], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    zg, ig, cg = z.cuda(), ids.cuda(), cnt.cuda()
+    got = ops.topk(zg, ig, cg, 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,rows,blocks,filters", [
+    ("1", 4, 300, True), ("1", 4, 256, False),            # 1: any rows of more than 16K slots
+    (None, 16, 513, True), (None, 15, 1024, False),       # unset is auto: 16 rows of > 32K
+    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False)])
+def test_gpu_topk_filter_runs_where_its_mode_says(monkeypatch, mode, rows, blocks, filters):
+    if mode is None:
+        monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
+    else:
+        monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
+    z = torch.randn(rows, blocks * 64, device="cuda")
+    ids = torch.arange(blocks, dtype=torch.int32, device="cuda").repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32, device="cuda")
+    launched = _launched_kernels(lambda: ops.topk(z, ids, cnt, 1, 512))
+    if not launched:     # the sanitizers hold CUPTI: the profiler sees no kernel there
+        pytest.skip("torch's profiler saw no kernel (CUPTI taken, e.g. by compute-sanitizer)")
+    names = " ".join(launched)
+    assert ("topk_histogram_kernel" in names and "topk_filter_kernel" in names) == filters, names

@@ -152,27 +152,319 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
-// The entries counted in hist (returned), and for T = min(k, that) below it the bin holding
-// the T-th largest entry (bins scanned from the top) and how many entries lie in higher bins,
-// in bcast[0] and bcast[1].
+// The entries counted in hist (kBins bins; returned), and for T = min(k, that) below it the
+// bin holding the T-th largest entry (bins scanned from the top) and how many entries lie in
+// higher bins, in bcast[0] and bcast[1]. Each of the THREADS threads scans kBins / THREADS bins.
+template <int THREADS>
 __device__ int find_bin(const int* hist, int k, int* warp_sums, int* bcast) {
+  constexpr int kWarpsHere = THREADS / 32, kPerThread = kBins / THREADS;
+  static_assert(kBins % THREADS == 0 && kWarpsHere <= 32, "whole bins a thread, one warp of sums");
   const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
-  const int hi = kBins - 1 - 2 * i;
-  const int h0 = hist[hi], h1 = hist[hi - 1];
-  const int incl = warp_inclusive_sum(h0 + h1);
+  const int hi = kBins - 1 - kPerThread * i;
+  int h[kPerThread], sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) sum += h[j] = hist[hi - j];
+  const int incl = warp_inclusive_sum(sum);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
+  if (warp == 0) {
+    const int s = warp_inclusive_sum(lane < kWarpsHere ? warp_sums[lane] : 0);
+    if (lane < kWarpsHere) warp_sums[lane] = s;
+  }
   __syncthreads();
-  const int total = warp_sums[kWarps - 1], T = min(k, total);
-  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - (h0 + h1);
-  if (T < total && before < T && before + h0 + h1 >= T) {
-    const bool first = before + h0 >= T;
-    bcast[0] = first ? hi : hi - 1;
-    bcast[1] = first ? before : before + h0;
+  const int total = warp_sums[kWarpsHere - 1], T = min(k, total);
+  int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - sum;
+  if (T < total && before < T && before + sum >= T) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (before + h[j] >= T) {
+        bcast[0] = hi - j;
+        bcast[1] = before;
+        break;
+      }
+      before += h[j];
+    }
   }
   __syncthreads();
   return total;
+}
+
+// The row's scored length: slots of the selected blocks, cut at the row's compact length.
+__device__ __forceinline__ int row_limit(const TopKParams& p, int row_id) {
+  const int b = row_id / p.rows;
+  int limit = max(0, min(p.counts[b * p.counts_stride], p.m_cap)) * kBlockSize;  // no wrap
+  if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
+  return limit;
+}
+
+// Among n candidates (keys, positions) the one ranked T_bin - 1 by (key descending, position
+// ascending), the last one taken: its key in thr_key, its position in last_tie. A warp ranks
+// one candidate at a time, its lanes splitting the others.
+__device__ void rank_by_counting(const uint32_t* keys, const int* positions, int n, int T_bin,
+                                 int* bcast, uint32_t& thr_key, int& last_tie) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int c = warp; c < n; c += kWarps) {
+    const uint32_t mine = keys[c];
+    const int pos = positions[c];
+    int ahead = 0;
+    for (int j = lane; j < n; j += 32) {
+      const uint32_t other = keys[j];
+      ahead += other > mine || (other == mine && positions[j] < pos);
+    }
+    for (int o = 16; o > 0; o >>= 1) ahead += __shfl_xor_sync(0xffffffffu, ahead, o);
+    if (lane == 0 && ahead == T_bin - 1) {
+      bcast[0] = static_cast<int>(mine);
+      bcast[1] = pos;
+    }
+  }
+  __syncthreads();
+  thr_key = static_cast<uint32_t>(bcast[0]);
+  last_tie = bcast[1];
+}
+
+// The T_bin-th largest key among `count` entries (entry i: key(i) at row position pos_of(i),
+// taking part where eligible(i), which every entry with an eligible key must be) in thr_key
+// and, when not all the entries equal to it are taken, the last tied position taken in
+// last_tie (ties go to the lower position). sum(v) is v summed over the CTAs sharing the
+// selection; merged and merge as radix_threshold's.
+template <typename PosOf, typename Key, typename Eligible, typename Merge, typename Sum>
+__device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eligible eligible,
+                                int* hist, const int* merged, Merge merge, Sum sum, int* bcast,
+                                long long* scratch, uint32_t& thr_key, int& last_tie) {
+  int need = 0;
+  radix_threshold<kThreads>(count, T_bin, key, eligible, hist, merged, merge, bcast, thr_key,
+                            need);
+  long long ties = 0;
+  for (int i = threadIdx.x; i < count; i += kThreads) ties += key(i) == thr_key;
+  ties = sum(block_sum<kThreads>(ties, scratch));
+  if (need < ties) {  // the first `need` tied positions: largest of ~pos
+    auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(pos_of(i)); };
+    auto tied = [&](int i) { return key(i) == thr_key; };
+    uint32_t thr_pos;
+    int one;
+    radix_threshold<kThreads>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos,
+                              one);
+    last_tie = static_cast<int>(~thr_pos);
+  }
+}
+
+// ---- Many long rows: a histogram pass and a filter pass over all SMs, then one CTA a row -----
+// A (topk_histogram_kernel): CTAs of kSlice slots add their slice's coarse-digit histogram to
+// their row's in the workspace. B (topk_filter_kernel): each finds the row's threshold bin in it
+// and appends to the row's lists the positions in higher bins (fewer than K: all taken) and the
+// entries of the bin (the candidates, up to kFilterCap). Then topk_kernel ranks the candidates
+// alone and writes the taken positions in order through a bitmap of the row; a row whose bin
+// holds more than kFilterCap entries (many equal values) takes the whole-row path instead. Each
+// score is read twice by CTAs on every SM, where one CTA a row reads it three or four times on
+// one SM.
+constexpr int kPassThreads = 512;
+constexpr int kPassGroups = 8;                                // float4 loads a thread
+constexpr int kSlice = kPassThreads * kPassGroups * 4;        // 16384 slots a pass CTA
+constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
+constexpr int kFilterMaxK = 2048;                             // taken positions a row lists
+constexpr int kFilterMaxSlots = 512 * 1024;                   // the bitmap: 64 KB of shared memory
+// filter -1 (auto): from 16 rows of more than two slices; at 32K slots a row one CTA a row
+// was faster up to 96 rows, at 64K and 128K the filter from 16 (H100, benchmarks/RESULTS.md)
+constexpr int kFilterAutoMinRows = 16;
+constexpr int kFilterAutoMinSlots = 2 * kSlice + 1;
+constexpr int kFilterMaxRows = 2048;                          // a workspace of 96 MB at most
+constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
+static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
+
+// The workspace: counts [rows, kCountsStride] (zeroed before A), then above [rows,
+// kFilterMaxK], candidate positions and keys [rows, kFilterCap] each.
+struct FilterLists {
+  int* counts;
+  int* above;
+  int* cand_pos;
+  uint32_t* cand_key;
+  __host__ __device__ explicit FilterLists(const TopKParams& p) {
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
+    counts = static_cast<int*>(p.workspace);
+    above = counts + rows * kCountsStride;
+    cand_pos = above + rows * kFilterMaxK;
+    cand_key = reinterpret_cast<uint32_t*>(cand_pos + rows * kFilterCap);
+  }
+};
+
+// Position of element e of group u of this thread in the slice from `base`.
+__device__ __forceinline__ int slice_pos(int base, int u, int e) {
+  return base + u * kPassThreads * 4 + 4 * static_cast<int>(threadIdx.x) + e;
+}
+
+// The keys of this thread's positions of the slice from `base` (0: not taking part). Whole
+// 16-byte loads: a group starting before `limit` lies inside the row's m_cap * 64 columns.
+__device__ __forceinline__ void load_slice(const TopKParams& p, int row_id, int base, int limit,
+                                           uint32_t (&keys)[kPassGroups][4]) {
+  const float* z = p.logits + static_cast<int64_t>(row_id) * p.logits_stride;
+  float4 v[kPassGroups];
+#pragma unroll
+  for (int u = 0; u < kPassGroups; ++u) {
+    const int pos = slice_pos(base, u, 0);
+    v[u] = pos < limit ? __ldg(reinterpret_cast<const float4*>(z + pos))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int u = 0; u < kPassGroups; ++u) {
+    const float vs[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) keys[u][e] = slice_pos(base, u, e) < limit ? key_of(vs[e]) : 0u;
+  }
+}
+
+// grid (slices, rows)
+__global__ void __launch_bounds__(kPassThreads) topk_histogram_kernel(TopKParams p) {
+  __shared__ int hist[kBins];
+  const int row_id = blockIdx.y, base = blockIdx.x * kSlice, limit = row_limit(p, row_id);
+  if (base >= limit) return;
+  uint32_t keys[kPassGroups][4];
+  load_slice(p, row_id, base, limit, keys);
+  for (int d = threadIdx.x; d < kBins; d += kPassThreads) hist[d] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kPassGroups; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (keys[u][e]) atomicAdd(&hist[coarse_digit(keys[u][e])], 1);
+  __syncthreads();
+  int* const row_hist = FilterLists(p).counts + static_cast<int64_t>(row_id) * kCountsStride;
+  for (int d = threadIdx.x; d < kBins; d += kPassThreads)
+    if (hist[d]) atomicAdd(&row_hist[d], hist[d]);
+}
+
+// grid (slices, rows)
+__global__ void __launch_bounds__(kPassThreads) topk_filter_kernel(TopKParams p) {
+  __shared__ int warp_sums[kPassThreads / 32];
+  __shared__ int bcast[2];
+  __shared__ uint32_t bin_keys[2];
+  const int row_id = blockIdx.y, base = blockIdx.x * kSlice, limit = row_limit(p, row_id);
+  if (base >= limit) return;
+  const FilterLists lists(p);
+  int* const row_counts = lists.counts + static_cast<int64_t>(row_id) * kCountsStride;
+  uint32_t keys[kPassGroups][4];
+  load_slice(p, row_id, base, limit, keys);  // in flight during the bin search
+  const int finite = find_bin<kPassThreads>(row_counts, p.k, warp_sums, bcast);
+  const int T = min(p.k, finite);
+  if (T == 0) return;
+  // taken: keys >= above_from; candidates: keys in [cand_from, above_from). With T == finite
+  // every finite entry is taken (their keys are all >= 1).
+  uint32_t cand_from = 1, above_from = 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (T < finite) {
+    if (warp < 2) {
+      const uint32_t key = first_key_of_digit(bcast[0] + warp);
+      if (lane == 0) bin_keys[warp] = key;
+    }
+    __syncthreads();
+    cand_from = bin_keys[0];
+    above_from = bin_keys[1];
+  }
+  int n_above = 0, n_cand = 0;
+#pragma unroll
+  for (int u = 0; u < kPassGroups; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      n_above += keys[u][e] >= above_from;
+      n_cand += keys[u][e] >= cand_from && keys[u][e] < above_from;
+    }
+  // one atomic a warp and list: this thread's entries go after the warp's lanes below it
+  const int above_incl = warp_inclusive_sum(n_above), cand_incl = warp_inclusive_sum(n_cand);
+  int above_at = 0, cand_at = 0;
+  if (lane == 31) {
+    if (above_incl > 0) above_at = atomicAdd(&row_counts[kBins], above_incl);
+    if (cand_incl > 0) cand_at = atomicAdd(&row_counts[kBins + 1], cand_incl);
+  }
+  above_at = __shfl_sync(0xffffffffu, above_at, 31) + above_incl - n_above;
+  cand_at = __shfl_sync(0xffffffffu, cand_at, 31) + cand_incl - n_cand;
+  int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
+  int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
+  uint32_t* const cand_key = lists.cand_key + static_cast<int64_t>(row_id) * kFilterCap;
+#pragma unroll
+  for (int u = 0; u < kPassGroups; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t key = keys[u][e];
+      if (key >= above_from) {
+        if (above_at < kFilterMaxK) above[above_at] = slice_pos(base, u, e);  // fewer than T
+        ++above_at;
+      } else if (key >= cand_from) {
+        if (cand_at < kFilterCap) {
+          cand_pos[cand_at] = slice_pos(base, u, e);
+          cand_key[cand_at] = key;
+        }
+        ++cand_at;
+      }
+    }
+}
+
+// topk_kernel's row after A and B: the threshold among the candidates, then the taken
+// positions marked in `bitmap` (a bit a slot of the row) and written in order. False, with
+// nothing written, where the threshold bin held more than kFilterCap entries.
+__device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* cand,
+                              long long* scratch, int* warp_sums, int* bcast, uint32_t* bitmap) {
+  const FilterLists lists(p);
+  const int* const row_counts = lists.counts + static_cast<int64_t>(row_id) * kCountsStride;
+  const int finite = find_bin<kThreads>(row_counts, p.k, warp_sums, bcast);
+  const int T = min(p.k, finite);
+  const int n_above = row_counts[kBins], n_cand = row_counts[kBins + 1];
+  // every thread read the same counts; above T (never, by the histogram) the lists are not used
+  if (n_cand > kFilterCap || n_above > T) return false;
+  const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
+  const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
+  const uint32_t* const cand_key = lists.cand_key + static_cast<int64_t>(row_id) * kFilterCap;
+  uint32_t thr_key = 0;    // candidates taken: key > thr_key, or key == thr_key at a position
+  int last_tie = INT_MAX;  // <= last_tie
+  if (n_cand > 0) {        // T < finite: the T_bin first of the candidates are taken
+    const int T_bin = T - n_above;
+    if (n_cand <= kRankCand) {
+      uint32_t* const keys = reinterpret_cast<uint32_t*>(hist);
+      for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+        keys[i] = cand_key[i];
+        cand[i] = cand_pos[i];
+      }
+      __syncthreads();
+      rank_by_counting(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
+    } else {
+      exact_threshold(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
+                      [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist, hist,
+                      [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
+    }
+  }
+  __syncthreads();  // the bitmap is zeroed
+  const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
+  for (int i = threadIdx.x; i < n_above; i += kThreads)
+    atomicOr(&bitmap[above[i] >> 5], 1u << (above[i] & 31));
+  for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+    const uint32_t key = cand_key[i];
+    const int pos = cand_pos[i];
+    if (key > thr_key || (key == thr_key && pos <= last_tie))
+      atomicOr(&bitmap[pos >> 5], 1u << (pos & 31));
+  }
+  __syncthreads();
+  // each thread writes the taken positions of a contiguous run of words, after those of the
+  // threads below it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per_thread = (words + kThreads - 1) / kThreads;
+  const int w0 = min(static_cast<int>(threadIdx.x) * per_thread, words);
+  const int w1 = min(w0 + per_thread, words);
+  int mine = 0;
+  for (int w = w0; w < w1; ++w) mine += __popc(bitmap[w]);
+  const int incl = warp_inclusive_sum(mine);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);  // kWarps == 32
+  __syncthreads();
+  int at = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - mine;
+  int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
+  const int32_t* const ids = p.block_ids + (row_id / p.rows) * p.ids_stride;
+  for (int w = w0; w < w1; ++w)
+    for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
+      const int pos = w * 32 + __ffs(bits) - 1;
+      if (at < p.k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+    }
+  for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+  return true;
 }
 
 // One row per CTA, or per thread-block cluster of kCluster CTAs when there are few rows: each
@@ -199,14 +491,18 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   pdl_launch_dependents();
   const int rank = kCluster > 1 ? cluster_rank() : 0;
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
+  if constexpr (!kCached && kCluster == 1) {  // the dynamic shared memory is the row's bitmap
+    if (p.workspace != nullptr &&
+        rank_filtered(p, row_id, hist, cand, scratch, warp_sums, bcast, cached))
+      return;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* z = p.logits + static_cast<int64_t>(row_id) * p.logits_stride;
   int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks (and within the row's compact length, when given) with a
   // finite score take part; segments stay whole 16-byte loads
-  int limit = max(0, min(p.counts[b * p.counts_stride], p.m_cap)) * kBlockSize;  // no wrap
-  if (p.row_lens != nullptr) limit = max(0, min(limit, p.row_lens[row_id]));
+  const int limit = row_limit(p, row_id);
   const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
@@ -255,7 +551,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   });
   __syncthreads();
   merge_bins(kBins);
-  const int finite = find_bin(merged, p.k, warp_sums, bcast);
+  const int finite = find_bin<kThreads>(merged, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
@@ -269,24 +565,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     __syncthreads();  // hist (and hist_all) are reused below
     const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
     auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
-    // The exact T_bin-th key among `count` entries (entry i at row position pos_of(i)) and,
-    // when not all its ties fit, the last tied position taken.
-    auto exact_threshold = [&](int count, auto pos_of, auto key, auto eligible) {
-      int need = 0;
-      radix_threshold<kThreads>(count, T_bin, key, eligible, hist, merged, merge256, bcast,
-                                thr_key, need);
-      long long ties = 0;
-      for (int i = threadIdx.x; i < count; i += kThreads) ties += key(i) == thr_key;
-      ties = cluster_sum(block_sum<kThreads>(ties, scratch));
-      if (need < ties) {  // the first `need` tied positions: largest of ~pos
-        auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(pos_of(i)); };
-        auto tied = [&](int i) { return key(i) == thr_key; };
-        uint32_t thr_pos;
-        int one;
-        radix_threshold<kThreads>(count, need, neg_pos, tied, hist, merged, merge256, bcast,
-                                  thr_pos, one);
-        last_tie = static_cast<int>(~thr_pos);
-      }
+    auto exact = [&](int count, auto pos_of, auto key, auto eligible) {
+      exact_threshold(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
+                      bcast, scratch, thr_key, last_tie);
     };
     // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
     // their keys in `hist` when they are to be ranked by counting)
@@ -328,35 +609,16 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         keys = reinterpret_cast<const uint32_t*>(hist_all);
         positions = hist_all + kRankCand;
       }
-      // the candidate ranked T_bin - 1 by (key descending, position ascending) is the last
-      // one taken; a warp ranks one candidate at a time, its lanes splitting the others
-      for (int c = warp; c < in_bin; c += kWarps) {
-        const uint32_t mine = keys[c];
-        const int pos = positions[c];
-        int ahead = 0;
-        for (int j = lane; j < in_bin; j += 32) {
-          const uint32_t other = keys[j];
-          ahead += other > mine || (other == mine && positions[j] < pos);
-        }
-        for (int o = 16; o > 0; o >>= 1) ahead += __shfl_xor_sync(0xffffffffu, ahead, o);
-        if (lane == 0 && ahead == T_bin - 1) {
-          bcast[0] = static_cast<int>(mine);
-          bcast[1] = pos;
-        }
-      }
-      __syncthreads();
-      thr_key = static_cast<uint32_t>(bcast[0]);
-      last_tie = bcast[1];
+      rank_by_counting(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
     } else if (in_bin <= kCandCap) {
       collect(false);
       auto cand_pos = [&](int i) { return cand[i]; };
-      exact_threshold(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); },
-                      [](int) { return true; });
+      exact(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); }, [](int) { return true; });
     } else {
       // too many in one bin (many equal values): the exact search over the whole row
       auto row_pos = [&](int i) { return cta_begin + i; };
-      exact_threshold(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
-                      [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
+      exact(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
+            [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
     }
   }
   auto selected = [&](int pos, uint32_t k) {
@@ -465,10 +727,57 @@ cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t str
               : launch_rows<false, kCluster>(p, 0, stream);
 }
 
+// Whether rows of these shapes are ranked through the filter (given the workspace).
+bool filter_shapes(const TopKParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
+  const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
+  if (p.filter == 0 || p.k < 1 || p.k > kFilterMaxK) return false;
+  if (p.filter < 0 && (rows < kFilterAutoMinRows || slots < kFilterAutoMinSlots)) return false;
+  return slots > kSlice && slots <= kFilterMaxSlots && rows <= kFilterMaxRows;
+}
+
+// Whether topk_kernel<false, 1> has room for the bitmap of these rows beside its static shared
+// memory (sm_89 and sm_120 give a CTA 99 KB).
+bool filter_fits(const TopKParams& p) {
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, topk_kernel<false, 1>) == cudaSuccess
+               ? attr.sharedSizeBytes : SIZE_MAX;
+  }();
+  const size_t bitmap = static_cast<size_t>(p.m_cap) * kBlockSize / 8;
+  const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return static_bytes != SIZE_MAX && static_bytes + bitmap <= static_cast<size_t>(optin);
+}
+
+cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
+  const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
+  cudaError_t err = cudaMemsetAsync(p.workspace, 0, rows * kCountsStride * sizeof(int), stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>((slots + kSlice - 1) / kSlice),
+                  static_cast<unsigned>(rows));
+  topk_histogram_kernel<<<grid, kPassThreads, 0, stream>>>(p);
+  topk_filter_kernel<<<grid, kPassThreads, 0, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_rows<false, 1>(p, static_cast<size_t>(slots / 8), stream);  // slots: 64 * m_cap
+}
+
 }  // namespace
 
-cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.rows == 0) return cudaSuccess;
+size_t topk_workspace_bytes(const TopKParams& p) {
+  if (!filter_shapes(p)) return 0;
+  const size_t rows = static_cast<size_t>(p.batch) * p.rows;
+  return rows * sizeof(int) * (kCountsStride + kFilterMaxK + 2 * kFilterCap);
+}
+
+cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
+  if (params.batch == 0 || params.rows == 0) return cudaSuccess;
+  if (filter_shapes(params) && params.workspace != nullptr &&
+      params.workspace_bytes >= topk_workspace_bytes(params) && filter_fits(params))
+    return launch_filtered(params, stream);
+  TopKParams p = params;
+  p.workspace = nullptr;  // topk_kernel ranks the whole row
   int device = 0, sms = 132, major = 0, optin = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

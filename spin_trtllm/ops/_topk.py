@@ -7,8 +7,17 @@ int32 [B, R]: compact positions at or past a row's length take no part (logits f
 kernel on a compacted table, which leaves those columns unspecified). On sm_90+ the kernel lets
 a kernel launched after it with programmatic stream serialization start at once (select's and
 update's beside_previous); such a kernel must wait (griddepcontrol.wait) before it reads the
-top-K's output, and may write only memory allocated before the top-K call: the logits are
-still being read when the call returns and their memory may be handed out again.
+top-K's output, and may write only memory allocated before the top-K call: the logits, and the
+workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the call returns
+and their memory may be handed out again.
+
+SPIN_TOPK_FILTER=auto (the default) ranks many long rows (16 to 2048 rows of more than 32K and
+at most 512K compact slots, K up to 2048) through a filter: CTAs of 16K slots on every SM build
+each row's histogram of a coarse digit, then keep the entries above the K-th value's bin and
+those in it, and one CTA a row ranks only those (a row whose bin holds more than 4096 entries is
+ranked whole). =1 filters any row count of more than 16K slots; 0 keeps one CTA (or a cluster)
+a row everywhere. It is read at every call (a CUDA graph keeps the choice it was captured with).
+The TensorRT plugin runs one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
@@ -181,6 +190,16 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
     remap(pos.to(torch.int32), block_ids, counts, next_n, out=out, ascending=True, scores=x)
 
 
+TOPK_FILTER_MODES = ("0", "1", "auto")
+
+
+def check_filter_mode() -> None:
+    """SPIN_TOPK_FILTER, which the binding reads at every call, must be one it knows."""
+    mode = os.environ.get("SPIN_TOPK_FILTER")
+    if mode is not None and mode not in TOPK_FILTER_MODES:
+        raise SpinError(f"SPIN_TOPK_FILTER must be 0, 1 or auto, got {mode!r}")
+
+
 def topk(logits, block_ids, counts, next_n: int, k: int,
          out: Optional[torch.Tensor] = None,
          row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -191,5 +210,6 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
     if topk_peer(logits, block_ids, k) is not None:
         _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens)
     else:
+        check_filter_mode()
         torch.ops.spin.topk(logits, block_ids, counts, next_n, out, row_lens)
     return out

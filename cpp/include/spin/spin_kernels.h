@@ -178,7 +178,16 @@ struct TopKParams {
   // [B*R] compact length of each row, or null: positions past it take no part (a dense kernel
   // on a compacted table leaves them unspecified)
   const int32_t* row_lens = nullptr;
+  // Many long rows may be ranked through a filter (a histogram pass and a filter pass over all
+  // SMs, then one CTA a row over the few entries left), through a device workspace of
+  // topk_workspace_bytes (0: these shapes never filter), which must stay allocated until the
+  // top-K's kernels complete (a kernel launched beside them may start earlier). filter: 0
+  // never, 1 wherever the shapes allow, -1 for many long rows.
+  int filter = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+size_t topk_workspace_bytes(const TopKParams& p);
 cudaError_t launch_topk(const TopKParams& p, cudaStream_t stream);
 
 struct UpdateParams {
