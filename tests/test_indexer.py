@@ -203,15 +203,21 @@ def state_of(pool):
 # such a case ran 9 minutes, so the sanitizers run the same launches on 64K-slot rows, and
 # racecheck (minutes on their clusters of 8 too) on 8K-slot ones: the cluster-8 top-K has its
 # racecheck case in test_ops_topk
-@pytest.mark.parametrize("m_cap", [pytest.param(16384, marks=pytest.mark.large),
-                                   pytest.param(1024, marks=pytest.mark.racecheck_slow), 128])
-def test_gpu_launches_beside_topk_complete_after_it(graph, beside, m_cap):
+# (SPIN_TOPK_FILTER=1: 4 rows of 1024 blocks through the filter, whose workspace is freed at
+# return while its last kernel still reads it)
+@pytest.mark.parametrize("m_cap,topk_filter", [
+    pytest.param(16384, "auto", marks=pytest.mark.large),
+    pytest.param(1024, "auto", marks=pytest.mark.racecheck_slow),
+    pytest.param(1024, "1", marks=pytest.mark.racecheck_slow), (128, "auto")])
+def test_gpu_launches_beside_topk_complete_after_it(graph, beside, m_cap, topk_filter,
+                                                    monkeypatch):
     """An update or the next layer's select launched beside a long top-K (4 rows of m_cap
     blocks; both: SpinIndexer's order) may finish its own work first, but what follows on the
     stream must still see the whole top-K: a copy right after them would read a half-written
     top-K if their grids completed early. The update has nothing to do (no scored blocks), the
     select a short context; its blocks must be right too."""
     from spin_trtllm import ops
+    monkeypatch.setenv("SPIN_TOPK_FILTER", topk_filter)
     cfg = SpinConfig(index_topk=2048, target_sparsity=0.5)
     B = 4
     gen = torch.Generator().manual_seed(6)

@@ -263,8 +263,8 @@ constexpr int kSlice = kPassThreads * kPassGroups * 4;        // 16384 slots a p
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
 constexpr int kFilterMaxK = 2048;                             // taken positions a row lists
 constexpr int kFilterMaxSlots = 512 * 1024;                   // the bitmap: 64 KB of shared memory
-// filter -1 (auto): from 16 rows of more than two slices; at 32K slots a row one CTA a row
-// was faster up to 96 rows, at 64K and 128K the filter from 16 (H100, benchmarks/RESULTS.md)
+// filter -1 (auto): from 16 rows of more than two slices. On an H100, one CTA a row was faster
+// at rows of 32K slots up to 96 rows, the filter at rows of 64K and 128K from 16 (RESULTS.md)
 constexpr int kFilterAutoMinRows = 16;
 constexpr int kFilterAutoMinSlots = 2 * kSlice + 1;
 constexpr int kFilterMaxRows = 2048;                          // a workspace of 96 MB at most
@@ -407,8 +407,9 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   const int finite = find_bin<kThreads>(row_counts, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
   const int n_above = row_counts[kBins], n_cand = row_counts[kBins + 1];
-  // every thread read the same counts; above T (never, by the histogram) the lists are not used
-  if (n_cand > kFilterCap || n_above > T) return false;
+  // every thread read the same counts; lists that disagree with the histogram (never: the
+  // passes bin the same keys) are not used
+  if (n_cand > kFilterCap || n_above > T || T - n_above > n_cand) return false;
   const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
   for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
   const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
@@ -766,7 +767,7 @@ cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
 }  // namespace
 
 size_t topk_workspace_bytes(const TopKParams& p) {
-  if (!filter_shapes(p)) return 0;
+  if (!filter_shapes(p) || !filter_fits(p)) return 0;  // ranked whole: no workspace
   const size_t rows = static_cast<size_t>(p.batch) * p.rows;
   return rows * sizeof(int) * (kCountsStride + kFilterMaxK + 2 * kFilterCap);
 }

@@ -9,10 +9,11 @@
 namespace {
 
 // SPIN_TOPK_FILTER: 0 never ranks rows through the filter, 1 wherever the shapes allow, auto
-// (or unset) for many long rows (TopKParams::filter). Read at every call, so tests can switch it.
+// (or unset, or empty) for many long rows (TopKParams::filter). Read at every call, so tests can
+// switch it.
 int filter_mode() {
   const char* v = std::getenv("SPIN_TOPK_FILTER");
-  if (v == nullptr || std::strcmp(v, "auto") == 0) return -1;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return -1;
   if (std::strcmp(v, "0") == 0) return 0;
   TORCH_CHECK(std::strcmp(v, "1") == 0, "SPIN_TOPK_FILTER must be 0, 1 or auto, got '", v, "'");
   return 1;

@@ -11,13 +11,15 @@ top-K's output, and may write only memory allocated before the top-K call: the l
 workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the call returns
 and their memory may be handed out again.
 
-SPIN_TOPK_FILTER=auto (the default) ranks many long rows (16 to 2048 rows of more than 32K and
-at most 512K compact slots, K up to 2048) through a filter: CTAs of 16K slots on every SM build
-each row's histogram of a coarse digit, then keep the entries above the K-th value's bin and
-those in it, and one CTA a row ranks only those (a row whose bin holds more than 4096 entries is
-ranked whole). =1 filters any row count of more than 16K slots; 0 keeps one CTA (or a cluster)
-a row everywhere. It is read at every call (a CUDA graph keeps the choice it was captured with).
-The TensorRT plugin runs one CTA a row.
+SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks many long rows (16 to 2048 rows
+of more than 32K and at most 512K compact slots, the block table's width m_cap * 64; K up to
+2048) through a filter: CTAs of 16K slots on every SM build each row's histogram of a coarse
+digit, then keep the entries above the K-th value's bin and those in it, and one CTA a row ranks
+only those (a row whose bin holds more than 4096 entries is ranked whole). =1 lowers the bounds
+to 1 row and more than 16K slots; 0 keeps one CTA (or a cluster) a row everywhere. Where the
+row's bitmap does not fit the device's shared memory the rows are ranked whole. It is read at
+every call (a CUDA graph keeps the choice it was captured with). The TensorRT plugin runs one
+CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
@@ -196,7 +198,7 @@ TOPK_FILTER_MODES = ("0", "1", "auto")
 def check_filter_mode() -> None:
     """SPIN_TOPK_FILTER, which the binding reads at every call, must be one it knows."""
     mode = os.environ.get("SPIN_TOPK_FILTER")
-    if mode is not None and mode not in TOPK_FILTER_MODES:
+    if mode and mode not in TOPK_FILTER_MODES:     # unset or empty: auto
         raise SpinError(f"SPIN_TOPK_FILTER must be 0, 1 or auto, got {mode!r}")
 
 

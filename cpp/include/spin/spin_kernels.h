@@ -180,9 +180,11 @@ struct TopKParams {
   const int32_t* row_lens = nullptr;
   // Many long rows may be ranked through a filter (a histogram pass and a filter pass over all
   // SMs, then one CTA a row over the few entries left), through a device workspace of
-  // topk_workspace_bytes (0: these shapes never filter), which must stay allocated until the
-  // top-K's kernels complete (a kernel launched beside them may start earlier). filter: 0
-  // never, 1 wherever the shapes allow, -1 for many long rows.
+  // topk_workspace_bytes (0: these shapes never filter), which nothing else may write until
+  // the top-K's kernels complete. The torch binding frees it at return: the caching allocator
+  // hands it out again only to work ordered after them on the stream, so a kernel launched
+  // beside them (which may start earlier) must write only memory allocated before the call.
+  // filter: 0 never, 1 wherever the shapes allow, -1 for many long rows.
   int filter = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
