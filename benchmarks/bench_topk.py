@@ -5,7 +5,8 @@ indexer logits:
 
     python benchmarks/bench_topk.py [--batch 8 32 96] [--slots 32768 131072] [--next-n 1 2]
         [--sparsity 0 0.3 0.5] [--topk 512] [--iters 30] [--sets 3]
-        [--fi-backend radix_cutlass] [--no-flashinfer] [--json OUT] [--markdown OUT]
+        [--fi-backend radix_cutlass] [--no-flashinfer] [--trtllm-peer DIR] [--json OUT]
+        [--markdown OUT]
 
 Per case (batch x slots per request x next_n x K x target sparsity rho) the logits are built as
 the SPIN decode path builds them: select (rho > 0; rho = 0 is the dense path, every block) and
@@ -29,6 +30,14 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)
+  trtllm:     TensorRT-LLM's own decode top-K, the kernel of torch.ops.trtllm.indexer_topk_decode
+              (what its dense DSA path runs), built from its source outside this repository:
+              --trtllm-peer DIR (or SPIN_TRTLLM_TOPK_PEER) names the folder of the built module
+              trtllm_topk_peer (topk_decode(logits, seq_lens, out, next_n, K): a request's rows
+              see seq_lens - next_n + 1 + j columns; here seq_lens is the length of its last
+              row). Unordered compact positions; trtllm_kth_eq: the fraction of rows, among
+              those whose lengths it sees as the bench's, where its K-th value and count equal
+              torch's
   torch:      torch.topk(logits, K) over the whole row (past the length is -inf)
   sets_eq:    fraction of rows whose top-K slot sets equal between spin and fi_varlen (its
               positions mapped to slot ids through the block ids); ties at the K-th value may
@@ -72,6 +81,24 @@ from spin_trtllm._outputs import write_output  # noqa: E402
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def load_trtllm_peer(folder: str):
+    """(module, info) or (None, reason): TensorRT-LLM's decode top-K built as trtllm_topk_peer
+    in `folder`, checked on a small case against torch.topk."""
+    sys.path.insert(0, folder)
+    try:
+        import trtllm_topk_peer as peer
+    except Exception as e:  # noqa: BLE001 - any import failure: report it, run the rest
+        return None, f"import from {folder} failed: {type(e).__name__}: {e}"
+    x = torch.randn(2, 3000, device="cuda")
+    out = torch.full((2, 64), -7, dtype=torch.int32, device="cuda")
+    peer.topk_decode(x, torch.tensor([3000, 2500], dtype=torch.int32, device="cuda"), out, 1, 64)
+    for r, n in enumerate((3000, 2500)):
+        got = set(out[r].tolist())
+        if got != set(x[r, :n].topk(64).indices.tolist()):
+            return None, f"its top-K of a {n}-column row differs from torch.topk's"
+    return peer, {"path": peer.__file__}
 
 
 def load_flashinfer(backend: str):
@@ -202,7 +229,7 @@ def timed(name, fn, iters, sets, errors):
     return None, msg
 
 
-def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs):
+def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs, peer=None):
     from bench_decode_indexer import spin_case
     from spin_trtllm import ops
 
@@ -249,6 +276,23 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
     row["torch_us"], row["torch_mode"] = timed(
         "torch.topk", lambda i: torch.topk(zs[i], k, dim=-1), args.iters, sets, errors)
     torch_vals = torch.topk(zs[0], k, dim=-1).values
+    row.update(trtllm_us=None, trtllm_mode=None, trtllm_kth_eq=None)
+    if peer is not None:
+        seq = row_lens.view(batch, next_n)[:, -1].contiguous()
+        peer_out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+        row["trtllm_us"], row["trtllm_mode"] = timed(
+            "trtllm indexer_topk_decode",
+            lambda i: peer.topk_decode(zs[i], seq, peer_out, next_n, k), args.iters, sets, errors)
+        if row["trtllm_us"] is not None:
+            peer.topk_decode(zs[0], seq, peer_out, next_n, k)
+            seen = seq.repeat_interleave(next_n) - next_n + 1 + \
+                torch.arange(next_n, device="cuda").repeat(batch)
+            same = seen == row_lens            # rows it ranks over the bench's length
+            ok = peer_out >= 0
+            kth_p, cnt_p = kth_and_count(zs[0].gather(1, peer_out.long().clamp(min=0)), ok)
+            kth_t, cnt_t = kth_and_count(torch_vals, torch.isfinite(torch_vals))
+            eq = (kth_p == kth_t) & (cnt_p == cnt_t)
+            row["trtllm_kth_eq"] = eq[same].float().mean().item() if bool(same.any()) else None
     fi_pos = None
     row.update(fi_varlen_us=None, fi_varlen_mode=None, via_fi_us=None, via_fi_mode=None,
                fi_ragged_us=None, fi_ragged_mode=None,
@@ -285,7 +329,7 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
                 0, True, False) else "radix"
         except Exception:  # noqa: BLE001
             pass
-    for col in ("spin", "filter", "torch", "fi_varlen", "via_fi", "fi_ragged"):
+    for col in ("spin", "filter", "trtllm", "torch", "fi_varlen", "via_fi", "fi_ragged"):
         if row[f"{col}_us"] is None and row[f"{col}_mode"] is not None:   # an error message
             row[f"{col}_error"], row[f"{col}_mode"] = row[f"{col}_mode"], None
     row["sets_eq"], row["kth_eq"], row["kth_eq_torch"] = check(
@@ -323,7 +367,7 @@ def fmt(v, spec=".1f", none="-"):
 
 
 COLUMNS = ("| batch | slots | next_n | K | target | realized | spin us | filter us "
-           "| fi varlen us "
+           "| trtllm us (kth eq) | fi varlen us "
            "| spin.topk via fi us | fi ragged us (algo) | torch.topk us | fi varlen / spin "
            "| sets eq | kth eq (fi, torch) | bound us | spin / bound | best fi / bound |")
 
@@ -335,7 +379,8 @@ def line(r) -> str:
     vf = fmt(r["via_fi_us"]) + (" eager" if r["via_fi_mode"] == "eager" else "")
     return (f"| {r['batch']} | {r['slots']} | {r['next_n']} | {r['k']} "
             f"| {r['target_sparsity']:.1f} | {r['realized_sparsity']:.3f} | {fmt(r['spin_us'])} "
-            f"| {fmt(r.get('filter_us'))} | {fv} | {vf} "
+            f"| {fmt(r.get('filter_us'))} "
+            f"| {fmt(r.get('trtllm_us'))} ({fmt(r.get('trtllm_kth_eq'), '.3f')}) | {fv} | {vf} "
             f"| {fr} ({r['fi_ragged_algo'] or '-'}) | {fmt(r['torch_us'])} "
             f"| {fmt(ratio, '.2f')} | {fmt(r['sets_eq'], '.3f')} "
             f"| {fmt(r['kth_eq'], '.3f')}, {fmt(r['kth_eq_torch'], '.3f')} "
@@ -362,6 +407,9 @@ def main() -> int:
                     choices=["radix_cutlass", "auto", "radix", "radix_filter", "gvr_2"],
                     help="flashinfer.top_k_varlen backend (sm_90 has only radix_cutlass)")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the flashinfer columns")
+    ap.add_argument("--trtllm-peer", default=os.environ.get("SPIN_TRTLLM_TOPK_PEER"),
+                    help="folder of the built trtllm_topk_peer module (TensorRT-LLM's decode "
+                         "top-K); default $SPIN_TRTLLM_TOPK_PEER; unset: no trtllm column")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -384,13 +432,21 @@ def main() -> int:
             log(f"flashinfer unavailable, its columns stay empty: {fi_info}")
     head += ("; flashinfer " + (f"{fi_info['version']} top_k_varlen backend={args.fi_backend}"
                                 if fi is not None else f"unavailable: {str(fi_info)[:200]}"))
+    peer, peer_info = None, "not asked for (--trtllm-peer)"
+    if args.trtllm_peer:
+        peer, peer_info = load_trtllm_peer(args.trtllm_peer)
+        if peer is None:
+            log(f"TensorRT-LLM's top-K unavailable, its column stays empty: {peer_info}")
+    head += "; trtllm top-K " + ("from " + peer_info["path"] if peer is not None
+                                 else f"unavailable: {str(peer_info)[:200]}")
     log(COLUMNS)
     rows, errors = [], set()
 
     def save() -> None:  # after every case, so a run cut short keeps what it measured
         if args.json:
             write_output(args.json, "--json",
-                         json.dumps({"device": gpu, "flashinfer": fi_info, "copy_tbs": copy_tbs,
+                         json.dumps({"device": gpu, "flashinfer": fi_info,
+                                     "trtllm_topk": peer_info, "copy_tbs": copy_tbs,
                                      "rows": rows}, indent=2))
         if args.markdown:
             write_output(args.markdown, "--markdown", markdown(rows, head) + "\n")
@@ -400,7 +456,8 @@ def main() -> int:
         seed += 1
         inputs, n = make_inputs(batch, slots, next_n, args.sets, seed)
         for k, rho in itertools.product(args.topk, args.sparsity):
-            row = run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs)
+            row = run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs,
+                           peer)
             row["gpu_after_case"] = gpu_clocks()
             rows.append(row)
             log(line(row))

@@ -27,7 +27,7 @@ def row(bench, rows, slots, spin_us, score_bytes, copy_tbs=4.0, fi_us=None):
          "spin_mode": "graph", "fi_varlen_us": fi_us, "fi_varlen_mode": "graph",
          "via_fi_us": None, "via_fi_mode": None, "fi_ragged_us": None, "fi_ragged_mode": None,
          "fi_ragged_algo": None, "torch_us": 50.0, "sets_eq": 1.0, "kth_eq": 1.0,
-         "kth_eq_torch": 1.0}
+         "kth_eq_torch": 1.0, "trtllm_us": 40.0, "trtllm_mode": "graph", "trtllm_kth_eq": 1.0}
     r["spin_over_bound"] = bench.over(spin_us, r["bound_us"])
     r["fi_over_bound"] = bench.over(fi_us, r["bound_us"])
     return r
@@ -56,3 +56,5 @@ def test_every_line_has_the_headers_columns(bench):
     cells = table[2].count("|")
     assert [line.count("|") for line in table[3:]] == [cells] * 3
     assert table[4].split("|")[-4:-1] == [" 6.29 ", " 9.54 ", " 5.72 "]
+    assert table[2].split("|")[9] == " trtllm us (kth eq) "    # TensorRT-LLM's own top-K
+    assert table[4].split("|")[9] == " 40.0 (1.000) "
