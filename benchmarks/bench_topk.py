@@ -93,7 +93,12 @@ def load_trtllm_peer(folder: str):
         return None, f"import from {folder} failed: {type(e).__name__}: {e}"
     x = torch.randn(2, 3000, device="cuda")
     out = torch.full((2, 64), -7, dtype=torch.int32, device="cuda")
-    peer.topk_decode(x, torch.tensor([3000, 2500], dtype=torch.int32, device="cuda"), out, 1, 64)
+    lens = torch.tensor([3000, 2500], dtype=torch.int32, device="cuda")
+    try:
+        peer.topk_decode(x, lens, out, 1, 64)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return None, f"its check call failed: {type(e).__name__}: {str(e)[:300]}"
     for r, n in enumerate((3000, 2500)):
         got = set(out[r].tolist())
         if got != set(x[r, :n].topk(64).indices.tolist()):
