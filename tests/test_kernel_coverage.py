@@ -23,6 +23,7 @@ LOG = {"void spin::(anonymous namespace)::logits_kernel<(int)4>(spin::LogitsPara
        ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"],
        "spin::(anonymous namespace)::topk_kernel<(int)2, (bool)1>(spin::TopkParams)":
        ["tests/c.py::test_topk_cluster"]}
+LOG_NAMES = list(LOG)
 LIBRARY = ["spin::<unnamed>::logits_kernel<4>(spin::LogitsParams, int)",
            "spin::<unnamed>::topk_kernel<2, true>(spin::TopkParams)",
            "spin::<unnamed>::update_kernel(spin::UpdateParams)"]
@@ -68,3 +69,21 @@ def test_main_fails_when_a_kernel_went_unchecked(kc, tmp_path, monkeypatch, caps
     assert out.splitlines()[-1] == (f"{2 - code} of 2 kernels launched by the "
                                     f"{1 + topk_ran} tests that ran")
     assert ("NEVER LAUNCHED" in out) == (not topk_ran)
+
+
+def test_logs_of_several_processes_count_together_and_merge(kc, tmp_path, monkeypatch, capsys):
+    # a plain run's processes: each saw one of the two kernels, one test in both
+    first, second = tmp_path / "kernels_0.json", tmp_path / "kernels_1.json"
+    first.write_text(json.dumps({LOG_NAMES[0]: ["tests/b.py::test_engine"]}))
+    second.write_text(json.dumps({LOG_NAMES[0]: ["tests/a.py::test_logits[4]"],
+                                  LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"]}))
+    merged = tmp_path / "kernels.json"
+    monkeypatch.setattr(kc, "library_kernels", lambda lib: LIBRARY[:2])
+    monkeypatch.setattr(kc, "demangle", lambda names: names)
+    monkeypatch.setattr(sys, "argv", ["kernel_coverage.py", str(first), str(second), "lib.so",
+                                      "--merged", str(merged)])
+    assert kc.main() == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "2 of 2 kernels launched by the tests"
+    assert json.loads(merged.read_text()) == {
+        LOG_NAMES[0]: ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"],
+        LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"]}

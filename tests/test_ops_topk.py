@@ -166,10 +166,11 @@ def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks", [(20, 3200), (40, 1600)])
+@pytest.mark.parametrize("rows,blocks", [(8, 6400), (20, 3200), (40, 1600)])
 def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks):
-    # on 132 SMs clusters of 4 (20 rows) and 2 (40 rows) whose shares (51.2K slots, 200 KB)
-    # exceed the 192 KB cache: the uncached instances, the only way those rows run
+    # on 132 SMs clusters of 8 (8 rows), 4 (20 rows) and 2 (40 rows) whose shares (51.2K
+    # slots, 200 KB) exceed the 192 KB cache: the uncached instances, the only way those rows
+    # run (too few rows for the filter)
     gen = torch.Generator().manual_seed(rows * blocks)
     z = _topk_rows("zeros", rows, blocks * 64, gen)
     ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1)

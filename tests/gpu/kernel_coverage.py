@@ -1,10 +1,11 @@
 """Which of the native library's kernels the sanitized tests launched.
 
-    python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json spin_trtllm/libspin_native.so \
-        [--ran TIMES...]
+    python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json [...] spin_trtllm/libspin_native.so \
+        [--ran TIMES...] [--merged FILE]
 
 KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set (tests/conftest.py): the tests
-that compute-sanitizer runs (all but those marked large). The
+that compute-sanitizer runs (all but those marked large); several (one per process of a plain
+run) count together, and --merged writes them as one log for a later call's KERNEL_LOG. The
 library's kernels (every template instance) are the entry functions of its sm_90a code, read with
 cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
 launched. With --ran, only the tests those SPIN_TEST_TIMES files show as run (not skipped) count:
@@ -57,14 +58,27 @@ def coverage(launched: dict[str, list[str]], kernels: list[str],
     return {k: [t for t in by_key.get(key(k), []) if ran is None or t in ran] for k in kernels}
 
 
+def merge(logs: list[dict[str, list[str]]]) -> dict[str, list[str]]:
+    """One kernel log from several processes' (each kernel's tests, sorted, each once)."""
+    merged: dict[str, set[str]] = {}
+    for log in logs:
+        for name, tests in log.items():
+            merged.setdefault(name, set()).update(tests)
+    return {name: sorted(tests) for name, tests in sorted(merged.items())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("kernel_log")
+    ap.add_argument("kernel_log", nargs="+")
     ap.add_argument("library")
     ap.add_argument("--ran", nargs="+", metavar="TIMES",
                     help="count only the tests these SPIN_TEST_TIMES files show as run")
+    ap.add_argument("--merged", metavar="FILE", help="write the kernel logs as one")
     args = ap.parse_args()
-    launched = json.load(open(args.kernel_log))
+    launched = merge([json.load(open(path)) for path in args.kernel_log])
+    if args.merged:
+        with open(args.merged, "w") as out:
+            json.dump(launched, out, indent=1, sort_keys=True)
     # the tests each file shows as run (passed or not: the kernels ran under the tool), no skips
     ran = set(known_seconds(args.ran)) if args.ran else None
     kernels = library_kernels(args.library)

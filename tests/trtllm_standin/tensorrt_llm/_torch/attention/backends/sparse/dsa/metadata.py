@@ -239,7 +239,7 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         if nt > 0:
             token = torch.arange(nt, device=ends.device)
             req = torch.searchsorted(ends, token, right=True)
-            self.req_idx_per_token[:nt] = req.int()
+            self.req_idx_per_token[:nt].copy_(req)       # in place: refresh_expanded_buffers
         # token-space slot mappings (V3.2); V4's compressor writes its compressed keys through
         # its own mappings (simplified: not refreshed here)
         if self.kv_cache_manager is not None and nt > 0 and self._indexer_compress_ratio <= 1:
@@ -287,9 +287,12 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         rows = ng * next_n
         tokens = self.kv_lens_cuda[nc:nc + ng].long().repeat_interleave(next_n) - (
             next_n - 1 - torch.arange(next_n, device=self.kv_lens_cuda.device).repeat(ng))
-        self.kv_lens_expanded_cuda[:rows] = self.get_indexer_kv_lens(tokens).int()
-        self.block_table_expanded[:rows] = \
-            self.indexer_k_cache_block_offsets[nc:nc + ng].repeat_interleave(next_n, dim=0)
+        # written in place, not through temporaries: inside a captured graph a temporary's
+        # copy is a memcpy node, whose source compute-sanitizer initcheck checks at the
+        # graph's launch, before the kernel that fills it runs (tests/gpu/initcheck_repro.py)
+        self.kv_lens_expanded_cuda[:rows].copy_(self.get_indexer_kv_lens(tokens))
+        self.block_table_expanded[:rows].view(ng, next_n, -1).copy_(
+            self.indexer_k_cache_block_offsets[nc:nc + ng].unsqueeze(1).expand(-1, next_n, -1))
         self.scheduler_metadata_buffer_expanded.copy_(get_paged_mqa_logits_metadata(
             self.kv_lens_expanded_cuda[:rows].view(-1, 1).contiguous(), _DG_SCHEDULE_BLOCK_KV,
             self.num_sms))
