@@ -3,17 +3,19 @@ of torch each (no spin kernel involved). tests/gpu/device_check.sh's initcheck s
 of both:
 
   bf16_gemm        a bf16 GEMM (cuBLAS) then silu on its output: every read of the output is
-                   reported as uninitialized (cuBLAS's sm_90 GEMMs store their tiles with TMA,
-                   which initcheck does not see; `--check-bulk-copy yes` changes nothing).
-                   fp32_gemm, the same in float32 (a kernel without TMA stores): no report.
-                   The tests whose model runs in bf16 are marked no_initcheck; a float32 twin
-                   runs the same spin kernels there.
+                   reported as uninitialized (2026-12-06, an H100: 2,048 reports at 16 rows,
+                   the same with `--check-bulk-copy yes`); fp32_gemm, the same in float32: no
+                   report. Likely cause: the bf16 GEMM stores its tiles with TMA, which
+                   initcheck does not track. The tests whose model runs in bf16 are marked
+                   no_initcheck; a float32 twin runs the same spin kernels there.
   graph_temp_copy  a captured graph: a kernel fills a temporary from the graph's private pool,
-                   then a same-dtype copy of it into a buffer (a memcpy node). initcheck checks
-                   a memcpy node's source when the graph is launched, before the kernel runs,
-                   so the first replay reports the whole temporary; later replays do not (the
-                   kernel wrote it by then). graph_in_place, the kernel writing the buffer
-                   itself: no report. The stand-in's captured metadata writes in place so.
+                   then a same-dtype copy of it into a buffer (a memcpy node), replayed twice.
+                   Seen in the stand-in's engine loop (2026-12-06): "Host API memory access
+                   error ... cudaMemcpy source" at cudaGraphLaunch, the source such a
+                   temporary, as if initcheck checked a memcpy node's source at the launch,
+                   before the kernel that fills it runs. graph_in_place, the kernel writing the
+                   buffer itself, is the control. The stand-in's captured metadata writes in
+                   place so.
 
     python3 tests/gpu/initcheck_repro.py            each case in its own process under
                                                     initcheck, with its count of reports
