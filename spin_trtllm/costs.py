@@ -11,8 +11,10 @@ bench_update_skew.py, bench_update_overlap.py, bench_probe.py; numbers in
 benchmarks/RESULTS.md):
   logits   fixed + K-cache bytes at 3.66 TB/s; an MTP step's rows re-read the pages
            (x 1 + 0.45 (next_n - 1))
-  top-K    spin's kernel max(16 us, 7.5 us + 7.75 ps per scored slot per row); FlashInfer's
-           path (where ops.topk hands it the rows) 19 us + 4.3 ps per scored slot per row
+  top-K    spin's kernel max(16 us, 7.5 us + 7.75 ps per scored slot per row), through its
+           filter (the rows ops.topk filters) 14.5 us + 2.95 ps per scored slot per row + 1.1 ps
+           per row and slot of the table's width; FlashInfer's path (where ops.topk hands it the
+           rows) 19 us + 4.3 ps per scored slot per row
   select   0.5 us + 1.25 ps per visible slot (a layer's share of the one launch); each MTP
            row after the first adds 0.85 of its per-slot term (every row is scored)
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
@@ -75,6 +77,9 @@ class CostModel:
     topk_floor_us: float = 16.0
     topk_fixed_us: float = 7.5
     topk_us_per_slot: float = 7.75e-6
+    topk_filter_fixed_us: float = 14.5
+    topk_filter_us_per_slot: float = 2.95e-6
+    topk_filter_us_per_table_slot: float = 1.1e-6  # per row and slot of its table's width
     peer_topk: bool = False  # ops.topk runs flashinfer's top-K (for_device sets it)
     peer_topk_fixed_us: float = 19.0
     peer_topk_us_per_slot: float = 4.3e-6
@@ -113,9 +118,17 @@ class CostModel:
 
     def _topk(self, slots: float, next_n: int, visible_slots: Requests = ()) -> float:
         """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
-        rows and their width, which decide whether ops.topk runs flashinfer's path."""
+        rows and their width (the longest request's blocks, for a compacted table too), which
+        decide whether ops.topk runs flashinfer's path or spin's filter."""
         if self._peer_runs(visible_slots, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
+        from .ops import topk_filters
+
+        requests = _requests(visible_slots)
+        rows = len(requests.visible) * next_n
+        if rows and topk_filters(rows, requests.longest):
+            return (self.topk_filter_fixed_us + self.topk_filter_us_per_slot * slots * next_n
+                    + self.topk_filter_us_per_table_slot * rows * requests.longest)
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
 
     def _beside(self, visible_slots: Requests, next_n: int, update_beside: bool) -> bool:

@@ -23,7 +23,11 @@ CONSTANTS = {"BLOCK_SLOTS": "kBlockSize", "MAX_NEXT_N": "kMaxNextN", "INDEX_HEAD
              "MAX_SORTED_K": "kMaxSortedK", "MAX_HYBRID_BLOCKS": "kMaxHybridBlocks",
              "MAX_M_CAP": "kMaxMCap", "MAX_LAUNCH_BATCH": "kMaxGridYZ", "FP4_BLOCK": "kFp4Block",
              "FP4_SLOT_BYTES": "kFp4SlotBytes", "GAUSS_SUMMARY_BYTES": "kGaussSummaryBytes",
-             "MAX_INDEX_TOPK": "kMaxIndexTopK"}
+             "MAX_INDEX_TOPK": "kMaxIndexTopK", "TOPK_FILTER_SLICE_SLOTS": "kFilterSliceSlots",
+             "TOPK_FILTER_MAX_SLOTS": "kFilterMaxSlots", "TOPK_FILTER_MAX_K": "kFilterMaxK",
+             "TOPK_FILTER_MAX_ROWS": "kFilterMaxRows",
+             "TOPK_FILTER_AUTO_MIN_ROWS": "kFilterAutoMinRows",
+             "TOPK_FILTER_AUTO_MIN_SLOTS": "kFilterAutoMinSlots"}
 # Python dict/tuple in spin_trtllm.limits -> C++ enum (enumerators in value order)
 ENUMS = {"POOLING": "Pooling", "EXPLORATION_POLICY": "ExplorePolicy", "STATE_DTYPES": "StateType"}
 

@@ -316,16 +316,38 @@ def test_gpu_topk_filter_edge_rows_match_reference(monkeypatch):
     assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode,rows,blocks,filters", [
+# (SPIN_TOPK_FILTER, rows, blocks, whether the binding ranks them through the filter at K 512)
+FILTER_MODE_CASES = [
     ("1", 4, 300, True), ("1", 4, 256, False),            # 1: any rows of more than 16K slots
     (None, 16, 513, True), (None, 15, 1024, False),       # unset is auto: 16 rows of > 32K
-    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False)])
-def test_gpu_topk_filter_runs_where_its_mode_says(monkeypatch, mode, rows, blocks, filters):
+    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False)]
+
+
+def _set_filter_mode(monkeypatch, mode):
     if mode is None:
         monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
     else:
         monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
+
+
+@pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES + [
+    ("", 96, 1024, True),                                 # empty is auto
+    ("1", 4, 8192, True), ("1", 4, 8193, False),          # at most 512K slots
+    ("1", 2048, 300, True), ("1", 2049, 300, False)])     # at most 2048 rows
+def test_topk_filters_states_the_bindings_rule(monkeypatch, mode, rows, blocks, filters):
+    """ops.topk_filters (the auto routing and the cost model ask it) against the rule the GPU
+    test below checks on the binding; K past 2048 is ranked whole."""
+    _set_filter_mode(monkeypatch, mode)
+    assert ops.topk_filters(rows, blocks * 64, 512) == filters
+    assert ops.topk_filters(rows, blocks * 64) == filters
+    assert not ops.topk_filters(rows, blocks * 64, 2049)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES)
+def test_gpu_topk_filter_runs_where_its_mode_says(monkeypatch, mode, rows, blocks, filters):
+    _set_filter_mode(monkeypatch, mode)
+    assert ops.topk_filters(rows, blocks * 64, 512) == filters
     z = torch.randn(rows, blocks * 64, device="cuda")
     ids = torch.arange(blocks, dtype=torch.int32, device="cuda").repeat(rows, 1)
     cnt = torch.full((rows,), blocks, dtype=torch.int32, device="cuda")

@@ -60,10 +60,11 @@ def test_cost_model_prices_the_update_beside_the_topk(batch, slots, exposed):
 
 
 def test_cost_model_charges_the_whole_update_after_flashinfers_topk():
-    """flashinfer's path (ops.topk's pick at 96 rows of 128K slots) ends with the remap kernel,
-    which does not let the update start early; spin's top-K kernel (8 rows of 32K) does."""
+    """flashinfer's path (ops.topk's pick at 32 rows of 1M slots, past the filter's 512K) ends
+    with the remap kernel, which does not let the update start early; spin's top-K kernel (8
+    rows of 32K) does."""
     peer = CostModel(peer_topk=True)
-    big, small = [131072] * 96, [32768] * 8
+    big, small = [1 << 20] * 32, [32768] * 8
     assert peer.spin_us(big, 0.5, update_beside=True) == peer.spin_us(big, 0.5)
     assert H200.spin_us(big, 0.5, update_beside=True) < H200.spin_us(big, 0.5)
     assert peer.spin_us(small, 0.5, update_beside=True) < peer.spin_us(small, 0.5)
@@ -80,7 +81,7 @@ MEASURED_PEER_TOPK = [(8, 32768, 0.0, 20.0), (32, 32768, 0.5, 23.6), (32, 131072
 def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us, monkeypatch):
     from spin_trtllm import ops
 
-    monkeypatch.setattr(ops, "spin_topk_is_faster", lambda rows, width: False)
+    monkeypatch.setattr(ops, "spin_topk_is_faster", lambda rows, width, k=None: False)
     peer = CostModel(peer_topk=True)
     scored = rows * slots * (1 - rho)
     assert peer._topk(scored, 1, [slots] * rows) == pytest.approx(us, rel=0.25)
@@ -99,20 +100,53 @@ MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 1, 0.5, 14.6), (8, 32
 
 
 @pytest.mark.parametrize("batch,slots,next_n,rho,us", MEASURED_SPIN_TOPK)
-def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next_n, rho, us):
+def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next_n, rho, us,
+                                                              monkeypatch):
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")         # measured before the filter
     assert H200._topk(batch * slots * (1 - rho), next_n, [slots] * batch) == \
         pytest.approx(us, rel=0.35)
+
+
+# spin's top-K through its filter on an H200 (benchmarks/results/topk/
+# topk_filter_trtllm_2026-12-06_h200.json, filter_us, K 512): every case the default filters,
+# (requests, slots per request, next_n, rho, us).
+MEASURED_FILTER_TOPK = [(8, 131072, 2, 0.0, 22.6), (8, 131072, 2, 0.5, 21.1),
+                        (32, 131072, 1, 0.0, 29.0), (32, 131072, 1, 0.5, 27.8),
+                        (32, 131072, 2, 0.0, 47.1), (32, 131072, 2, 0.5, 39.7),
+                        (96, 131072, 1, 0.0, 66.1), (96, 131072, 1, 0.5, 42.5),
+                        (96, 131072, 2, 0.0, 117.3), (96, 131072, 2, 0.5, 80.3)]
+
+
+@pytest.mark.parametrize("batch,slots,next_n,rho,us", MEASURED_FILTER_TOPK)
+def test_cost_model_filter_topk_term_tracks_the_measured_kernels(batch, slots, next_n, rho, us,
+                                                                 monkeypatch):
+    from spin_trtllm import ops
+
+    monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
+    assert ops.topk_filters(batch * next_n, slots)
+    scored = batch * slots * (1 - rho)
+    filtered = H200._topk(scored, next_n, [slots] * batch)
+    assert filtered == pytest.approx(us, rel=0.15)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # one CTA a row: the other term
+    assert H200._topk(scored, next_n, [slots] * batch) != filtered
 
 
 def test_with_flashinfer_the_model_prices_spin_topk_where_ops_topk_keeps_it(monkeypatch):
     from spin_trtllm import ops
 
+    monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
     peer = CostModel(peer_topk=True)
-    for batch, slots in ((8, 131072), (96, 32768)):      # kept by ops.topk: spin's kernel
+    # kept by ops.topk: spin's kernel (one CTA a row; the filter at 96 x 128K)
+    for batch, slots in ((8, 131072), (96, 32768), (96, 131072)):
         assert ops.spin_topk_is_faster(batch, slots)
         assert peer._topk(batch * slots, 1, [slots] * batch) == \
             H200._topk(batch * slots, 1, [slots] * batch)
-    assert not ops.spin_topk_is_faster(96, 131072)      # handed to flashinfer
+    for batch, slots in ((96, 1 << 20), (4096, 131072)):   # past the filter: flashinfer
+        assert not ops.spin_topk_is_faster(batch, slots)
+        assert peer._topk(batch * slots, 1, [slots] * batch) != \
+            H200._topk(batch * slots, 1, [slots] * batch)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # no filter: flashinfer at 96 x 128K
+    assert not ops.spin_topk_is_faster(96, 131072)
     assert peer._topk(96 * 131072, 1, [131072] * 96) != H200._topk(96 * 131072, 1, [131072] * 96)
 
 
@@ -129,8 +163,9 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     monkeypatch.setattr(_topk, "_flashinfer_topk", lambda: None)
     ops.set_topk_backend("auto")
     assert not H200.for_device("cuda").peer_topk
-    # SPIN saves less top-K time with the peer's flatter cost (96 x 128K at rho 0.5)
-    ctx = [131072] * 96
+    # SPIN saves less top-K time with the peer's flatter cost (32 x 1M at rho 0.5, past the
+    # filter's 512K slots)
+    ctx = [1 << 20] * 32
     saved = lambda m: m.dense_us(ctx) - m.spin_us(ctx, 0.5)   # noqa: E731
     assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
 

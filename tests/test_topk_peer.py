@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spin_trtllm import SpinError, ops
-from spin_trtllm.limits import BLOCK_SLOTS
+from spin_trtllm.limits import BLOCK_SLOTS, TOPK_FILTER_MAX_ROWS, TOPK_FILTER_MAX_SLOTS
 from spin_trtllm.ops import _topk
 from spin_trtllm import reference as ref
 
@@ -198,12 +198,21 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
     narrow = ops.TOPK_SPIN_MAX_WIDTH // BLOCK
     few = ops.TOPK_SPIN_MAX_ROWS
     many = few + 1
-    for rows, m_cap, want in ((many, narrow, "flashinfer"), (many, narrow - 1, None),
-                              (192, narrow - 1, None), (few, narrow, None), (few, 4 * narrow, None),
-                              (96, 2 * narrow, "flashinfer"), (8, 16, None)):
-        logits = torch.zeros(rows, m_cap * BLOCK, device="cuda")
-        ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
-        assert ops.topk_peer(logits, ids, 512) == want, (rows, m_cap)
+    past_filter = TOPK_FILTER_MAX_SLOTS // BLOCK + 1
+    cases = {"0": ((many, narrow, "flashinfer"), (many, narrow - 1, None), (192, narrow - 1, None),
+                   (few, narrow, None), (few, 4 * narrow, None), (96, 2 * narrow, "flashinfer"),
+                   (8, 16, None)),
+             # the rows spin's filter ranks stay with spin; wider ones and more rows do not
+             "auto": ((many, narrow, None), (96, 2 * narrow, None), (few, narrow, None),
+                      (96, past_filter, "flashinfer"),
+                      (TOPK_FILTER_MAX_ROWS + 1, narrow, "flashinfer"))}
+    for mode, shapes in cases.items():
+        monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
+        for rows, m_cap, want in shapes:
+            logits = torch.zeros(rows, m_cap * BLOCK, device="cuda")
+            ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
+            assert ops.topk_peer(logits, ids, 512) == want, (mode, rows, m_cap)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")     # the layouts below, without the filter
     wide = torch.zeros(many, narrow * BLOCK + 4, device="cuda")
     ids = torch.zeros(many, narrow, dtype=torch.int32, device="cuda")
     assert ops.topk_peer(wide, ids, 512) == "flashinfer"    # wider rows, contiguous: in place

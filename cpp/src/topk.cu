@@ -259,15 +259,12 @@ __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eli
 // one SM.
 constexpr int kPassThreads = 512;
 constexpr int kPassGroups = 8;                                // float4 loads a thread
-constexpr int kSlice = kPassThreads * kPassGroups * 4;        // 16384 slots a pass CTA
+constexpr int kSlice = kPassThreads * kPassGroups * 4;        // slots a pass CTA
+static_assert(kSlice == kFilterSliceSlots, "the filter's bounds (spin_kernels.h) count slices");
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
-constexpr int kFilterMaxK = 2048;                             // taken positions a row lists
-constexpr int kFilterMaxSlots = 512 * 1024;                   // the bitmap: 64 KB of shared memory
-// filter -1 (auto): from 16 rows of more than two slices. On an H100, one CTA a row was faster
-// at rows of 32K slots up to 96 rows, the filter at rows of 64K and 128K from 16 (RESULTS.md)
-constexpr int kFilterAutoMinRows = 16;
-constexpr int kFilterAutoMinSlots = 2 * kSlice + 1;
-constexpr int kFilterMaxRows = 2048;                          // a workspace of 96 MB at most
+// filter -1 (auto): from kFilterAutoMinRows rows of more than two slices. One CTA a row was
+// faster at rows of 32K slots up to 96 rows, the filter at rows of 64K and 128K from 16 (H100
+// and H200, RESULTS.md)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
 

@@ -28,7 +28,7 @@ from ._probe import (gauss, gauss_summaries_like, probe, summaries_like, summari
 from ._select import select
 from ._topk import (TOPK_BACKENDS, TOPK_RAGGED_MAX_ROWS, TOPK_SPIN_MAX_ROWS, TOPK_SPIN_MAX_WIDTH,
                     peer_available, set_topk_backend, spin_topk_is_faster, topk, topk_backend,
-                    topk_peer, using_topk_backend)
+                    topk_filters, topk_peer, using_topk_backend)
 from ._update import reset, update
 
 NATIVE = _native.NATIVE
@@ -49,5 +49,5 @@ __all__ = ["BLOCK_SLOTS", "EXPLORATION_POLICY", "HEAD_DIM", "INDEX_HEADS", "MAX_
            "compact", "gauss", "gauss_summaries_like", "indexer_logits", "peer_available",
            "probe", "remap", "require_supported", "reset", "select", "set_topk_backend",
            "spin_topk_is_faster", "summaries_like", "summarize", "summarize_gauss",
-           "summarize_newest", "topk", "topk_backend", "topk_peer", "update",
+           "summarize_newest", "topk", "topk_backend", "topk_filters", "topk_peer", "update",
            "using_topk_backend"]

@@ -26,8 +26,9 @@ auto (FlashInfer where installed and measured faster), spin, or flashinfer (any 
 FlashInfer path asks for positions only (values cost more), then one spin::remap maps them to
 slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
 through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
-kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH and batches of at most
-TOPK_SPIN_MAX_ROWS rows (H200, K 512; benchmarks/RESULTS.md, top-K).
+kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH, batches of at most
+TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (7 of the 8 other cases
+measured; H200, K 512; benchmarks/RESULTS.md, top-K): auto keeps those rows.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ import torch
 
 from .. import reference as ref
 from ..errors import SpinError
-from ..limits import BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K
+from ..limits import (BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K, TOPK_FILTER_AUTO_MIN_ROWS,
+                      TOPK_FILTER_AUTO_MIN_SLOTS, TOPK_FILTER_MAX_K, TOPK_FILTER_MAX_ROWS,
+                      TOPK_FILTER_MAX_SLOTS, TOPK_FILTER_SLICE_SLOTS)
 from ._common import (I32, check_launch_rows, check_logits, check_next_n, check_selection,
                       check_shape, check_tensor, device_of, fail, register)
 from ._compact import remap
@@ -131,10 +134,28 @@ def peer_available() -> bool:
     return _flashinfer_topk() is not None
 
 
-def spin_topk_is_faster(rows: int, width: int) -> bool:
-    """Whether spin's top-K kernel was measured faster than FlashInfer's path at `rows` rows
-    of `width` compact slots (the auto choice; the cost model prices the same)."""
-    return width < TOPK_SPIN_MAX_WIDTH or rows <= TOPK_SPIN_MAX_ROWS
+def topk_filters(rows: int, width: int, k: Optional[int] = None) -> bool:
+    """Whether spin's kernel ranks `rows` rows of a `width`-slot table (m_cap * 64) through the
+    filter under SPIN_TOPK_FILTER now (the binding's rule, cpp/src/topk.cu filter_shapes; k
+    None: within its bound). The one exception it does not see: a device whose shared memory
+    cannot hold the row's bitmap beside the kernel's ranks the rows whole."""
+    mode = os.environ.get("SPIN_TOPK_FILTER") or "auto"
+    if mode == "0" or k is not None and not 1 <= k <= TOPK_FILTER_MAX_K:
+        return False
+    if mode == "auto" and (rows < TOPK_FILTER_AUTO_MIN_ROWS
+                           or width < TOPK_FILTER_AUTO_MIN_SLOTS):
+        return False
+    return TOPK_FILTER_SLICE_SLOTS < width <= TOPK_FILTER_MAX_SLOTS \
+        and rows <= TOPK_FILTER_MAX_ROWS
+
+
+def spin_topk_is_faster(rows: int, width: int, k: Optional[int] = None) -> bool:
+    """Whether spin's top-K was measured faster than FlashInfer's path at `rows` rows of a
+    `width`-slot table: one CTA a row below TOPK_SPIN_MAX_WIDTH slots or at most
+    TOPK_SPIN_MAX_ROWS rows, and wherever it takes the filter (the auto choice; the cost model
+    prices the same)."""
+    return width < TOPK_SPIN_MAX_WIDTH or rows <= TOPK_SPIN_MAX_ROWS or \
+        topk_filters(rows, width, k)
 
 
 def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional[str]:
@@ -151,7 +172,7 @@ def topk_peer(logits: torch.Tensor, block_ids: torch.Tensor, k: int) -> Optional
         # copy first (a contiguous wider tensor, as DeepGEMM returns, is ranked in place)
         if not logits.is_cuda or not (logits.is_contiguous() or
                                       logits[:, :width].is_contiguous()) or \
-                spin_topk_is_faster(rows, width):
+                spin_topk_is_faster(rows, width, k):
             return None
     return "flashinfer"
 
