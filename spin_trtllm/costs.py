@@ -51,22 +51,25 @@ LAST_SEEN_BYTES = torch.iinfo(torch.int64).bits // 8   # state.last_seen: one in
 class _Requests(NamedTuple):
     """A batch's requests as the model reads them, worked out once per call (the engine's switch
     asks every step): visible slots (>= 0), the slots of their whole 64-slot blocks (whole
-    blocks are read), those summed, and the longest request's."""
+    blocks are read), those summed, the longest request's, and the top-K table's width (the
+    block table ops.topk ranks: the longest request's unless the caller knows it)."""
     visible: tuple[int, ...]
     blocks: tuple[int, ...]
     slots: float
     longest: int
+    table: int
 
 
 Requests = Union[Sequence[int], _Requests]
 
 
-def _requests(visible_slots: Requests) -> _Requests:
+def _requests(visible_slots: Requests, table_slots: int = 0) -> _Requests:
     if isinstance(visible_slots, _Requests):
         return visible_slots
     visible = tuple(max(0, int(s)) for s in visible_slots)
     blocks = tuple(-(-n // BLOCK_SLOTS) * BLOCK_SLOTS for n in visible)
-    return _Requests(visible, blocks, float(sum(blocks)), max(blocks, default=0))
+    longest = max(blocks, default=0)
+    return _Requests(visible, blocks, float(sum(blocks)), longest, max(longest, table_slots))
 
 
 @dataclass(frozen=True)
@@ -107,28 +110,28 @@ class CostModel:
         return self.logits_fixed_us + slots * SLOT_BYTES * reread / self.logits_bytes_per_us
 
     def _peer_runs(self, visible_slots: Requests, next_n: int) -> bool:
-        """Whether ops.topk hands these rows to flashinfer (the rows and the longest request's
-        blocks decide)."""
+        """Whether ops.topk hands these rows to flashinfer (the rows and the table's width
+        decide)."""
         if not self.peer_topk:
             return False
         from .ops import spin_topk_is_faster
 
         requests = _requests(visible_slots)
-        return not spin_topk_is_faster(len(requests.visible) * next_n, requests.longest)
+        return not spin_topk_is_faster(len(requests.visible) * next_n, requests.table)
 
     def _topk(self, slots: float, next_n: int, visible_slots: Requests = ()) -> float:
         """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
-        rows and their width (the longest request's blocks, for a compacted table too), which
-        decide whether ops.topk runs flashinfer's path or spin's filter."""
+        rows and their table's width, which decide whether ops.topk runs flashinfer's path or
+        spin's filter."""
         if self._peer_runs(visible_slots, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         from .ops import topk_filters
 
         requests = _requests(visible_slots)
         rows = len(requests.visible) * next_n
-        if rows and topk_filters(rows, requests.longest):
+        if rows and topk_filters(rows, requests.table):
             return (self.topk_filter_fixed_us + self.topk_filter_us_per_slot * slots * next_n
-                    + self.topk_filter_us_per_table_slot * rows * requests.longest)
+                    + self.topk_filter_us_per_table_slot * rows * requests.table)
         return max(self.topk_floor_us, self.topk_fixed_us + self.topk_us_per_slot * slots * next_n)
 
     def _beside(self, visible_slots: Requests, next_n: int, update_beside: bool) -> bool:
@@ -204,11 +207,12 @@ class CostModel:
     def prefer_spin(self, visible_slots: Requests, target_sparsity: float, next_n: int = 1,
                     state_bytes: int = 2, running_spin: bool = True,
                     predictor: str = "spin", update_beside: bool = False,
-                    index_topk: int = 0) -> bool:
+                    index_topk: int = 0, table_slots: int = 0) -> bool:
         """True when SPIN, with its in-step overhead, is predicted faster than all-keep for this
         batch (by `margin` when switching to SPIN, so that a batch at the boundary does not flip
-        every step)."""
-        requests = _requests(visible_slots)
+        every step). table_slots: the width of the block table the top-K ranks (an engine's
+        m_cap * 64, a block past its longest context; 0: the longest request's)."""
+        requests = _requests(visible_slots, table_slots)
         if target_sparsity <= 0 or not requests.visible:
             return False
         dense = self.dense_us(requests, next_n)

@@ -56,8 +56,8 @@ REGISTRY: dict[str, Predictor] = {p.name: p for p in (
 ENGINE_PREDICTORS = tuple(name for name, p in REGISTRY.items() if p.engine)
 # what TensorRT-LLM's `spin:` block runs when it names no predictor: the probe misses 7 points
 # less than SPIN's history at equal bytes (dsa-lite's C4A model on 32-slot pages, 50% effective
-# sparsity; benchmarks/QUALITY.md sections 2 and 8) at SPIN's GPU cost of a decode step
-# (-0.2%; benchmarks/RESULTS.md, "Query-aware predictors in the step")
+# sparsity; benchmarks/QUALITY.md sections 2 and 8) at about SPIN's GPU cost of a decode step
+# (benchmarks/RESULTS.md, "Query-aware predictors in the step")
 TRTLLM_DEFAULT_PREDICTOR = "probe"
 # replay: how the per-step block budget is spread over layers (replay.probe.AdaptiveBudget)
 BUDGETS = ("uniform", "adaptive")

@@ -72,10 +72,11 @@ def test_main_fails_when_a_kernel_went_unchecked(kc, tmp_path, monkeypatch, caps
 
 
 def test_logs_of_several_processes_count_together_and_merge(kc, tmp_path, monkeypatch, capsys):
-    # a plain run's processes: each saw one of the two kernels, one test in both
+    # a plain run's processes: one saw both kernels, one test's launches are in both logs
     first, second = tmp_path / "kernels_0.json", tmp_path / "kernels_1.json"
     first.write_text(json.dumps({LOG_NAMES[0]: ["tests/b.py::test_engine"]}))
-    second.write_text(json.dumps({LOG_NAMES[0]: ["tests/a.py::test_logits[4]"],
+    second.write_text(json.dumps({LOG_NAMES[0]: ["tests/b.py::test_engine",
+                                                  "tests/a.py::test_logits[4]"],
                                   LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"]}))
     merged = tmp_path / "kernels.json"
     monkeypatch.setattr(kc, "library_kernels", lambda lib: LIBRARY[:2])

@@ -57,6 +57,18 @@ def test_topk_rejects_an_unknown_filter_mode(monkeypatch, mode):
     ids, cnt = torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
     with pytest.raises(SpinError, match="SPIN_TOPK_FILTER must be 0, 1 or auto, got"):
         ops.topk(torch.zeros(1, 64), ids, cnt, 1, 4)
+    with pytest.raises(SpinError, match="SPIN_TOPK_FILTER must be 0, 1 or auto, got"):
+        ops.topk_filters(96, 1 << 17, 512)       # the routing and the cost model ask it
+    with ops.using_topk_backend("flashinfer"), \
+            pytest.raises(SpinError, match="SPIN_TOPK_FILTER must be 0, 1 or auto, got"):
+        ops.topk(torch.zeros(1, 64), ids, cnt, 1, 4)   # refused before any path is chosen
+
+
+def test_topk_refuses_an_out_of_another_k():
+    ids, cnt = torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    out = torch.empty(1, 8, dtype=torch.int32)
+    with pytest.raises(SpinError, match=r"topk: out must have K = 4 columns, got \[1, 8\]"):
+        ops.topk(torch.zeros(1, 64), ids, cnt, 1, 4, out)
 
 
 @pytest.mark.parametrize("mode", ["", "auto", "0", "1"])
@@ -319,8 +331,12 @@ def test_gpu_topk_filter_edge_rows_match_reference(monkeypatch):
 # (SPIN_TOPK_FILTER, rows, blocks, whether the binding ranks them through the filter at K 512)
 FILTER_MODE_CASES = [
     ("1", 4, 300, True), ("1", 4, 256, False),            # 1: any rows of more than 16K slots
-    (None, 16, 513, True), (None, 15, 1024, False),       # unset is auto: 16 rows of > 32K
-    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False)]
+    (None, 16, 1024, True), (None, 15, 1024, False),      # unset is auto: 16 rows of >= 64K
+    (None, 16, 1023, False),
+    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False),
+    ("", 96, 1024, True),                                 # empty is auto
+    ("1", 4, 8192, True), ("1", 4, 8193, False),          # at most 512K slots
+    ("1", 2048, 300, True), ("1", 2049, 300, False)]      # at most 2048 rows
 
 
 def _set_filter_mode(monkeypatch, mode):
@@ -330,10 +346,7 @@ def _set_filter_mode(monkeypatch, mode):
         monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
 
 
-@pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES + [
-    ("", 96, 1024, True),                                 # empty is auto
-    ("1", 4, 8192, True), ("1", 4, 8193, False),          # at most 512K slots
-    ("1", 2048, 300, True), ("1", 2049, 300, False)])     # at most 2048 rows
+@pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES)
 def test_topk_filters_states_the_bindings_rule(monkeypatch, mode, rows, blocks, filters):
     """ops.topk_filters (the auto routing and the cost model ask it) against the rule the GPU
     test below checks on the binding; K past 2048 is ranked whole."""

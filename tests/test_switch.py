@@ -5,11 +5,17 @@ import pytest
 import torch
 
 from spin_trtllm import SpinConfig, SpinError
-from spin_trtllm.costs import H200, CostModel
+from spin_trtllm.costs import H200, CostModel, _requests
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.testing.harness import Scheduled
 
 TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40).encode()
+
+@pytest.fixture
+def before_the_filter(monkeypatch):
+    """Measurements made before the top-K's filter existed: the model prices one CTA a row."""
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")
+
 
 # Per-layer times measured on an H200 (2026-12-01, commit 7f6bc34, native kernels,
 # fp16 state, K 512): (batch, slots, dense logits + top-K us, SPIN at 0.5 us).
@@ -18,6 +24,7 @@ MEASURED = [(8, 32768, 17.0 + 26.3, 40.8), (32, 32768, 44.6 + 28.0, 58.8),
             (96, 131072, 461.9 + 152.4, 345.4)]
 
 
+@pytest.mark.usefixtures("before_the_filter")
 @pytest.mark.parametrize("batch,slots,dense,spin", MEASURED)
 def test_cost_model_tracks_the_measured_h200_kernels(batch, slots, dense, spin):
     ctx = [slots] * batch
@@ -99,17 +106,16 @@ MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 1, 0.5, 14.6), (8, 32
                       (96, 131072, 1, 0.0, 121.0), (96, 131072, 2, 0.5, 124.3)]
 
 
+@pytest.mark.usefixtures("before_the_filter")
 @pytest.mark.parametrize("batch,slots,next_n,rho,us", MEASURED_SPIN_TOPK)
-def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next_n, rho, us,
-                                                              monkeypatch):
-    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")         # measured before the filter
+def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next_n, rho, us):
     assert H200._topk(batch * slots * (1 - rho), next_n, [slots] * batch) == \
         pytest.approx(us, rel=0.35)
 
 
 # spin's top-K through its filter on an H200 (benchmarks/results/topk/
 # topk_filter_trtllm_2026-12-06_h200.json, filter_us, K 512): every case the default filters,
-# (requests, slots per request, next_n, rho, us).
+# the points the filter term was fitted to (requests, slots per request, next_n, rho, us).
 MEASURED_FILTER_TOPK = [(8, 131072, 2, 0.0, 22.6), (8, 131072, 2, 0.5, 21.1),
                         (32, 131072, 1, 0.0, 29.0), (32, 131072, 1, 0.5, 27.8),
                         (32, 131072, 2, 0.0, 47.1), (32, 131072, 2, 0.5, 39.7),
@@ -271,6 +277,7 @@ def _suite_cases():
                                    id=f"{name[:-6]}-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
 
 
+@pytest.mark.usefixtures("before_the_filter")
 @pytest.mark.parametrize("peer,slots,batch,rho,speedup", list(_suite_cases()))
 def test_switch_agrees_with_the_measured_suites(peer, slots, batch, rho, speedup):
     """Where SPIN's captured forward won clearly (>= 3%) the model takes SPIN; where it did not
@@ -302,6 +309,7 @@ def _beside_cases():
                                id=f"beside-{r['indexer_slots']}x{r['batch']}-{r['rho']}")
 
 
+@pytest.mark.usefixtures("before_the_filter")
 @pytest.mark.parametrize("slots,batch,rho,speedup", list(_beside_cases()))
 def test_switch_agrees_with_the_update_beside_the_topk(slots, batch, rho, speedup):
     """The dsa-lite runs with the update beside the top-K (2026-12-03, no
@@ -415,3 +423,21 @@ def test_the_cost_model_counts_the_budget_floor():
     # slots a request, as a sparsity that keeps 576 of the 1024 would be
     assert H200.spin_us(ctx, 0.9, index_topk=512) == pytest.approx(
         H200.spin_us(ctx, 1 - 576 / 1024))
+
+
+def test_cost_model_routes_the_topk_on_the_engines_table(monkeypatch):
+    """ops.topk routes on the block table's width (an engine's m_cap * 64, set by its longest
+    possible context), not the batch's longest request: the model asks the same."""
+    from spin_trtllm import ops
+
+    widths = []
+    monkeypatch.setattr(ops, "topk_filters",
+                        lambda rows, width, k=None: widths.append(width) is None and width > 65536)
+    ctx = [32768] * 96
+    assert H200.prefer_spin(ctx, 0.5, table_slots=131136) is not None
+    assert set(widths) == {131136}
+    widths.clear()
+    H200.prefer_spin(ctx, 0.5)                           # unknown: the longest request's
+    assert set(widths) == {32768}
+    # the wider table takes the filter's term
+    assert H200.dense_us(_requests(ctx, 131136)) != H200.dense_us(ctx)

@@ -262,9 +262,9 @@ constexpr int kPassGroups = 8;                                // float4 loads a 
 constexpr int kSlice = kPassThreads * kPassGroups * 4;        // slots a pass CTA
 static_assert(kSlice == kFilterSliceSlots, "the filter's bounds (spin_kernels.h) count slices");
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
-// filter -1 (auto): from kFilterAutoMinRows rows of more than two slices. One CTA a row was
-// faster at rows of 32K slots up to 96 rows, the filter at rows of 64K and 128K from 16 (H100
-// and H200, RESULTS.md)
+// filter -1 (auto): from kFilterAutoMinRows rows of tables of at least four slices. One CTA a
+// row was faster on 32K-slot tables (an engine's are a block wider) up to 96 rows, the filter
+// on 128K-slot tables from 16 rows (RESULTS.md, top-K)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
 

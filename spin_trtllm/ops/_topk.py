@@ -12,7 +12,7 @@ workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the 
 and their memory may be handed out again.
 
 SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks many long rows (16 to 2048 rows
-of more than 32K and at most 512K compact slots, the block table's width m_cap * 64; K up to
+of at least 64K and at most 512K compact slots, the block table's width m_cap * 64; K up to
 2048) through a filter: CTAs of 16K slots on every SM build each row's histogram of a coarse
 digit, then keep the entries above the K-th value's bin and those in it, and one CTA a row ranks
 only those (a row whose bin holds more than 4096 entries is ranked whole). =1 lowers the bounds
@@ -27,8 +27,8 @@ FlashInfer path asks for positions only (values cost more), then one spin::remap
 slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
 through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
 kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH, batches of at most
-TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (7 of the 8 other cases
-measured; H200, K 512; benchmarks/RESULTS.md, top-K): auto keeps those rows.
+TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (H200, K 512;
+benchmarks/RESULTS.md, top-K): auto keeps those rows.
 """
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ def topk_filters(rows: int, width: int, k: Optional[int] = None) -> bool:
     filter under SPIN_TOPK_FILTER now (the binding's rule, cpp/src/topk.cu filter_shapes; k
     None: within its bound). The one exception it does not see: a device whose shared memory
     cannot hold the row's bitmap beside the kernel's ranks the rows whole."""
+    check_filter_mode()
     mode = os.environ.get("SPIN_TOPK_FILTER") or "auto"
     if mode == "0" or k is not None and not 1 <= k <= TOPK_FILTER_MAX_K:
         return False
@@ -228,11 +229,13 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
          row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Where the FlashInfer path is chosen (topk_peer) the output contract is the same, except
     which of several entries tied at the K-th value is taken."""
+    check_filter_mode()             # on every path: routing reads it too
     if out is None:
         out = torch.empty(logits.shape[0], k, dtype=torch.int32, device=logits.device)
+    elif out.dim() != 2 or out.shape[1] != k:
+        raise SpinError(f"topk: out must have K = {k} columns, got {list(out.shape)}")
     if topk_peer(logits, block_ids, k) is not None:
         _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens)
     else:
-        check_filter_mode()
         torch.ops.spin.topk(logits, block_ids, counts, next_n, out, row_lens)
     return out

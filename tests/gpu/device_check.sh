@@ -70,21 +70,31 @@ fi
 pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
 
 if [ "$step" != sanitize ]; then
-  # PLAIN_SHARDS processes share the tests out (one alone took over 480 s), the longest first
-  start=$SECONDS plain_queue=$(mktemp -d) n=${PLAIN_SHARDS:-3}
+  # PLAIN_SHARDS processes share the tests out, the longest first
+  n=${PLAIN_SHARDS:-3} plain_queue=$(mktemp -d)
+  rm -f "$out"/kernels_*.json "$out"/gpu_tests_*.times "$out"/gpu_tests_*.log   # appended to
+  # DeepGEMM compiles its kernels at first use: once here, not in every process at once
+  timeout 240 "${pytest[@]}" -m "gpu and not large" tests/test_logits_backends.py \
+    > "$out/deepgemm_warmup.log" 2>&1
+  plain_limit=${PLAIN_LIMIT:-$(( ${CALL_LIMIT:-585} - SECONDS - 30 ))}
+  [ "$plain_limit" -ge 60 ] || { echo "plain limit ${plain_limit} s: too little left"; exit 2; }
+  start=$SECONDS
   for ((i = 0; i < n; i++)); do
-    SPIN_TEST_QUEUE="$plain_queue" SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
-      SPIN_KERNEL_LOG="$out/kernels_$i.json" SPIN_TEST_TIMES="$out/gpu_tests_$i.times" \
-      timeout "${PLAIN_LIMIT:-$(( ${CALL_LIMIT:-585} - SECONDS - 30 ))}" "${pytest[@]}" -m gpu \
-      tests/ > "$out/gpu_tests_$i.log" 2>&1 &
+    (
+      SPIN_TEST_QUEUE="$plain_queue" SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
+        SPIN_KERNEL_LOG="$out/kernels_$i.json" SPIN_TEST_TIMES="$out/gpu_tests_$i.times" \
+        timeout "$plain_limit" "${pytest[@]}" -m gpu tests/ > "$out/gpu_tests_$i.log" 2>&1
+      echo "plain process $i/$n: rc=$? (124: over ${plain_limit}s)" >> "$out/gpu_tests_$i.log"
+    ) &
   done
   wait; rm -rf "$plain_queue"
-  for ((i = 0; i < n; i++)); do
-    echo "plain $i/$n: $(grep -E "passed|failed" "$out/gpu_tests_$i.log" | tail -1)"
-    grep -E "^(FAILED|ERROR) " "$out/gpu_tests_$i.log"
+  for log in "$out"/gpu_tests_*.log; do
+    echo "$(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
   done
+  grep -hE " (failed|error) " "$out"/gpu_tests_*.times
   echo "plain: $(cat "$out"/gpu_tests_*.times | grep -c " passed ") passed," \
-    "$(cat "$out"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed ($((SECONDS - start)) s)"
+    "$(cat "$out"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed or errors" \
+    "($((SECONDS - start)) s)"
   python3 tests/gpu/kernel_coverage.py "$out"/kernels_*.json spin_trtllm/libspin_native.so \
     --merged "$out/kernels.json" > "$out/kernel_coverage.txt" 2>&1
   tail -1 "$out/kernel_coverage.txt"

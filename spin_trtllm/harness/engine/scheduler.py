@@ -510,7 +510,8 @@ class Engine:
                                               running_spin=self._ran_spin,
                                               predictor=self.predictor,
                                               update_beside=self.spin_indexer.update_beside,
-                                              index_topk=self.spin.index_topk)
+                                              index_topk=self.spin.index_topk,
+                                              table_slots=self.spin_indexer.m_cap * BLOCK_SLOTS)
         else:
             use = self.switch == "spin"
         self._ran_spin = use

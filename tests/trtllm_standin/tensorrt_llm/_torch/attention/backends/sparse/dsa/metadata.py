@@ -239,7 +239,9 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         if nt > 0:
             token = torch.arange(nt, device=ends.device)
             req = torch.searchsorted(ends, token, right=True)
-            self.req_idx_per_token[:nt].copy_(req)       # in place: refresh_expanded_buffers
+            # int64 into int32: copy_ is a kernel writing the buffer, not a memcpy node from a
+            # temporary (why: refresh_expanded_buffers)
+            self.req_idx_per_token[:nt].copy_(req)
         # token-space slot mappings (V3.2); V4's compressor writes its compressed keys through
         # its own mappings (simplified: not refreshed here)
         if self.kv_cache_manager is not None and nt > 0 and self._indexer_compress_ratio <= 1:
