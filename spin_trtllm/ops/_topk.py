@@ -139,8 +139,7 @@ def topk_filters(rows: int, width: int, k: Optional[int] = None) -> bool:
     filter under SPIN_TOPK_FILTER now (the binding's rule, cpp/src/topk.cu filter_shapes; k
     None: within its bound). The one exception it does not see: a device whose shared memory
     cannot hold the row's bitmap beside the kernel's ranks the rows whole."""
-    check_filter_mode()
-    mode = os.environ.get("SPIN_TOPK_FILTER") or "auto"
+    mode = filter_mode()
     if mode == "0" or k is not None and not 1 <= k <= TOPK_FILTER_MAX_K:
         return False
     if mode == "auto" and (rows < TOPK_FILTER_AUTO_MIN_ROWS
@@ -217,11 +216,13 @@ def _peer_topk(logits, block_ids, counts, next_n, k, out, row_lens) -> None:
 TOPK_FILTER_MODES = ("0", "1", "auto")
 
 
-def check_filter_mode() -> None:
-    """SPIN_TOPK_FILTER, which the binding reads at every call, must be one it knows."""
-    mode = os.environ.get("SPIN_TOPK_FILTER")
-    if mode and mode not in TOPK_FILTER_MODES:     # unset or empty: auto
+def filter_mode() -> str:
+    """SPIN_TOPK_FILTER as the binding reads it at every call (unset or empty: auto); an
+    unknown value raises."""
+    mode = os.environ.get("SPIN_TOPK_FILTER") or "auto"
+    if mode not in TOPK_FILTER_MODES:
         raise SpinError(f"SPIN_TOPK_FILTER must be 0, 1 or auto, got {mode!r}")
+    return mode
 
 
 def topk(logits, block_ids, counts, next_n: int, k: int,
@@ -229,7 +230,7 @@ def topk(logits, block_ids, counts, next_n: int, k: int,
          row_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Where the FlashInfer path is chosen (topk_peer) the output contract is the same, except
     which of several entries tied at the K-th value is taken."""
-    check_filter_mode()             # on every path: routing reads it too
+    filter_mode()                   # refused on every path: routing reads it too
     if out is None:
         out = torch.empty(logits.shape[0], k, dtype=torch.int32, device=logits.device)
     elif out.dim() != 2 or out.shape[1] != k:

@@ -73,12 +73,14 @@ if [ "$step" != sanitize ]; then
   # PLAIN_SHARDS processes share the tests out, the longest first
   n=${PLAIN_SHARDS:-3} plain_queue=$(mktemp -d)
   rm -f "$out"/kernels_*.json "$out"/gpu_tests_*.times "$out"/gpu_tests_*.log   # appended to
-  # DeepGEMM compiles its kernels at first use: once here, not in every process at once
-  timeout 240 "${pytest[@]}" -m "gpu and not large" tests/test_logits_backends.py \
-    > "$out/deepgemm_warmup.log" 2>&1
+  start=$SECONDS
+  # DeepGEMM compiles its kernels at first use: once here, not in every process at once (a
+  # member of the queue: the tests it runs count, and no other process runs them again)
+  SPIN_TEST_QUEUE="$plain_queue" SPIN_KERNEL_LOG="$out/kernels_warmup.json" \
+    SPIN_TEST_TIMES="$out/gpu_tests_warmup.times" timeout 240 "${pytest[@]}" \
+    -m gpu tests/test_logits_backends.py > "$out/gpu_tests_warmup.log" 2>&1
   plain_limit=${PLAIN_LIMIT:-$(( ${CALL_LIMIT:-585} - SECONDS - 30 ))}
   [ "$plain_limit" -ge 60 ] || { echo "plain limit ${plain_limit} s: too little left"; exit 2; }
-  start=$SECONDS
   for ((i = 0; i < n; i++)); do
     (
       SPIN_TEST_QUEUE="$plain_queue" SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
