@@ -2,7 +2,7 @@
 # Every GPU test on a CUDA machine, plain and under compute-sanitizer, in steps that each fit one
 # 10-minute device call:
 #   bash tests/gpu/device_check.sh plain              every test marked gpu (the TensorRT-LLM
-#       stand-in's engine loop on DeepGEMM included) in PLAIN_SHARDS processes (default 3) that
+#       stand-in's engine loop on DeepGEMM included) in PLAIN_SHARDS processes (default 4) that
 #       share them out as the sanitizer shards do (order: sanitizer_order/plain.times), then the
 #       library's kernels that its tests not marked large (the sanitized ones) launched
 #       (SPIN_KERNEL_LOG per process, merged into kernels.json by kernel_coverage.py)
@@ -71,7 +71,11 @@ pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
 
 if [ "$step" != sanitize ]; then
   # PLAIN_SHARDS processes share the tests out, the longest first
-  n=${PLAIN_SHARDS:-3} plain_queue=$(mktemp -d)
+  n=${PLAIN_SHARDS:-4} plain_queue=$(mktemp -d)
+  # a core's share of torch's CPU threads each: 3 processes at torch's default (16 threads
+  # each) ran the tests 1.76x slower than one process alone (2026-12-06, an H100), and did not
+  # finish in a call
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / n > 0 ? $(nproc) / n : 1 ))}
   rm -f "$out"/kernels_*.json "$out"/gpu_tests_*.times "$out"/gpu_tests_*.log   # appended to
   start=$SECONDS
   # DeepGEMM compiles its kernels at first use: once here, not in every process at once (a
