@@ -17,6 +17,8 @@
 #       limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
 #       script's start, after the builds, less 45 s for the summary; 480 in `all`)
 #   bash tests/gpu/device_check.sh                    both, one after the other
+# SANITIZE_PATHS="tests/test_ops_topk.py ..." (default tests/) narrows `sanitize` to those test
+# files: after a change to one kernel, its tests under every tool in one call, not the suite's.
 # With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call) `sanitize` also
 # lists, per tool, the library's kernels that the tests it ran launched (coverage_TOOL.txt):
 # every kernel instance must show up under every tool.
@@ -162,7 +164,7 @@ for tool in "${tools[@]}"; do
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
         "${pytest[@]}" -m "$marks" \
-        tests/ > "$shard_dir/${tool}_$i.log" 2>&1
+        ${SANITIZE_PATHS:-tests/} > "$shard_dir/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$shard_dir/${tool}_$i.log"
     ) &
