@@ -77,7 +77,7 @@ if [ "$step" != sanitize ]; then
   # a core's share of torch's CPU threads each: 3 processes at torch's default (16 threads
   # each) ran the tests 1.76x slower than one process alone (2026-12-06, an H100), and did not
   # finish in a call
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / n > 0 ? $(nproc) / n : 1 ))}
+  plain_threads=${OMP_NUM_THREADS:-$(( $(nproc) / n > 0 ? $(nproc) / n : 1 ))}
   rm -f "$out"/kernels_*.json "$out"/gpu_tests_*.times "$out"/gpu_tests_*.log   # appended to
   start=$SECONDS
   # DeepGEMM compiles its kernels at first use: once here, not in every process at once (a
@@ -89,7 +89,8 @@ if [ "$step" != sanitize ]; then
   [ "$plain_limit" -ge 60 ] || { echo "plain limit ${plain_limit} s: too little left"; exit 2; }
   for ((i = 0; i < n; i++)); do
     (
-      SPIN_TEST_QUEUE="$plain_queue" SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
+      OMP_NUM_THREADS=$plain_threads SPIN_TEST_QUEUE="$plain_queue" \
+        SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
         SPIN_KERNEL_LOG="$out/kernels_$i.json" SPIN_TEST_TIMES="$out/gpu_tests_$i.times" \
         timeout "$plain_limit" "${pytest[@]}" -m gpu tests/ > "$out/gpu_tests_$i.log" 2>&1
       echo "plain process $i/$n: rc=$? (124: over ${plain_limit}s)" >> "$out/gpu_tests_$i.log"
