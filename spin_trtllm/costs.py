@@ -123,11 +123,11 @@ class CostModel:
         """`slots` scored slots per row in all; `visible_slots` (the requests' contexts) give the
         rows and their table's width, which decide whether ops.topk runs flashinfer's path or
         spin's filter."""
-        if self._peer_runs(visible_slots, next_n):
+        requests = _requests(visible_slots)
+        if self._peer_runs(requests, next_n):
             return self.peer_topk_fixed_us + self.peer_topk_us_per_slot * slots * next_n
         from .ops import topk_filters
 
-        requests = _requests(visible_slots)
         rows = len(requests.visible) * next_n
         if rows and topk_filters(rows, requests.table):
             return (self.topk_filter_fixed_us + self.topk_filter_us_per_slot * slots * next_n
