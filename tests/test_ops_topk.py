@@ -193,6 +193,24 @@ def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.gpu
+@pytest.mark.racecheck_slow
+@pytest.mark.parametrize("kind", ["randn", "zeros"])
+def test_gpu_topk_shares_without_room_for_their_bitmap_match_reference(kind):
+    # one row of 200,000 blocks (12.8M slots) and one of a third: on 132 SMs clusters of 8
+    # whose 1.6M-slot shares leave no room for their 200 KB bitmap beside the kernel's static
+    # shared memory (227 KB a CTA), so the warps write what they take (without clusters, one
+    # CTA a row, the same)
+    gen = torch.Generator().manual_seed(200_000)
+    blocks = 200_000
+    z = _topk_rows(kind, 2, blocks * 64, gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(2, 1)
+    cnt = torch.tensor([blocks, blocks // 3], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, 2048)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, 2048)
+    assert torch.equal(got.cpu(), want)
+
+
 def _split_marks(rows, blocks, kind):
     """Racecheck runs clusters of 4 and 2 (randn; all-tied rows at 2 only); clusters of 8 in
     the threshold-bin test."""
@@ -204,11 +222,13 @@ def _split_marks(rows, blocks, kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,rows,blocks", [
     pytest.param(kind, rows, blocks, marks=_split_marks(rows, blocks, kind))
-    for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 300)]
+    for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 1507),
+                         (40, 300)]
     for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
-    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares: the largest
-    # cached, and 300 blocks) CTAs per row; ties and the whole-row fallback cross the CTAs' shares
+    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares, just past
+    # the largest cached with its bitmap; 48,224 slots, just inside; 300 blocks) CTAs per row;
+    # ties and the whole-row fallback cross the CTAs' shares
     gen = torch.Generator().manual_seed(rows + blocks)
     z = _topk_rows(kind, rows, blocks * 64, gen)
     z[0] = float("-inf")                                   # no finite score

@@ -3,18 +3,23 @@
 // value go to the lower slot id.
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
-// contiguous share), each warp owning a contiguous segment; a share up to 48K slots is copied
-// to shared memory as ordered keys (where the device gives a CTA that much: sm_90) in the same
-// pass as:
+// contiguous share), each warp owning a contiguous segment; a share up to 48K slots (47K in a
+// cluster) is copied to shared memory as ordered keys (where the device gives a CTA that much:
+// sm_90) in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
-//   B. the entries of that bin (one range of keys) become candidates. Up to kRankCand of them
-//      (the usual case: a few dozen) are ranked by counting, each against all; up to kCandCap
-//      go through radix passes; beyond that the exact search runs over the whole row. Either
-//      finds the exact K-th key and, among entries equal to it, the last position taken;
-//   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
-//      each warp writes its entries in position order.
+//   B. the entries of that bin (one range of keys) become candidates, and the entries of higher
+//      bins, all taken, are marked in a bitmap of the share (a bit a slot, in shared memory).
+//      Up to kRankCand candidates (the usual case: a few dozen) are ranked by counting, each
+//      against all; up to kCandCap go through radix passes; beyond that the exact search runs
+//      over the whole row (and a pass marks what it takes). Either finds the exact K-th key
+//      and, among entries equal to it, the last position taken; the candidates taken are
+//      marked;
+//   C. each thread counts the marks of a run of the bitmap's words, a scan over threads (and
+//      CTAs) gives offsets, and each thread writes its run's positions in order. A share whose
+//      bitmap does not fit beside the kernel (past about 1.5M slots a CTA on sm_90) is written
+//      by warps instead: each counts its selected entries, then writes them after a scan.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -61,10 +66,27 @@ constexpr int kCandCap = 4096;
 constexpr int kRankCand = 256;
 static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
-// shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
-// shared memory this is 2.4 KB under the 227 KB a CTA may have on sm_90 (launch_cluster checks
-// the device's limit: 99 KB on sm_89 and sm_120)
+// shares up to 48K slots stay in shared memory where the share's bitmap (a 32nd of the keys)
+// and the kernel's static shared memory fit beside them in what a CTA may have: 227 KB on sm_90
+// (beside a cluster kernel's 33 KB: 48,244 slots), 99 KB on sm_89 and sm_120 (launch_cluster
+// checks the device's limit)
 constexpr size_t kMaxCachedBytes = 192 * 1024;
+
+// Slots of a row's share for each of `cluster` CTAs: whole 16-byte groups (the launcher's and
+// the kernel's layout of the dynamic shared memory: the share's keys when cached, then the
+// share's bitmap).
+__host__ __device__ __forceinline__ int64_t share_slots(int m_cap, int cluster) {
+  return (static_cast<int64_t>(m_cap) * kBlockSize / 4 + cluster - 1) / cluster * 4;
+}
+// Bytes of the bitmap of `slots` slots (whole 32-bit words).
+__host__ __device__ __forceinline__ int64_t bitmap_bytes(int64_t slots) {
+  return (slots + 31) / 32 * 4;
+}
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
 constexpr int kWarpStep = kTopKLoadStep;        // a warp loads 4 float4 per lane per step
 static_assert(kWarpStep == 4 * 128, "walk_segment's loads: 4 float4 a lane");
 
@@ -248,6 +270,47 @@ __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eli
   }
 }
 
+// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
+// (kWarps ints) is free at the call and read until the next barrier.
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
+  static_assert(kWarps == 32, "the warps' sums are scanned in one warp");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int incl = warp_inclusive_sum(v);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
+  __syncthreads();
+  total = warp_sums[kWarps - 1];
+  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+}
+
+// This thread's run [w0, w1) of a bitmap's `words` words (contiguous, in thread order) and the
+// bits set in it.
+struct BitmapRun {
+  int w0, w1, marked = 0;
+  __device__ BitmapRun(const uint32_t* bitmap, int words) {
+    const int per_thread = (words + kThreads - 1) / kThreads;
+    w0 = min(static_cast<int>(threadIdx.x) * per_thread, words);
+    w1 = min(w0 + per_thread, words);
+    for (int w = w0; w < w1; ++w) marked += __popc(bitmap[w]);
+  }
+  // The run's positions (first_pos + bit) as slot ids into out[at, k), in order.
+  __device__ void write(const uint32_t* bitmap, int first_pos, int at, int k, int32_t* out,
+                        const int32_t* ids) const {
+    for (int w = w0; w < w1; ++w)
+      for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
+        const int pos = first_pos + w * 32 + __ffs(bits) - 1;
+        if (at < k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+      }
+  }
+};
+
+// Sets bits `four` (bit e: position rel + e) of a bitmap; rel is a multiple of 4, so the four
+// lie in one word.
+__device__ __forceinline__ void mark4(uint32_t* bitmap, int rel, uint32_t four) {
+  if (four) atomicOr(&bitmap[rel >> 5], four << (rel & 31));
+}
+
 // ---- Many long rows: a histogram pass and a filter pass over all SMs, then one CTA a row -----
 // A (topk_histogram_kernel): CTAs of kSlice slots add their slice's coarse-digit histogram to
 // their row's in the workspace. B (topk_filter_kernel): each finds the row's threshold bin in it
@@ -266,7 +329,6 @@ constexpr int kFilterCap = kCandCap;                          // candidates a ro
 // row was faster on 32K-slot tables (an engine's are a block wider) up to 96 rows, the filter
 // on 128K-slot tables from 16 rows (RESULTS.md, top-K)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
-static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
 
 // The workspace: counts [rows, kCountsStride] (zeroed before A), then above [rows,
 // kFilterMaxK], candidate positions and keys [rows, kFilterCap] each.
@@ -440,27 +502,12 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
       atomicOr(&bitmap[pos >> 5], 1u << (pos & 31));
   }
   __syncthreads();
-  // each thread writes the taken positions of a contiguous run of words, after those of the
-  // threads below it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int per_thread = (words + kThreads - 1) / kThreads;
-  const int w0 = min(static_cast<int>(threadIdx.x) * per_thread, words);
-  const int w1 = min(w0 + per_thread, words);
-  int mine = 0;
-  for (int w = w0; w < w1; ++w) mine += __popc(bitmap[w]);
-  const int incl = warp_inclusive_sum(mine);
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);  // kWarps == 32
-  __syncthreads();
-  int at = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - mine;
+  // each thread writes the taken positions of a run of words, after those of the threads below
+  const BitmapRun run(bitmap, words);
+  int total;
+  const int at = block_exclusive_sum(run.marked, warp_sums, total);
   int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
-  const int32_t* const ids = p.block_ids + (row_id / p.rows) * p.ids_stride;
-  for (int w = w0; w < w1; ++w)
-    for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
-      const int pos = w * 32 + __ffs(bits) - 1;
-      if (at < p.k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
-    }
+  run.write(bitmap, 0, at, p.k, out, p.block_ids + (row_id / p.rows) * p.ids_stride);
   for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
   return true;
 }
@@ -507,6 +554,13 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int seg = ((cta_end - cta_begin) / 4 + kWarps - 1) / kWarps * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
   const Row<kCached> row{z, cached, cta_begin, limit};
+  // the share's bitmap, after its keys when cached; without room for it (huge shares) the
+  // warps write the taken entries themselves (C)
+  const int64_t share_cap = share_slots(p.m_cap, kCluster);
+  uint32_t* const bitmap = cached + (kCached ? share_cap : 0);
+  const bool marks = static_cast<int64_t>(dynamic_smem_bytes()) >=
+                     (kCached ? share_cap * 4 : 0) + bitmap_bytes(share_cap);
+  const int words = (cta_end - cta_begin + 31) / 32;
 
   // Sum of one value over the cluster's CTAs (every thread gets it); the value of this CTA is
   // given by every thread.
@@ -535,6 +589,8 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   auto merge256 = [&] { merge_bins(256); };
 
   for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
+  if (marks)
+    for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
 
@@ -554,6 +610,10 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
   int last_tie = INT_MAX;
+  // B's candidates (n_cand of them in cand) with their keys in `hist` (kKeysKept), or read from
+  // the row (kKeysInRow); none listed: the taken entries are marked by a pass after the search
+  enum { kNotListed, kKeysKept, kKeysInRow } listed = kNotListed;
+  const uint32_t* const cand_key = reinterpret_cast<const uint32_t*>(hist);
   if (T > 0 && T < finite) {
     const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
     if (warp < 2) {
@@ -568,24 +628,31 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
                       bcast, scratch, thr_key, last_tie);
     };
     // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
-    // their keys in `hist` when they are to be ranked by counting)
-    uint32_t* const cand_key = reinterpret_cast<uint32_t*>(hist);
+    // their keys in `hist` when they are to be ranked by counting); the entries of higher bins,
+    // all taken, are marked
     auto collect = [&](bool with_keys) {
+      uint32_t* const keys_out = reinterpret_cast<uint32_t*>(hist);
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
+        uint32_t above = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine += in_the_bin(ks[e]);
+        for (int e = 0; e < 4; ++e) {
+          mine += in_the_bin(ks[e]);
+          above |= static_cast<uint32_t>(ks[e] >= bin_end) << e;  // k 0: never
+        }
+        if (marks) mark4(bitmap, pos - cta_begin, above);
         if (mine) {
           int at = atomicAdd(&n_cand, mine);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             if (in_the_bin(ks[e])) {
-              if (with_keys) cand_key[at] = ks[e];
+              if (with_keys) keys_out[at] = ks[e];
               cand[at++] = pos + e;
             }
         }
       });
+      listed = with_keys ? kKeysKept : kKeysInRow;
       __syncthreads();
     };
     if (in_bin <= kRankCand) {
@@ -623,10 +690,37 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
 
-  // C. per-warp counts, offsets (CTAs of a cluster in rank order), ordered writes. The share's
-  // block ids go to shared memory first (hist_all, or cand without a cluster: peers may still
-  // read this CTA's candidates), off the writes' path.
-  if (T > 0) {
+  // C. the taken candidates marked (or every taken entry, where B listed none); each thread's
+  // run of the bitmap counted, offsets (CTAs of a cluster in rank order), ordered writes
+  if (T > 0 && marks) {
+    if (listed != kNotListed) {
+      for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+        const int pos = cand[i];
+        if (selected(pos, listed == kKeysKept ? cand_key[i] : row.key(pos)))
+          atomicOr(&bitmap[(pos - cta_begin) >> 5], 1u << ((pos - cta_begin) & 31));
+      }
+    } else {
+      walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+        mark4(bitmap, pos - cta_begin,
+              static_cast<uint32_t>(selected(pos, k.x)) | selected(pos + 1, k.y) << 1 |
+                  selected(pos + 2, k.z) << 2 | selected(pos + 3, k.w) << 3);
+      });
+    }
+    __syncthreads();
+    const BitmapRun run(bitmap, words);
+    int cta_count;
+    int at = block_exclusive_sum(run.marked, warp_counts, cta_count);
+    if (kCluster > 1) {
+      if (threadIdx.x == 0) shared_value = cta_count;
+      cluster_barrier();
+      for (int r = 0; r < rank; ++r) at += static_cast<int>(*cluster_peer(&shared_value, r));
+      cluster_barrier();  // every CTA has read the counts before any CTA leaves
+    }
+    run.write(bitmap, cta_begin, at, p.k, out, ids);
+  } else if (T > 0) {
+    // The warps write what they take: per-warp counts, offsets, ordered writes. The share's
+    // block ids go to shared memory first (hist_all, or cand without a cluster: peers may
+    // still read this CTA's candidates), off the writes' path.
     const int first_block = cta_begin / kBlockSize;
     const int share_blocks = (cta_end + kBlockSize - 1) / kBlockSize - first_block;
     int* const ids_s = kCluster > 1 ? hist_all : cand;
@@ -707,22 +801,32 @@ cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// A kernel's static shared memory (SIZE_MAX: unknown).
+template <typename Kernel>
+size_t static_smem(Kernel kernel) {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.sharedSizeBytes : SIZE_MAX;
+}
+
+// Whether `dynamic` bytes fit beside a kernel's static shared memory in what the device lets a
+// CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120).
+bool fits_beside(size_t static_bytes, size_t dynamic, int smem_optin) {
+  return static_bytes != SIZE_MAX && static_bytes + dynamic <= static_cast<size_t>(smem_optin);
+}
+
 template <int kCluster>
 cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t stream) {
-  // each CTA caches its share of the row when it fits: beside the static shared memory, in
-  // what the device lets a CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120)
-  const int64_t share = (static_cast<int64_t>(p.m_cap) * kBlockSize / 4 + kCluster - 1) / kCluster * 4;
-  const size_t smem = static_cast<size_t>(share) * sizeof(uint32_t);
-  // the cached kernel's static shared memory, asked once (SIZE_MAX: unknown, never cached)
-  static const size_t static_bytes = [] {
-    cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, topk_kernel<true, kCluster>) == cudaSuccess
-               ? attr.sharedSizeBytes : SIZE_MAX;
-  }();
-  const bool fits = smem <= kMaxCachedBytes && static_bytes != SIZE_MAX &&
-                    static_bytes + smem <= static_cast<size_t>(smem_optin);
-  return fits ? launch_rows<true, kCluster>(p, smem, stream)
-              : launch_rows<false, kCluster>(p, 0, stream);
+  // each CTA caches its share of the row, with the share's bitmap after it, when both fit;
+  // else the bitmap alone, where it fits (else C's warps write the taken entries)
+  const int64_t share = share_slots(p.m_cap, kCluster);
+  const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
+  static const size_t cached_static = static_smem(topk_kernel<true, kCluster>);
+  static const size_t uncached_static = static_smem(topk_kernel<false, kCluster>);
+  if (keys <= kMaxCachedBytes && fits_beside(cached_static, keys + bitmap, smem_optin))
+    return launch_rows<true, kCluster>(p, keys + bitmap, stream);
+  return launch_rows<false, kCluster>(
+      p, fits_beside(uncached_static, bitmap, smem_optin) ? bitmap : 0, stream);
 }
 
 // Whether rows of these shapes are ranked through the filter (given the workspace).
@@ -737,14 +841,9 @@ bool filter_shapes(const TopKParams& p) {
 // Whether topk_kernel<false, 1> has room for the bitmap of these rows beside its static shared
 // memory (sm_89 and sm_120 give a CTA 99 KB).
 bool filter_fits(const TopKParams& p) {
-  static const size_t static_bytes = [] {
-    cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, topk_kernel<false, 1>) == cudaSuccess
-               ? attr.sharedSizeBytes : SIZE_MAX;
-  }();
-  const size_t bitmap = static_cast<size_t>(p.m_cap) * kBlockSize / 8;
-  const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return static_bytes != SIZE_MAX && static_bytes + bitmap <= static_cast<size_t>(optin);
+  static const size_t static_bytes = static_smem(topk_kernel<false, 1>);
+  return fits_beside(static_bytes, static_cast<size_t>(bitmap_bytes(share_slots(p.m_cap, 1))),
+                     current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
 cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
@@ -758,7 +857,7 @@ cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
   topk_filter_kernel<<<grid, kPassThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_rows<false, 1>(p, static_cast<size_t>(slots / 8), stream);  // slots: 64 * m_cap
+  return launch_rows<false, 1>(p, static_cast<size_t>(bitmap_bytes(slots)), stream);
 }
 
 }  // namespace
