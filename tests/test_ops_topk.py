@@ -193,6 +193,32 @@ def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks
     assert torch.equal(got.cpu(), want)
 
 
+# The K taken slots in one dense run (a window of recent slots scoring highest): whole words of
+# the bitmap, a lane writing 32 positions in a row. On 132 SMs: clusters of 4 (4 rows), one CTA
+# a row with its share cached (140 x 19.2K slots) or not (140 x 70.4K), the filter (20 rows).
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks,filter_mode", [
+    (4, 300, "0"), pytest.param(140, 300, "0", marks=_RACECHECK_SLOW),
+    pytest.param(140, 1100, "0", marks=_RACECHECK_SLOW),
+    pytest.param(20, 1100, "1", marks=_RACECHECK_SLOW)])
+def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filter_mode):
+    monkeypatch.setenv("SPIN_TOPK_FILTER", filter_mode)
+    gen = torch.Generator().manual_seed(rows + blocks)
+    k = 2048
+    z = torch.randn(rows, blocks * 64, generator=gen)
+    starts = torch.randint(0, blocks * 64 - k + 1, (rows,), generator=gen)
+    for r, start in enumerate(starts.tolist()):
+        z[r, start:start + k] = 100.0 + torch.rand(k, generator=gen)
+    z[0, -k:] = 200.0                                        # and the row's last slots
+    ids = torch.stack([torch.randperm(2 * blocks, generator=gen)[:blocks].sort().values
+                       for _ in range(rows)]).int()
+    cnt = torch.full((rows,), blocks, dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    assert (want >= 0).all()
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.racecheck_slow
 @pytest.mark.parametrize("kind", ["randn", "zeros"])

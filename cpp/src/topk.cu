@@ -16,10 +16,11 @@
 //      over the whole row (and a pass marks what it takes). Either finds the exact K-th key
 //      and, among entries equal to it, the last position taken; the candidates taken are
 //      marked;
-//   C. each thread counts the marks of a run of the bitmap's words, a scan over threads (and
-//      CTAs) gives offsets, and each thread writes its run's positions in order. A share whose
-//      bitmap does not fit beside the kernel (past about 1.5M slots a CTA on sm_90) is written
-//      by warps instead: each counts its selected entries, then writes them after a scan.
+//   C. each warp counts the marks of a run of the bitmap's words, a scan over warps (and CTAs)
+//      gives offsets, and each warp writes its run's positions in order, a word a lane. A share
+//      whose bitmap does not fit beside the kernel (past about 1.5M slots a CTA on sm_90) is
+//      written by warps instead: each counts its selected entries, then writes them after a
+//      scan.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -284,26 +285,43 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& t
   return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
 }
 
-// This thread's run [w0, w1) of a bitmap's `words` words (contiguous, in thread order) and the
-// bits set in it.
+// This warp's run [w0, w1) of a bitmap's `words` words (contiguous, in warp order) and the bits
+// set in it (every lane has the count). Its lanes take 32 words at a time, so no lane writes
+// more than 32 positions in a row where the taken slots are dense (a window of recent slots).
 struct BitmapRun {
   int w0, w1, marked = 0;
   __device__ BitmapRun(const uint32_t* bitmap, int words) {
-    const int per_thread = (words + kThreads - 1) / kThreads;
-    w0 = min(static_cast<int>(threadIdx.x) * per_thread, words);
-    w1 = min(w0 + per_thread, words);
-    for (int w = w0; w < w1; ++w) marked += __popc(bitmap[w]);
+    const int per_warp = (words + kWarps - 1) / kWarps;
+    w0 = min(static_cast<int>(threadIdx.x >> 5) * per_warp, words);
+    w1 = min(w0 + per_warp, words);
+    for (int w = w0 + static_cast<int>(threadIdx.x & 31); w < w1; w += 32)
+      marked += __popc(bitmap[w]);
+    for (int o = 16; o > 0; o >>= 1) marked += __shfl_xor_sync(0xffffffffu, marked, o);
   }
-  // The run's positions (first_pos + bit) as slot ids into out[at, k), in order.
+  // The run's positions (first_pos + bit) as slot ids into out[at, k), in order; every lane
+  // gives the same `at`.
   __device__ void write(const uint32_t* bitmap, int first_pos, int at, int k, int32_t* out,
                         const int32_t* ids) const {
-    for (int w = w0; w < w1; ++w)
-      for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
+    for (int base = w0; base < w1; base += 32) {
+      const int w = base + static_cast<int>(threadIdx.x & 31);
+      uint32_t bits = w < w1 ? bitmap[w] : 0u;
+      const int n = __popc(bits), incl = warp_inclusive_sum(n);
+      for (int c = at + incl - n; bits != 0u; bits &= bits - 1u, ++c) {
         const int pos = first_pos + w * 32 + __ffs(bits) - 1;
-        if (at < k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+        if (c < k) out[c] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
       }
+      at += __shfl_sync(0xffffffffu, incl, 31);
+    }
   }
 };
+
+// The output offset of this warp's run (the marks of the warps below it); the CTA's marks in
+// `total`. warp_sums as block_exclusive_sum's.
+__device__ __forceinline__ int run_offset(const BitmapRun& run, int* warp_sums, int& total) {
+  const int lane0 = block_exclusive_sum((threadIdx.x & 31) == 0 ? run.marked : 0, warp_sums,
+                                        total);
+  return __shfl_sync(0xffffffffu, lane0, 0);
+}
 
 // Sets bits `four` (bit e: position rel + e) of a bitmap; rel is a multiple of 4, so the four
 // lie in one word.
@@ -502,10 +520,10 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
       atomicOr(&bitmap[pos >> 5], 1u << (pos & 31));
   }
   __syncthreads();
-  // each thread writes the taken positions of a run of words, after those of the threads below
+  // each warp writes the taken positions of a run of words, after those of the warps below
   const BitmapRun run(bitmap, words);
   int total;
-  const int at = block_exclusive_sum(run.marked, warp_sums, total);
+  const int at = run_offset(run, warp_sums, total);
   int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
   run.write(bitmap, 0, at, p.k, out, p.block_ids + (row_id / p.rows) * p.ids_stride);
   for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
@@ -670,7 +688,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
           hist_all[threadIdx.x] = static_cast<int>(cluster_peer(cand_key, r)[i]);
           hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
         }
-        __syncthreads();  // peers' lists are read again only after C's cluster barriers
+        __syncthreads();  // this CTA's lists are not written again: peers may still read them
         keys = reinterpret_cast<const uint32_t*>(hist_all);
         positions = hist_all + kRankCand;
       }
@@ -690,7 +708,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
 
-  // C. the taken candidates marked (or every taken entry, where B listed none); each thread's
+  // C. the taken candidates marked (or every taken entry, where B listed none); each warp's
   // run of the bitmap counted, offsets (CTAs of a cluster in rank order), ordered writes
   if (T > 0 && marks) {
     if (listed != kNotListed) {
@@ -709,7 +727,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     __syncthreads();
     const BitmapRun run(bitmap, words);
     int cta_count;
-    int at = block_exclusive_sum(run.marked, warp_counts, cta_count);
+    int at = run_offset(run, warp_counts, cta_count);
     if (kCluster > 1) {
       if (threadIdx.x == 0) shared_value = cta_count;
       cluster_barrier();
