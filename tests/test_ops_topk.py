@@ -143,6 +143,15 @@ def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
     return z
 
 
+def _whole_rows_match_reference(z: torch.Tensor, ids: torch.Tensor, k: int) -> None:
+    """One row a request, every block of its table selected, K entries taken in each."""
+    cnt = torch.full((z.shape[0],), ids.shape[1], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    assert (want >= 0).all()
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
 def _threshold_bin_cases():
     """Racecheck runs one bin of each path per cluster size: counting (40, 25), radix over the
     candidates (257, 100) and over the whole row (5000, 60); at clusters of 8 (1 x 1024), where
@@ -170,11 +179,7 @@ def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied
     z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
     ids = torch.stack([torch.randperm(blocks + 50, generator=gen)[:blocks].sort().values
                        for _ in range(rows)]).int()
-    cnt = torch.full((rows,), blocks, dtype=torch.int32)
-    want = ops.topk(z, ids, cnt, 1, k)
-    assert (want >= 0).all()
-    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
-    assert torch.equal(got.cpu(), want)
+    _whole_rows_match_reference(z, ids, k)
 
 
 @pytest.mark.gpu
@@ -212,11 +217,7 @@ def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filte
     z[0, -k:] = 200.0                                        # and the row's last slots
     ids = torch.stack([torch.randperm(2 * blocks, generator=gen)[:blocks].sort().values
                        for _ in range(rows)]).int()
-    cnt = torch.full((rows,), blocks, dtype=torch.int32)
-    want = ops.topk(z, ids, cnt, 1, k)
-    assert (want >= 0).all()
-    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
-    assert torch.equal(got.cpu(), want)
+    _whole_rows_match_reference(z, ids, k)
 
 
 @pytest.mark.gpu
