@@ -147,11 +147,19 @@ struct Row {
   __device__ __forceinline__ uint32_t key_at(int pos, float v) const {
     return pos < end ? key_of(v) : 0u;
   }
-  __device__ __forceinline__ uint4 load4(int pos) const {
+  // raw4 then keys4: a walk issues all its loads before it converts any (they are in flight
+  // together, not each waiting for the conversion of the one before)
+  __device__ __forceinline__ uint4 raw4(int pos) const {
     if (kCached) return *reinterpret_cast<const uint4*>(cached + (pos - base));
     const float4 v = __ldg(reinterpret_cast<const float4*>(z + pos));
-    return make_uint4(key_at(pos, v.x), key_at(pos + 1, v.y), key_at(pos + 2, v.z),
-                      key_at(pos + 3, v.w));
+    return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                      __float_as_uint(v.w));
+  }
+  __device__ __forceinline__ uint4 keys4(int pos, uint4 raw) const {
+    if (kCached) return raw;
+    return make_uint4(key_at(pos, __uint_as_float(raw.x)), key_at(pos + 1, __uint_as_float(raw.y)),
+                      key_at(pos + 2, __uint_as_float(raw.z)),
+                      key_at(pos + 3, __uint_as_float(raw.w)));
   }
   __device__ __forceinline__ uint32_t key(int pos) const {
     return kCached ? cached[pos - base] : key_at(pos, __ldg(z + pos));
@@ -164,14 +172,17 @@ template <bool kCached, typename Fn>
 __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin, int end, Fn fn) {
   const int lane = threadIdx.x & 31;
   for (int base = begin; base < end; base += kWarpStep) {
-    uint4 k[4];
+    uint4 raw[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int pos = base + u * 128 + lane * 4;
-      k[u] = pos < end ? row.load4(pos) : make_uint4(0u, 0u, 0u, 0u);
+      raw[u] = pos < end ? row.raw4(pos) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) fn(base + u * 128 + lane * 4, k[u]);
+    for (int u = 0; u < 4; ++u) {
+      const int pos = base + u * 128 + lane * 4;
+      fn(pos, pos < end ? row.keys4(pos, raw[u]) : make_uint4(0u, 0u, 0u, 0u));
+    }
   }
 }
 
