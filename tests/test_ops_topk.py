@@ -199,12 +199,15 @@ def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks
 
 
 # The K taken slots in one dense run (a window of recent slots scoring highest): whole words of
-# the bitmap, a lane writing 32 positions in a row. On 132 SMs: clusters of 4 (4 rows), one CTA
-# a row with its share cached (140 x 19.2K slots) or not (140 x 70.4K), the filter (20 rows).
+# the bitmap, a lane writing 32 positions in a row. On 132 SMs: clusters of 4 (4 rows); more
+# rows than SMs, one CTA of 512 threads a row, two an SM, with its share cached (140 x 19.2K
+# slots) or not (140 x 25.6K and 70.4K); one CTA of 1024 a row, not cached (100 x 70.4K); the
+# filter (20 rows).
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,blocks,filter_mode", [
-    (4, 300, "0"), pytest.param(140, 300, "0", marks=_RACECHECK_SLOW),
+    (4, 300, "0"), pytest.param(140, 300, "0", marks=_RACECHECK_SLOW), (140, 400, "0"),
     pytest.param(140, 1100, "0", marks=_RACECHECK_SLOW),
+    pytest.param(100, 1100, "0", marks=_RACECHECK_SLOW),
     pytest.param(20, 1100, "1", marks=_RACECHECK_SLOW)])
 def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filter_mode):
     monkeypatch.setenv("SPIN_TOPK_FILTER", filter_mode)
@@ -279,12 +282,13 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
 # one block, 3 blocks (the first batch row) one slice. randn ranks the K-th value's bin by
 # counting, few_ties by radix passes over the candidates (ties split); zeros, narrow and wide
 # put more than 4096 entries in it, and those rows are ranked whole after the passes. 1024
-# blocks: racecheck runs the same kernels on the smaller cases
+# blocks: racecheck runs the same kernels on the smaller cases. 140 rows (more than 132 SMs):
+# one CTA of 512 threads a row ranks them, two an SM.
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,blocks,k", [
     (4, 257, 512), (6, 300, 100), pytest.param(4, 1024, 512, marks=_RACECHECK_SLOW),
     pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (5, 300, 1),
-    pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
+    pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW), (140, 300, 512)])
 @pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
 def test_gpu_topk_through_the_filter_matches_reference(monkeypatch, rows, blocks, k, kind):
     monkeypatch.setenv("SPIN_TOPK_FILTER", "1")

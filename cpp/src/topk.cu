@@ -3,9 +3,10 @@
 // value go to the lower slot id.
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
-// contiguous share), each warp owning a contiguous segment; a share up to 48K slots (47K in a
-// cluster) is copied to shared memory as ordered keys (where the device gives a CTA that much:
-// sm_90) in the same pass as:
+// contiguous share; with more rows than SMs, CTAs of 512 threads, two an SM, where they fit),
+// each warp owning a contiguous segment; a share up to 48K slots (47K in a cluster, 22K for
+// two CTAs an SM) is copied to shared memory as ordered keys (where the device gives a CTA
+// that much: sm_90) in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
@@ -57,15 +58,16 @@ __device__ __forceinline__ T* cluster_peer(T* ptr, int rank) {
 #endif
 }
 
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 2 * kThreads;             // each thread scans two bins
+// A row's CTA: 1024 threads, or 512 where more rows than SMs are ranked one CTA a row (two
+// CTAs an SM: the rows in one wave, not two)
+constexpr int kThreads = 1024, kHalfThreads = 512;
+constexpr int kBins = 2048;                     // the coarse digit's 11 bits
 constexpr int kCandCap = 4096;
 // Candidates ranked by counting, a warp per candidate against all: a handful of barriers
 // instead of the radix passes' dozens (cluster barriers included), which cost more than the
 // counting with the few dozen candidates a row usually has.
 constexpr int kRankCand = 256;
-static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
+static_assert(kRankCand <= kHalfThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
 // shares up to 48K slots stay in shared memory where the share's bitmap (a 32nd of the keys)
 // and the kernel's static shared memory fit beside them in what a CTA may have: 227 KB on sm_90
@@ -234,10 +236,11 @@ __device__ __forceinline__ int row_limit(const TopKParams& p, int row_id) {
 // Among n candidates (keys, positions) the one ranked T_bin - 1 by (key descending, position
 // ascending), the last one taken: its key in thr_key, its position in last_tie. A warp ranks
 // one candidate at a time, its lanes splitting the others.
+template <int kT>
 __device__ void rank_by_counting(const uint32_t* keys, const int* positions, int n, int T_bin,
                                  int* bcast, uint32_t& thr_key, int& last_tie) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int c = warp; c < n; c += kWarps) {
+  for (int c = warp; c < n; c += kT / 32) {
     const uint32_t mine = keys[c];
     const int pos = positions[c];
     int ahead = 0;
@@ -261,48 +264,52 @@ __device__ void rank_by_counting(const uint32_t* keys, const int* positions, int
 // and, when not all the entries equal to it are taken, the last tied position taken in
 // last_tie (ties go to the lower position). sum(v) is v summed over the CTAs sharing the
 // selection; merged and merge as radix_threshold's.
-template <typename PosOf, typename Key, typename Eligible, typename Merge, typename Sum>
+template <int kT, typename PosOf, typename Key, typename Eligible, typename Merge, typename Sum>
 __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eligible eligible,
                                 int* hist, const int* merged, Merge merge, Sum sum, int* bcast,
                                 long long* scratch, uint32_t& thr_key, int& last_tie) {
   int need = 0;
-  radix_threshold<kThreads>(count, T_bin, key, eligible, hist, merged, merge, bcast, thr_key,
-                            need);
+  radix_threshold<kT>(count, T_bin, key, eligible, hist, merged, merge, bcast, thr_key, need);
   long long ties = 0;
-  for (int i = threadIdx.x; i < count; i += kThreads) ties += key(i) == thr_key;
-  ties = sum(block_sum<kThreads>(ties, scratch));
+  for (int i = threadIdx.x; i < count; i += kT) ties += key(i) == thr_key;
+  ties = sum(block_sum<kT>(ties, scratch));
   if (need < ties) {  // the first `need` tied positions: largest of ~pos
     auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(pos_of(i)); };
     auto tied = [&](int i) { return key(i) == thr_key; };
     uint32_t thr_pos;
     int one;
-    radix_threshold<kThreads>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos,
-                              one);
+    radix_threshold<kT>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos, one);
     last_tie = static_cast<int>(~thr_pos);
   }
 }
 
 // Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
-// (kWarps ints) is free at the call and read until the next barrier.
+// (kT / 32 ints) is free at the call and read until the next barrier.
+template <int kT>
 __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
-  static_assert(kWarps == 32, "the warps' sums are scanned in one warp");
+  constexpr int kW = kT / 32;
+  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int incl = warp_inclusive_sum(v);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);
+  if (warp == 0) {
+    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
+    if (lane < kW) warp_sums[lane] = s;
+  }
   __syncthreads();
-  total = warp_sums[kWarps - 1];
+  total = warp_sums[kW - 1];
   return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
 }
 
 // This warp's run [w0, w1) of a bitmap's `words` words (contiguous, in warp order) and the bits
 // set in it (every lane has the count). Its lanes take 32 words at a time, so no lane writes
 // more than 32 positions in a row where the taken slots are dense (a window of recent slots).
+template <int kT>
 struct BitmapRun {
   int w0, w1, marked = 0;
   __device__ BitmapRun(const uint32_t* bitmap, int words) {
-    const int per_warp = (words + kWarps - 1) / kWarps;
+    const int per_warp = (words + kT / 32 - 1) / (kT / 32);
     w0 = min(static_cast<int>(threadIdx.x >> 5) * per_warp, words);
     w1 = min(w0 + per_warp, words);
     for (int w = w0 + static_cast<int>(threadIdx.x & 31); w < w1; w += 32)
@@ -328,9 +335,10 @@ struct BitmapRun {
 
 // The output offset of this warp's run (the marks of the warps below it); the CTA's marks in
 // `total`. warp_sums as block_exclusive_sum's.
-__device__ __forceinline__ int run_offset(const BitmapRun& run, int* warp_sums, int& total) {
-  const int lane0 = block_exclusive_sum((threadIdx.x & 31) == 0 ? run.marked : 0, warp_sums,
-                                        total);
+template <int kT>
+__device__ __forceinline__ int run_offset(const BitmapRun<kT>& run, int* warp_sums, int& total) {
+  const int lane0 = block_exclusive_sum<kT>((threadIdx.x & 31) == 0 ? run.marked : 0, warp_sums,
+                                            total);
   return __shfl_sync(0xffffffffu, lane0, 0);
 }
 
@@ -488,18 +496,19 @@ __global__ void __launch_bounds__(kPassThreads) topk_filter_kernel(TopKParams p)
 // topk_kernel's row after A and B: the threshold among the candidates, then the taken
 // positions marked in `bitmap` (a bit a slot of the row) and written in order. False, with
 // nothing written, where the threshold bin held more than kFilterCap entries.
+template <int kT>
 __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* cand,
                               long long* scratch, int* warp_sums, int* bcast, uint32_t* bitmap) {
   const FilterLists lists(p);
   const int* const row_counts = lists.counts + static_cast<int64_t>(row_id) * kCountsStride;
-  const int finite = find_bin<kThreads>(row_counts, p.k, warp_sums, bcast);
+  const int finite = find_bin<kT>(row_counts, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
   const int n_above = row_counts[kBins], n_cand = row_counts[kBins + 1];
   // every thread read the same counts; lists that disagree with the histogram (never: the
   // passes bin the same keys) are not used
   if (n_cand > kFilterCap || n_above > T || T - n_above > n_cand) return false;
   const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
-  for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
+  for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
   const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
   const uint32_t* const cand_key = lists.cand_key + static_cast<int64_t>(row_id) * kFilterCap;
   uint32_t thr_key = 0;    // candidates taken: key > thr_key, or key == thr_key at a position
@@ -508,23 +517,23 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
     const int T_bin = T - n_above;
     if (n_cand <= kRankCand) {
       uint32_t* const keys = reinterpret_cast<uint32_t*>(hist);
-      for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+      for (int i = threadIdx.x; i < n_cand; i += kT) {
         keys[i] = cand_key[i];
         cand[i] = cand_pos[i];
       }
       __syncthreads();
-      rank_by_counting(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
+      rank_by_counting<kT>(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
     } else {
-      exact_threshold(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
+      exact_threshold<kT>(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
                       [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist, hist,
                       [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
     }
   }
   __syncthreads();  // the bitmap is zeroed
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
-  for (int i = threadIdx.x; i < n_above; i += kThreads)
+  for (int i = threadIdx.x; i < n_above; i += kT)
     atomicOr(&bitmap[above[i] >> 5], 1u << (above[i] & 31));
-  for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+  for (int i = threadIdx.x; i < n_cand; i += kT) {
     const uint32_t key = cand_key[i];
     const int pos = cand_pos[i];
     if (key > thr_key || (key == thr_key && pos <= last_tie))
@@ -532,12 +541,12 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   }
   __syncthreads();
   // each warp writes the taken positions of a run of words, after those of the warps below
-  const BitmapRun run(bitmap, words);
+  const BitmapRun<kT> run(bitmap, words);
   int total;
   const int at = run_offset(run, warp_sums, total);
   int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
   run.write(bitmap, 0, at, p.k, out, p.block_ids + (row_id / p.rows) * p.ids_stride);
-  for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+  for (int c = T + threadIdx.x; c < p.k; c += kT) out[c] = -1;
   return true;
 }
 
@@ -545,17 +554,18 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
 // CTA then takes a contiguous share of the row, and histograms, counts and offsets are summed
 // over the cluster through distributed shared memory. Every cluster-wide decision is made from
 // those sums, so all CTAs take the same branches (each cluster barrier is reached by all).
-template <bool kCached, int kCluster>
-__global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
+template <bool kCached, int kCluster, int kT>
+__global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
+  constexpr int kW = kT / 32;
   extern __shared__ uint32_t cached[];
   __shared__ int hist[kBins];
   __shared__ int hist_all[kCluster > 1 ? kBins : 1];  // cluster sums
   __shared__ int cand[kCandCap];
-  __shared__ long long scratch[kWarps];
-  __shared__ int warp_sums[kWarps];
+  __shared__ long long scratch[kW];
+  __shared__ int warp_sums[kW];
   __shared__ int bcast[2];
   __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
-  __shared__ int warp_counts[2 * kWarps];
+  __shared__ int warp_counts[2 * kW];
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
@@ -567,7 +577,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
   if constexpr (!kCached && kCluster == 1) {  // the dynamic shared memory is the row's bitmap
     if (p.workspace != nullptr &&
-        rank_filtered(p, row_id, hist, cand, scratch, warp_sums, bcast, cached))
+        rank_filtered<kT>(p, row_id, hist, cand, scratch, warp_sums, bcast, cached))
       return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -580,7 +590,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
-  const int seg = ((cta_end - cta_begin) / 4 + kWarps - 1) / kWarps * 4;
+  const int seg = ((cta_end - cta_begin) / 4 + kW - 1) / kW * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
   const Row<kCached> row{z, cached, cta_begin, limit};
   // the share's bitmap, after its keys when cached; without room for it (huge shares) the
@@ -607,7 +617,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   auto merge_bins = [&](int bins) {
     if (kCluster == 1) return;
     cluster_barrier();
-    for (int d = threadIdx.x; d < bins; d += kThreads) {
+    for (int d = threadIdx.x; d < bins; d += kT) {
       int total = 0;
       for (int r = 0; r < kCluster; ++r) total += cluster_peer(hist, r)[d];
       hist_all[d] = total;
@@ -617,9 +627,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int* merged = kCluster > 1 ? hist_all : hist;
   auto merge256 = [&] { merge_bins(256); };
 
-  for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
+  for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
   if (marks)
-    for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
+    for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
 
@@ -634,7 +644,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   });
   __syncthreads();
   merge_bins(kBins);
-  const int finite = find_bin<kThreads>(merged, p.k, warp_sums, bcast);
+  const int finite = find_bin<kT>(merged, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
@@ -653,7 +663,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
     auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
     auto exact = [&](int count, auto pos_of, auto key, auto eligible) {
-      exact_threshold(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
+      exact_threshold<kT>(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
                       bcast, scratch, thr_key, last_tie);
     };
     // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
@@ -703,7 +713,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
         keys = reinterpret_cast<const uint32_t*>(hist_all);
         positions = hist_all + kRankCand;
       }
-      rank_by_counting(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
+      rank_by_counting<kT>(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
     } else if (in_bin <= kCandCap) {
       collect(false);
       auto cand_pos = [&](int i) { return cand[i]; };
@@ -723,7 +733,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   // run of the bitmap counted, offsets (CTAs of a cluster in rank order), ordered writes
   if (T > 0 && marks) {
     if (listed != kNotListed) {
-      for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+      for (int i = threadIdx.x; i < n_cand; i += kT) {
         const int pos = cand[i];
         if (selected(pos, listed == kKeysKept ? cand_key[i] : row.key(pos)))
           atomicOr(&bitmap[(pos - cta_begin) >> 5], 1u << ((pos - cta_begin) & 31));
@@ -736,7 +746,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
       });
     }
     __syncthreads();
-    const BitmapRun run(bitmap, words);
+    const BitmapRun<kT> run(bitmap, words);
     int cta_count;
     int at = run_offset(run, warp_counts, cta_count);
     if (kCluster > 1) {
@@ -755,7 +765,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     int* const ids_s = kCluster > 1 ? hist_all : cand;
     const bool ids_in_smem = share_blocks <= (kCluster > 1 ? kBins : kCandCap);
     if (ids_in_smem)
-      for (int i = threadIdx.x; i < share_blocks; i += kThreads) ids_s[i] = ids[first_block + i];
+      for (int i = threadIdx.x; i < share_blocks; i += kT) ids_s[i] = ids[first_block + i];
     int mine = 0;
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       mine += selected(pos, k.x) + selected(pos + 1, k.y) + selected(pos + 2, k.z) +
@@ -765,9 +775,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     if (lane == 0) warp_counts[warp] = mine;
     __syncthreads();
     if (warp == 0) {
-      const int c = warp_counts[lane];
+      const int c = lane < kW ? warp_counts[lane] : 0;
       const int incl = warp_inclusive_sum(c);
-      warp_counts[kWarps + lane] = incl - c;
+      if (lane < kW) warp_counts[kW + lane] = incl - c;
       if (lane == 31) shared_value = incl;  // this CTA's count
     }
     int cta_offset = 0;
@@ -778,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     } else {
       __syncthreads();
     }
-    int at = cta_offset + warp_counts[kWarps + warp];
+    int at = cta_offset + warp_counts[kW + warp];
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
       bool sel[4];
@@ -798,17 +808,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     });
   }
   if (rank == 0)
-    for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+    for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kT) out[c] = -1;
 }
 
-template <bool kCached, int kCluster>
+template <bool kCached, int kCluster, int kT = kThreads>
 cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
-  auto kernel = topk_kernel<kCached, kCluster>;
+  auto kernel = topk_kernel<kCached, kCluster, kT>;
   cudaError_t err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch * p.rows * kCluster);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kT);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   if (kCluster == 1) {
@@ -850,12 +860,39 @@ cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t str
   const int64_t share = share_slots(p.m_cap, kCluster);
   const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
   const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
-  static const size_t cached_static = static_smem(topk_kernel<true, kCluster>);
-  static const size_t uncached_static = static_smem(topk_kernel<false, kCluster>);
+  static const size_t cached_static = static_smem(topk_kernel<true, kCluster, kThreads>);
+  static const size_t uncached_static = static_smem(topk_kernel<false, kCluster, kThreads>);
   if (keys <= kMaxCachedBytes && fits_beside(cached_static, keys + bitmap, smem_optin))
     return launch_rows<true, kCluster>(p, keys + bitmap, stream);
   return launch_rows<false, kCluster>(
       p, fits_beside(uncached_static, bitmap, smem_optin) ? bitmap : 0, stream);
+}
+
+// Whether the rows are more than the SMs and two CTAs of `kernel` (a kHalfThreads instance)
+// with `dynamic` bytes of shared memory each fit on an SM: then they run in one wave, where
+// CTAs of kThreads (one an SM) take two.
+template <typename Kernel>
+bool two_ctas_an_sm(const TopKParams& p, Kernel kernel, size_t dynamic) {
+  const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  if (static_cast<int64_t>(p.batch) * p.rows <= sms) return false;
+  const int per_sm = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  const int reserved = current_device_attribute(cudaDevAttrReservedSharedMemoryPerBlock);
+  const size_t static_bytes = static_smem(kernel);
+  return static_bytes != SIZE_MAX &&
+         2 * (static_bytes + dynamic + static_cast<size_t>(reserved)) <= static_cast<size_t>(per_sm);
+}
+
+// One CTA a row: of kHalfThreads, two an SM, where there are more rows than SMs and two fit
+// (the share cached when it fits so, else its bitmap alone); else launch_cluster<1>.
+cudaError_t launch_one_cta_a_row(const TopKParams& p, int smem_optin, cudaStream_t stream) {
+  const int64_t share = share_slots(p.m_cap, 1);
+  const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
+  if (keys <= kMaxCachedBytes && two_ctas_an_sm(p, topk_kernel<true, 1, kHalfThreads>, keys + bitmap))
+    return launch_rows<true, 1, kHalfThreads>(p, keys + bitmap, stream);
+  if (two_ctas_an_sm(p, topk_kernel<false, 1, kHalfThreads>, bitmap))
+    return launch_rows<false, 1, kHalfThreads>(p, bitmap, stream);
+  return launch_cluster<1>(p, smem_optin, stream);
 }
 
 // Whether rows of these shapes are ranked through the filter (given the workspace).
@@ -870,7 +907,7 @@ bool filter_shapes(const TopKParams& p) {
 // Whether topk_kernel<false, 1> has room for the bitmap of these rows beside its static shared
 // memory (sm_89 and sm_120 give a CTA 99 KB).
 bool filter_fits(const TopKParams& p) {
-  static const size_t static_bytes = static_smem(topk_kernel<false, 1>);
+  static const size_t static_bytes = static_smem(topk_kernel<false, 1, kThreads>);
   return fits_beside(static_bytes, static_cast<size_t>(bitmap_bytes(share_slots(p.m_cap, 1))),
                      current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
@@ -886,7 +923,10 @@ cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
   topk_filter_kernel<<<grid, kPassThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_rows<false, 1>(p, static_cast<size_t>(bitmap_bytes(slots)), stream);
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(slots));
+  if (two_ctas_an_sm(p, topk_kernel<false, 1, kHalfThreads>, bitmap))
+    return launch_rows<false, 1, kHalfThreads>(p, bitmap, stream);
+  return launch_rows<false, 1>(p, bitmap, stream);
 }
 
 }  // namespace
@@ -909,7 +949,7 @@ cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (major < 9) return launch_cluster<1>(p, optin, stream);  // no thread-block clusters
+  if (major < 9) return launch_one_cta_a_row(p, optin, stream);  // no thread-block clusters
   // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
   // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: below, 4
   // CTAs a row are faster (benchmarks/bench_topk.py).
@@ -921,7 +961,7 @@ cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
     err = launch_cluster<4>(p, optin, stream);
   if (err == cudaErrorNotSupported && slots >= 2 * 4096 && rows * 2 <= sms)
     err = launch_cluster<2>(p, optin, stream);
-  if (err == cudaErrorNotSupported) err = launch_cluster<1>(p, optin, stream);
+  if (err == cudaErrorNotSupported) err = launch_one_cta_a_row(p, optin, stream);
   return err;
 }
 
