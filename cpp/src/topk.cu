@@ -5,7 +5,7 @@
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
 // contiguous share; with more rows than SMs, CTAs of 512 threads, two an SM, where they fit),
 // each warp owning a contiguous segment; a share up to 48K slots (47K in a cluster, 22K for
-// two CTAs an SM) is copied to shared memory as ordered keys (where the device gives a CTA
+// two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where the device gives a CTA
 // that much: sm_90) in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
@@ -869,17 +869,23 @@ cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t str
 }
 
 // Whether the rows are more than the SMs and two CTAs of `kernel` (a kHalfThreads instance)
-// with `dynamic` bytes of shared memory each fit on an SM: then they run in one wave, where
-// CTAs of kThreads (one an SM) take two.
+// with `dynamic` bytes of shared memory each are resident on an SM (asked of the runtime, with
+// the carveout set to shared memory first): then they run in one wave, where CTAs of kThreads
+// (one an SM) take two.
 template <typename Kernel>
 bool two_ctas_an_sm(const TopKParams& p, Kernel kernel, size_t dynamic) {
   const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   if (static_cast<int64_t>(p.batch) * p.rows <= sms) return false;
-  const int per_sm = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  const int reserved = current_device_attribute(cudaDevAttrReservedSharedMemoryPerBlock);
-  const size_t static_bytes = static_smem(kernel);
-  return static_bytes != SIZE_MAX &&
-         2 * (static_bytes + dynamic + static_cast<size_t>(reserved)) <= static_cast<size_t>(per_sm);
+  int blocks = 0;
+  if (allow_dynamic_smem(kernel, dynamic) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kHalfThreads, dynamic) !=
+          cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it, and take CTAs of kThreads
+    return false;
+  }
+  return blocks >= 2;
 }
 
 // One CTA a row: of kHalfThreads, two an SM, where there are more rows than SMs and two fit
