@@ -143,6 +143,15 @@ def _threshold_bin_rows(rows: int, width: int, in_bin: int, tied: int, k: int,
     return z
 
 
+def _whole_rows_match_reference(z: torch.Tensor, ids: torch.Tensor, k: int) -> None:
+    """One row a request, every block of its table selected, K entries taken in each."""
+    cnt = torch.full((z.shape[0],), ids.shape[1], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, k)
+    assert (want >= 0).all()
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
+    assert torch.equal(got.cpu(), want)
+
+
 def _threshold_bin_cases():
     """Racecheck runs one bin of each path per cluster size: counting (40, 25), radix over the
     candidates (257, 100) and over the whole row (5000, 60); at clusters of 8 (1 x 1024), where
@@ -162,19 +171,16 @@ def _threshold_bin_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_bin,tied,rows,blocks", _threshold_bin_cases())
 def test_gpu_topk_threshold_bin_sizes_match_reference(rows, blocks, in_bin, tied):
-    # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row; bins up to 256 entries are ranked by
-    # counting (gathered over the cluster), larger ones by radix passes (over the candidates, or
-    # over the whole row past 4096)
+    # on 132 SMs clusters of 8, 4, 2 and 1 CTA per row (140 rows: of 512 threads, two an SM,
+    # the share cached); bins up to 256 entries are ranked by counting (gathered over the
+    # cluster), larger ones by radix passes (over the candidates, or over the whole row past
+    # 4096)
     gen = torch.Generator().manual_seed(rows * 13 + in_bin + tied)
     k = 512
     z = _threshold_bin_rows(rows, blocks * 64, in_bin, tied, k, gen)
     ids = torch.stack([torch.randperm(blocks + 50, generator=gen)[:blocks].sort().values
                        for _ in range(rows)]).int()
-    cnt = torch.full((rows,), blocks, dtype=torch.int32)
-    want = ops.topk(z, ids, cnt, 1, k)
-    assert (want >= 0).all()
-    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, k)
-    assert torch.equal(got.cpu(), want)
+    _whole_rows_match_reference(z, ids, k)
 
 
 @pytest.mark.gpu
@@ -193,6 +199,49 @@ def test_gpu_topk_cluster_shares_past_shared_memory_match_reference(rows, blocks
     assert torch.equal(got.cpu(), want)
 
 
+# The K taken slots in one dense run (a window of recent slots scoring highest): whole words of
+# the bitmap, a lane writing 32 positions in a row. On 132 SMs: clusters of 4 (4 rows); more
+# rows than SMs, one CTA of 512 threads a row, two an SM, with its share cached (140 x 19.2K
+# slots) or not (140 x 25.6K and 70.4K); one CTA of 1024 a row, not cached (100 x 70.4K); the
+# filter (20 rows).
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks,filter_mode", [
+    (4, 300, "0"), pytest.param(140, 300, "0", marks=_RACECHECK_SLOW), (140, 400, "0"),
+    pytest.param(140, 1100, "0", marks=_RACECHECK_SLOW),
+    pytest.param(100, 1100, "0", marks=_RACECHECK_SLOW),
+    pytest.param(20, 1100, "1", marks=_RACECHECK_SLOW)])
+def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filter_mode):
+    monkeypatch.setenv("SPIN_TOPK_FILTER", filter_mode)
+    gen = torch.Generator().manual_seed(rows + blocks)
+    k = 2048
+    z = torch.randn(rows, blocks * 64, generator=gen)
+    starts = torch.randint(0, blocks * 64 - k + 1, (rows,), generator=gen)
+    for r, start in enumerate(starts.tolist()):
+        z[r, start:start + k] = 100.0 + torch.rand(k, generator=gen)
+    z[0, -k:] = 200.0                                        # and the row's last slots
+    ids = torch.stack([torch.randperm(2 * blocks, generator=gen)[:blocks].sort().values
+                       for _ in range(rows)]).int()
+    _whole_rows_match_reference(z, ids, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.racecheck_slow
+@pytest.mark.parametrize("kind", ["randn", "zeros"])
+def test_gpu_topk_shares_without_room_for_their_bitmap_match_reference(kind):
+    # one row of 200,000 blocks (12.8M slots) and one of a third: on 132 SMs clusters of 8
+    # whose 1.6M-slot shares leave no room for their 200 KB bitmap beside the kernel's static
+    # shared memory (227 KB a CTA), so the warps write what they take (without clusters, one
+    # CTA a row, the same)
+    gen = torch.Generator().manual_seed(200_000)
+    blocks = 200_000
+    z = _topk_rows(kind, 2, blocks * 64, gen)
+    ids = torch.arange(blocks, dtype=torch.int32).repeat(2, 1)
+    cnt = torch.tensor([blocks, blocks // 3], dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, 1, 2048)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), 1, 2048)
+    assert torch.equal(got.cpu(), want)
+
+
 def _split_marks(rows, blocks, kind):
     """Racecheck runs clusters of 4 and 2 (randn; all-tied rows at 2 only); clusters of 8 in
     the threshold-bin test."""
@@ -204,11 +253,13 @@ def _split_marks(rows, blocks, kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,rows,blocks", [
     pytest.param(kind, rows, blocks, marks=_split_marks(rows, blocks, kind))
-    for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 300)]
+    for rows, blocks in [(3, 1024), (3, 4096), (20, 400), (20, 1536), (40, 1536), (40, 1507),
+                         (40, 300)]
     for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
-    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares: the largest
-    # cached, and 300 blocks) CTAs per row; ties and the whole-row fallback cross the CTAs' shares
+    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares, just past
+    # the largest cached with its bitmap; 48,224 slots, just inside; 300 blocks) CTAs per row;
+    # ties and the whole-row fallback cross the CTAs' shares
     gen = torch.Generator().manual_seed(rows + blocks)
     z = _topk_rows(kind, rows, blocks * 64, gen)
     z[0] = float("-inf")                                   # no finite score
@@ -232,13 +283,23 @@ def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
 # one block, 3 blocks (the first batch row) one slice. randn ranks the K-th value's bin by
 # counting, few_ties by radix passes over the candidates (ties split); zeros, narrow and wide
 # put more than 4096 entries in it, and those rows are ranked whole after the passes. 1024
-# blocks: racecheck runs the same kernels on the smaller cases
+# blocks: racecheck runs the same kernels on the smaller cases. 140 rows (more than 132 SMs):
+# one CTA of 512 threads a row ranks them, two an SM.
+def _filter_cases():
+    """Racecheck leaves out the 1024-block rows, and narrow and wide at 140 rows (zeros runs
+    the whole-row rank there)."""
+    cases = []
+    for rows, blocks, k in [(4, 257, 512), (6, 300, 100), (4, 1024, 512), (4, 1024, 2048),
+                            (5, 300, 1), (40, 1024, 512), (140, 300, 512)]:
+        for kind in ["randn", "zeros", "narrow", "few_ties", "wide"]:
+            slow = blocks == 1024 or (rows == 140 and kind in ("narrow", "wide"))
+            cases.append(pytest.param(rows, blocks, k, kind, id=f"{kind}-{rows}-{blocks}-{k}",
+                                      marks=_RACECHECK_SLOW if slow else []))
+    return cases
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,blocks,k", [
-    (4, 257, 512), (6, 300, 100), pytest.param(4, 1024, 512, marks=_RACECHECK_SLOW),
-    pytest.param(4, 1024, 2048, marks=_RACECHECK_SLOW), (5, 300, 1),
-    pytest.param(40, 1024, 512, marks=_RACECHECK_SLOW)])
-@pytest.mark.parametrize("kind", ["randn", "zeros", "narrow", "few_ties", "wide"])
+@pytest.mark.parametrize("rows,blocks,k,kind", _filter_cases())
 def test_gpu_topk_through_the_filter_matches_reference(monkeypatch, rows, blocks, k, kind):
     monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
     gen = torch.Generator().manual_seed(rows * blocks + k)

@@ -3,18 +3,25 @@
 // value go to the lower slot id.
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
-// contiguous share), each warp owning a contiguous segment; a share up to 48K slots is copied
-// to shared memory as ordered keys (where the device gives a CTA that much: sm_90) in the same
-// pass as:
+// contiguous share; with more rows than SMs, CTAs of 512 threads, two an SM, where they fit),
+// each warp owning a contiguous segment; a share up to 48K slots (47K in a cluster, 22K for
+// two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where the device gives a CTA
+// that much: sm_90) in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
-//   B. the entries of that bin (one range of keys) become candidates. Up to kRankCand of them
-//      (the usual case: a few dozen) are ranked by counting, each against all; up to kCandCap
-//      go through radix passes; beyond that the exact search runs over the whole row. Either
-//      finds the exact K-th key and, among entries equal to it, the last position taken;
-//   C. each warp counts its selected entries, a scan over warps (and CTAs) gives offsets, and
-//      each warp writes its entries in position order.
+//   B. the entries of that bin (one range of keys) become candidates, and the entries of higher
+//      bins, all taken, are marked in a bitmap of the share (a bit a slot, in shared memory).
+//      Up to kRankCand candidates (the usual case: a few dozen) are ranked by counting, each
+//      against all; up to kCandCap go through radix passes; beyond that the exact search runs
+//      over the whole row (and a pass marks what it takes). Either finds the exact K-th key
+//      and, among entries equal to it, the last position taken; the candidates taken are
+//      marked;
+//   C. each warp counts the marks of a run of the bitmap's words, a scan over warps (and CTAs)
+//      gives offsets, and each warp writes its run's positions in order, a word a lane. A share
+//      whose bitmap does not fit beside the kernel (past about 1.5M slots a CTA on sm_90) is
+//      written by warps instead: each counts its selected entries, then writes them after a
+//      scan.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -51,20 +58,38 @@ __device__ __forceinline__ T* cluster_peer(T* ptr, int rank) {
 #endif
 }
 
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 2 * kThreads;             // each thread scans two bins
+// A row's CTA: 1024 threads, or 512 where more rows than SMs are ranked one CTA a row (two
+// CTAs an SM: the rows in one wave, not two)
+constexpr int kThreads = 1024, kHalfThreads = 512;
+constexpr int kBins = 2048;                     // the coarse digit's 11 bits
 constexpr int kCandCap = 4096;
 // Candidates ranked by counting, a warp per candidate against all: a handful of barriers
 // instead of the radix passes' dozens (cluster barriers included), which cost more than the
 // counting with the few dozen candidates a row usually has.
 constexpr int kRankCand = 256;
-static_assert(kRankCand <= kThreads && 2 * kRankCand <= kBins,
+static_assert(kRankCand <= kHalfThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
-// shares up to 48K slots stay in shared memory; with the cluster kernel's 33 KB of static
-// shared memory this is 2.4 KB under the 227 KB a CTA may have on sm_90 (launch_cluster checks
-// the device's limit: 99 KB on sm_89 and sm_120)
+// shares up to 48K slots stay in shared memory where the share's bitmap (a 32nd of the keys)
+// and the kernel's static shared memory fit beside them in what a CTA may have: 227 KB on sm_90
+// (beside a cluster kernel's 33 KB: 48,244 slots), 99 KB on sm_89 and sm_120 (launch_cluster
+// checks the device's limit)
 constexpr size_t kMaxCachedBytes = 192 * 1024;
+
+// Slots of a row's share for each of `cluster` CTAs: whole 16-byte groups (the launcher's and
+// the kernel's layout of the dynamic shared memory: the share's keys when cached, then the
+// share's bitmap).
+__host__ __device__ __forceinline__ int64_t share_slots(int m_cap, int cluster) {
+  return (static_cast<int64_t>(m_cap) * kBlockSize / 4 + cluster - 1) / cluster * 4;
+}
+// Bytes of the bitmap of `slots` slots (whole 32-bit words).
+__host__ __device__ __forceinline__ int64_t bitmap_bytes(int64_t slots) {
+  return (slots + 31) / 32 * 4;
+}
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
 constexpr int kWarpStep = kTopKLoadStep;        // a warp loads 4 float4 per lane per step
 static_assert(kWarpStep == 4 * 128, "walk_segment's loads: 4 float4 a lane");
 
@@ -124,11 +149,19 @@ struct Row {
   __device__ __forceinline__ uint32_t key_at(int pos, float v) const {
     return pos < end ? key_of(v) : 0u;
   }
-  __device__ __forceinline__ uint4 load4(int pos) const {
+  // raw4 then keys4: a walk issues all its loads before it converts any (they are in flight
+  // together, not each waiting for the conversion of the one before)
+  __device__ __forceinline__ uint4 raw4(int pos) const {
     if (kCached) return *reinterpret_cast<const uint4*>(cached + (pos - base));
     const float4 v = __ldg(reinterpret_cast<const float4*>(z + pos));
-    return make_uint4(key_at(pos, v.x), key_at(pos + 1, v.y), key_at(pos + 2, v.z),
-                      key_at(pos + 3, v.w));
+    return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                      __float_as_uint(v.w));
+  }
+  __device__ __forceinline__ uint4 keys4(int pos, uint4 raw) const {
+    if (kCached) return raw;
+    return make_uint4(key_at(pos, __uint_as_float(raw.x)), key_at(pos + 1, __uint_as_float(raw.y)),
+                      key_at(pos + 2, __uint_as_float(raw.z)),
+                      key_at(pos + 3, __uint_as_float(raw.w)));
   }
   __device__ __forceinline__ uint32_t key(int pos) const {
     return kCached ? cached[pos - base] : key_at(pos, __ldg(z + pos));
@@ -141,14 +174,17 @@ template <bool kCached, typename Fn>
 __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin, int end, Fn fn) {
   const int lane = threadIdx.x & 31;
   for (int base = begin; base < end; base += kWarpStep) {
-    uint4 k[4];
+    uint4 raw[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int pos = base + u * 128 + lane * 4;
-      k[u] = pos < end ? row.load4(pos) : make_uint4(0u, 0u, 0u, 0u);
+      raw[u] = pos < end ? row.raw4(pos) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) fn(base + u * 128 + lane * 4, k[u]);
+    for (int u = 0; u < 4; ++u) {
+      const int pos = base + u * 128 + lane * 4;
+      fn(pos, pos < end ? row.keys4(pos, raw[u]) : make_uint4(0u, 0u, 0u, 0u));
+    }
   }
 }
 
@@ -200,10 +236,11 @@ __device__ __forceinline__ int row_limit(const TopKParams& p, int row_id) {
 // Among n candidates (keys, positions) the one ranked T_bin - 1 by (key descending, position
 // ascending), the last one taken: its key in thr_key, its position in last_tie. A warp ranks
 // one candidate at a time, its lanes splitting the others.
+template <int kT>
 __device__ void rank_by_counting(const uint32_t* keys, const int* positions, int n, int T_bin,
                                  int* bcast, uint32_t& thr_key, int& last_tie) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int c = warp; c < n; c += kWarps) {
+  for (int c = warp; c < n; c += kT / 32) {
     const uint32_t mine = keys[c];
     const int pos = positions[c];
     int ahead = 0;
@@ -227,25 +264,88 @@ __device__ void rank_by_counting(const uint32_t* keys, const int* positions, int
 // and, when not all the entries equal to it are taken, the last tied position taken in
 // last_tie (ties go to the lower position). sum(v) is v summed over the CTAs sharing the
 // selection; merged and merge as radix_threshold's.
-template <typename PosOf, typename Key, typename Eligible, typename Merge, typename Sum>
+template <int kT, typename PosOf, typename Key, typename Eligible, typename Merge, typename Sum>
 __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eligible eligible,
                                 int* hist, const int* merged, Merge merge, Sum sum, int* bcast,
                                 long long* scratch, uint32_t& thr_key, int& last_tie) {
   int need = 0;
-  radix_threshold<kThreads>(count, T_bin, key, eligible, hist, merged, merge, bcast, thr_key,
-                            need);
+  radix_threshold<kT>(count, T_bin, key, eligible, hist, merged, merge, bcast, thr_key, need);
   long long ties = 0;
-  for (int i = threadIdx.x; i < count; i += kThreads) ties += key(i) == thr_key;
-  ties = sum(block_sum<kThreads>(ties, scratch));
+  for (int i = threadIdx.x; i < count; i += kT) ties += key(i) == thr_key;
+  ties = sum(block_sum<kT>(ties, scratch));
   if (need < ties) {  // the first `need` tied positions: largest of ~pos
     auto neg_pos = [&](int i) { return ~static_cast<uint32_t>(pos_of(i)); };
     auto tied = [&](int i) { return key(i) == thr_key; };
     uint32_t thr_pos;
     int one;
-    radix_threshold<kThreads>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos,
-                              one);
+    radix_threshold<kT>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos, one);
     last_tie = static_cast<int>(~thr_pos);
   }
+}
+
+// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
+// (kT / 32 ints) is free at the call and read until the next barrier.
+template <int kT>
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
+  constexpr int kW = kT / 32;
+  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int incl = warp_inclusive_sum(v);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
+    if (lane < kW) warp_sums[lane] = s;
+  }
+  __syncthreads();
+  total = warp_sums[kW - 1];
+  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+}
+
+// This warp's run [w0, w1) of a bitmap's `words` words (contiguous, in warp order) and the bits
+// set in it (every lane has the count). Its lanes take 32 words at a time, so no lane writes
+// more than 32 positions in a row where the taken slots are dense (a window of recent slots).
+template <int kT>
+struct BitmapRun {
+  int w0, w1, marked = 0;
+  __device__ BitmapRun(const uint32_t* bitmap, int words) {
+    const int per_warp = (words + kT / 32 - 1) / (kT / 32);
+    w0 = min(static_cast<int>(threadIdx.x >> 5) * per_warp, words);
+    w1 = min(w0 + per_warp, words);
+    for (int w = w0 + static_cast<int>(threadIdx.x & 31); w < w1; w += 32)
+      marked += __popc(bitmap[w]);
+    for (int o = 16; o > 0; o >>= 1) marked += __shfl_xor_sync(0xffffffffu, marked, o);
+  }
+  // The run's positions (first_pos + bit) as slot ids into out[at, k), in order; every lane
+  // gives the same `at`.
+  __device__ void write(const uint32_t* bitmap, int first_pos, int at, int k, int32_t* out,
+                        const int32_t* ids) const {
+    for (int base = w0; base < w1; base += 32) {
+      const int w = base + static_cast<int>(threadIdx.x & 31);
+      uint32_t bits = w < w1 ? bitmap[w] : 0u;
+      const int n = __popc(bits), incl = warp_inclusive_sum(n);
+      for (int c = at + incl - n; bits != 0u; bits &= bits - 1u, ++c) {
+        const int pos = first_pos + w * 32 + __ffs(bits) - 1;
+        if (c < k) out[c] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
+      }
+      at += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
+};
+
+// The output offset of this warp's run (the marks of the warps below it); the CTA's marks in
+// `total`. warp_sums as block_exclusive_sum's.
+template <int kT>
+__device__ __forceinline__ int run_offset(const BitmapRun<kT>& run, int* warp_sums, int& total) {
+  const int lane0 = block_exclusive_sum<kT>((threadIdx.x & 31) == 0 ? run.marked : 0, warp_sums,
+                                            total);
+  return __shfl_sync(0xffffffffu, lane0, 0);
+}
+
+// Sets bits `four` (bit e: position rel + e) of a bitmap; rel is a multiple of 4, so the four
+// lie in one word.
+__device__ __forceinline__ void mark4(uint32_t* bitmap, int rel, uint32_t four) {
+  if (four) atomicOr(&bitmap[rel >> 5], four << (rel & 31));
 }
 
 // ---- Many long rows: a histogram pass and a filter pass over all SMs, then one CTA a row -----
@@ -266,7 +366,6 @@ constexpr int kFilterCap = kCandCap;                          // candidates a ro
 // row was faster on 32K-slot tables (an engine's are a block wider) up to 96 rows, the filter
 // on 128K-slot tables from 16 rows (RESULTS.md, top-K)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
-static_assert(kWarps == 32, "rank_filtered scans the warps' sums in one warp");
 
 // The workspace: counts [rows, kCountsStride] (zeroed before A), then above [rows,
 // kFilterMaxK], candidate positions and keys [rows, kFilterCap] each.
@@ -397,18 +496,19 @@ __global__ void __launch_bounds__(kPassThreads) topk_filter_kernel(TopKParams p)
 // topk_kernel's row after A and B: the threshold among the candidates, then the taken
 // positions marked in `bitmap` (a bit a slot of the row) and written in order. False, with
 // nothing written, where the threshold bin held more than kFilterCap entries.
+template <int kT>
 __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* cand,
                               long long* scratch, int* warp_sums, int* bcast, uint32_t* bitmap) {
   const FilterLists lists(p);
   const int* const row_counts = lists.counts + static_cast<int64_t>(row_id) * kCountsStride;
-  const int finite = find_bin<kThreads>(row_counts, p.k, warp_sums, bcast);
+  const int finite = find_bin<kT>(row_counts, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
   const int n_above = row_counts[kBins], n_cand = row_counts[kBins + 1];
   // every thread read the same counts; lists that disagree with the histogram (never: the
   // passes bin the same keys) are not used
   if (n_cand > kFilterCap || n_above > T || T - n_above > n_cand) return false;
   const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
-  for (int w = threadIdx.x; w < words; w += kThreads) bitmap[w] = 0u;
+  for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
   const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
   const uint32_t* const cand_key = lists.cand_key + static_cast<int64_t>(row_id) * kFilterCap;
   uint32_t thr_key = 0;    // candidates taken: key > thr_key, or key == thr_key at a position
@@ -417,51 +517,36 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
     const int T_bin = T - n_above;
     if (n_cand <= kRankCand) {
       uint32_t* const keys = reinterpret_cast<uint32_t*>(hist);
-      for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+      for (int i = threadIdx.x; i < n_cand; i += kT) {
         keys[i] = cand_key[i];
         cand[i] = cand_pos[i];
       }
       __syncthreads();
-      rank_by_counting(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
+      rank_by_counting<kT>(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
     } else {
-      exact_threshold(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
+      exact_threshold<kT>(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
                       [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist, hist,
                       [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
     }
   }
   __syncthreads();  // the bitmap is zeroed
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
-  for (int i = threadIdx.x; i < n_above; i += kThreads)
+  for (int i = threadIdx.x; i < n_above; i += kT)
     atomicOr(&bitmap[above[i] >> 5], 1u << (above[i] & 31));
-  for (int i = threadIdx.x; i < n_cand; i += kThreads) {
+  for (int i = threadIdx.x; i < n_cand; i += kT) {
     const uint32_t key = cand_key[i];
     const int pos = cand_pos[i];
     if (key > thr_key || (key == thr_key && pos <= last_tie))
       atomicOr(&bitmap[pos >> 5], 1u << (pos & 31));
   }
   __syncthreads();
-  // each thread writes the taken positions of a contiguous run of words, after those of the
-  // threads below it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int per_thread = (words + kThreads - 1) / kThreads;
-  const int w0 = min(static_cast<int>(threadIdx.x) * per_thread, words);
-  const int w1 = min(w0 + per_thread, words);
-  int mine = 0;
-  for (int w = w0; w < w1; ++w) mine += __popc(bitmap[w]);
-  const int incl = warp_inclusive_sum(mine);
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) warp_sums[lane] = warp_inclusive_sum(warp_sums[lane]);  // kWarps == 32
-  __syncthreads();
-  int at = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - mine;
+  // each warp writes the taken positions of a run of words, after those of the warps below
+  const BitmapRun<kT> run(bitmap, words);
+  int total;
+  const int at = run_offset(run, warp_sums, total);
   int32_t* const out = p.out + static_cast<int64_t>(row_id) * p.k;
-  const int32_t* const ids = p.block_ids + (row_id / p.rows) * p.ids_stride;
-  for (int w = w0; w < w1; ++w)
-    for (uint32_t bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
-      const int pos = w * 32 + __ffs(bits) - 1;
-      if (at < p.k) out[at++] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
-    }
-  for (int c = T + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+  run.write(bitmap, 0, at, p.k, out, p.block_ids + (row_id / p.rows) * p.ids_stride);
+  for (int c = T + threadIdx.x; c < p.k; c += kT) out[c] = -1;
   return true;
 }
 
@@ -469,17 +554,18 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
 // CTA then takes a contiguous share of the row, and histograms, counts and offsets are summed
 // over the cluster through distributed shared memory. Every cluster-wide decision is made from
 // those sums, so all CTAs take the same branches (each cluster barrier is reached by all).
-template <bool kCached, int kCluster>
-__global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
+template <bool kCached, int kCluster, int kT>
+__global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
+  constexpr int kW = kT / 32;
   extern __shared__ uint32_t cached[];
   __shared__ int hist[kBins];
   __shared__ int hist_all[kCluster > 1 ? kBins : 1];  // cluster sums
   __shared__ int cand[kCandCap];
-  __shared__ long long scratch[kWarps];
-  __shared__ int warp_sums[kWarps];
+  __shared__ long long scratch[kW];
+  __shared__ int warp_sums[kW];
   __shared__ int bcast[2];
   __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
-  __shared__ int warp_counts[2 * kWarps];
+  __shared__ int warp_counts[2 * kW];
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
@@ -491,7 +577,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
   if constexpr (!kCached && kCluster == 1) {  // the dynamic shared memory is the row's bitmap
     if (p.workspace != nullptr &&
-        rank_filtered(p, row_id, hist, cand, scratch, warp_sums, bcast, cached))
+        rank_filtered<kT>(p, row_id, hist, cand, scratch, warp_sums, bcast, cached))
       return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -504,9 +590,16 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int scored = (limit + 3) & ~3;
   const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
-  const int seg = ((cta_end - cta_begin) / 4 + kWarps - 1) / kWarps * 4;
+  const int seg = ((cta_end - cta_begin) / 4 + kW - 1) / kW * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
   const Row<kCached> row{z, cached, cta_begin, limit};
+  // the share's bitmap, after its keys when cached; without room for it (huge shares) the
+  // warps write the taken entries themselves (C)
+  const int64_t share_cap = share_slots(p.m_cap, kCluster);
+  uint32_t* const bitmap = cached + (kCached ? share_cap : 0);
+  const bool marks = static_cast<int64_t>(dynamic_smem_bytes()) >=
+                     (kCached ? share_cap * 4 : 0) + bitmap_bytes(share_cap);
+  const int words = (cta_end - cta_begin + 31) / 32;
 
   // Sum of one value over the cluster's CTAs (every thread gets it); the value of this CTA is
   // given by every thread.
@@ -524,7 +617,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   auto merge_bins = [&](int bins) {
     if (kCluster == 1) return;
     cluster_barrier();
-    for (int d = threadIdx.x; d < bins; d += kThreads) {
+    for (int d = threadIdx.x; d < bins; d += kT) {
       int total = 0;
       for (int r = 0; r < kCluster; ++r) total += cluster_peer(hist, r)[d];
       hist_all[d] = total;
@@ -534,7 +627,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   const int* merged = kCluster > 1 ? hist_all : hist;
   auto merge256 = [&] { merge_bins(256); };
 
-  for (int d = threadIdx.x; d < kBins; d += kThreads) hist[d] = 0;
+  for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
+  if (marks)
+    for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
 
@@ -549,11 +644,15 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
   });
   __syncthreads();
   merge_bins(kBins);
-  const int finite = find_bin<kThreads>(merged, p.k, warp_sums, bcast);
+  const int finite = find_bin<kT>(merged, p.k, warp_sums, bcast);
   const int T = min(p.k, finite);
 
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
   int last_tie = INT_MAX;
+  // B's candidates (n_cand of them in cand) with their keys in `hist` (kKeysKept), or read from
+  // the row (kKeysInRow); none listed: the taken entries are marked by a pass after the search
+  enum { kNotListed, kKeysKept, kKeysInRow } listed = kNotListed;
+  const uint32_t* const cand_key = reinterpret_cast<const uint32_t*>(hist);
   if (T > 0 && T < finite) {
     const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
     if (warp < 2) {
@@ -564,28 +663,35 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
     auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
     auto exact = [&](int count, auto pos_of, auto key, auto eligible) {
-      exact_threshold(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
+      exact_threshold<kT>(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
                       bcast, scratch, thr_key, last_tie);
     };
     // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
-    // their keys in `hist` when they are to be ranked by counting)
-    uint32_t* const cand_key = reinterpret_cast<uint32_t*>(hist);
+    // their keys in `hist` when they are to be ranked by counting); the entries of higher bins,
+    // all taken, are marked
     auto collect = [&](bool with_keys) {
+      uint32_t* const keys_out = reinterpret_cast<uint32_t*>(hist);
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
+        uint32_t above = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine += in_the_bin(ks[e]);
+        for (int e = 0; e < 4; ++e) {
+          mine += in_the_bin(ks[e]);
+          above |= static_cast<uint32_t>(ks[e] >= bin_end) << e;  // k 0: never
+        }
+        if (marks) mark4(bitmap, pos - cta_begin, above);
         if (mine) {
           int at = atomicAdd(&n_cand, mine);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             if (in_the_bin(ks[e])) {
-              if (with_keys) cand_key[at] = ks[e];
+              if (with_keys) keys_out[at] = ks[e];
               cand[at++] = pos + e;
             }
         }
       });
+      listed = with_keys ? kKeysKept : kKeysInRow;
       __syncthreads();
     };
     if (in_bin <= kRankCand) {
@@ -603,11 +709,11 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
           hist_all[threadIdx.x] = static_cast<int>(cluster_peer(cand_key, r)[i]);
           hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
         }
-        __syncthreads();  // peers' lists are read again only after C's cluster barriers
+        __syncthreads();  // this CTA's lists are not written again: peers may still read them
         keys = reinterpret_cast<const uint32_t*>(hist_all);
         positions = hist_all + kRankCand;
       }
-      rank_by_counting(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
+      rank_by_counting<kT>(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
     } else if (in_bin <= kCandCap) {
       collect(false);
       auto cand_pos = [&](int i) { return cand[i]; };
@@ -623,16 +729,43 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
 
-  // C. per-warp counts, offsets (CTAs of a cluster in rank order), ordered writes. The share's
-  // block ids go to shared memory first (hist_all, or cand without a cluster: peers may still
-  // read this CTA's candidates), off the writes' path.
-  if (T > 0) {
+  // C. the taken candidates marked (or every taken entry, where B listed none); each warp's
+  // run of the bitmap counted, offsets (CTAs of a cluster in rank order), ordered writes
+  if (T > 0 && marks) {
+    if (listed != kNotListed) {
+      for (int i = threadIdx.x; i < n_cand; i += kT) {
+        const int pos = cand[i];
+        if (selected(pos, listed == kKeysKept ? cand_key[i] : row.key(pos)))
+          atomicOr(&bitmap[(pos - cta_begin) >> 5], 1u << ((pos - cta_begin) & 31));
+      }
+    } else {
+      walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+        mark4(bitmap, pos - cta_begin,
+              static_cast<uint32_t>(selected(pos, k.x)) | selected(pos + 1, k.y) << 1 |
+                  selected(pos + 2, k.z) << 2 | selected(pos + 3, k.w) << 3);
+      });
+    }
+    __syncthreads();
+    const BitmapRun<kT> run(bitmap, words);
+    int cta_count;
+    int at = run_offset(run, warp_counts, cta_count);
+    if (kCluster > 1) {
+      if (threadIdx.x == 0) shared_value = cta_count;
+      cluster_barrier();
+      for (int r = 0; r < rank; ++r) at += static_cast<int>(*cluster_peer(&shared_value, r));
+      cluster_barrier();  // every CTA has read the counts before any CTA leaves
+    }
+    run.write(bitmap, cta_begin, at, p.k, out, ids);
+  } else if (T > 0) {
+    // The warps write what they take: per-warp counts, offsets, ordered writes. The share's
+    // block ids go to shared memory first (hist_all, or cand without a cluster: peers may
+    // still read this CTA's candidates), off the writes' path.
     const int first_block = cta_begin / kBlockSize;
     const int share_blocks = (cta_end + kBlockSize - 1) / kBlockSize - first_block;
     int* const ids_s = kCluster > 1 ? hist_all : cand;
     const bool ids_in_smem = share_blocks <= (kCluster > 1 ? kBins : kCandCap);
     if (ids_in_smem)
-      for (int i = threadIdx.x; i < share_blocks; i += kThreads) ids_s[i] = ids[first_block + i];
+      for (int i = threadIdx.x; i < share_blocks; i += kT) ids_s[i] = ids[first_block + i];
     int mine = 0;
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       mine += selected(pos, k.x) + selected(pos + 1, k.y) + selected(pos + 2, k.z) +
@@ -642,9 +775,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     if (lane == 0) warp_counts[warp] = mine;
     __syncthreads();
     if (warp == 0) {
-      const int c = warp_counts[lane];
+      const int c = lane < kW ? warp_counts[lane] : 0;
       const int incl = warp_inclusive_sum(c);
-      warp_counts[kWarps + lane] = incl - c;
+      if (lane < kW) warp_counts[kW + lane] = incl - c;
       if (lane == 31) shared_value = incl;  // this CTA's count
     }
     int cta_offset = 0;
@@ -655,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     } else {
       __syncthreads();
     }
-    int at = cta_offset + warp_counts[kWarps + warp];
+    int at = cta_offset + warp_counts[kW + warp];
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
       bool sel[4];
@@ -675,17 +808,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopKParams p) {
     });
   }
   if (rank == 0)
-    for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kThreads) out[c] = -1;
+    for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kT) out[c] = -1;
 }
 
-template <bool kCached, int kCluster>
+template <bool kCached, int kCluster, int kT = kThreads>
 cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
-  auto kernel = topk_kernel<kCached, kCluster>;
+  auto kernel = topk_kernel<kCached, kCluster, kT>;
   cudaError_t err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.batch * p.rows * kCluster);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kT);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   if (kCluster == 1) {
@@ -707,22 +840,65 @@ cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// A kernel's static shared memory (SIZE_MAX: unknown).
+template <typename Kernel>
+size_t static_smem(Kernel kernel) {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.sharedSizeBytes : SIZE_MAX;
+}
+
+// Whether `dynamic` bytes fit beside a kernel's static shared memory in what the device lets a
+// CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120).
+bool fits_beside(size_t static_bytes, size_t dynamic, int smem_optin) {
+  return static_bytes != SIZE_MAX && static_bytes + dynamic <= static_cast<size_t>(smem_optin);
+}
+
 template <int kCluster>
 cudaError_t launch_cluster(const TopKParams& p, int smem_optin, cudaStream_t stream) {
-  // each CTA caches its share of the row when it fits: beside the static shared memory, in
-  // what the device lets a CTA have (227 KB on sm_90, 99 KB on sm_89 and sm_120)
-  const int64_t share = (static_cast<int64_t>(p.m_cap) * kBlockSize / 4 + kCluster - 1) / kCluster * 4;
-  const size_t smem = static_cast<size_t>(share) * sizeof(uint32_t);
-  // the cached kernel's static shared memory, asked once (SIZE_MAX: unknown, never cached)
-  static const size_t static_bytes = [] {
-    cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, topk_kernel<true, kCluster>) == cudaSuccess
-               ? attr.sharedSizeBytes : SIZE_MAX;
-  }();
-  const bool fits = smem <= kMaxCachedBytes && static_bytes != SIZE_MAX &&
-                    static_bytes + smem <= static_cast<size_t>(smem_optin);
-  return fits ? launch_rows<true, kCluster>(p, smem, stream)
-              : launch_rows<false, kCluster>(p, 0, stream);
+  // each CTA caches its share of the row, with the share's bitmap after it, when both fit;
+  // else the bitmap alone, where it fits (else C's warps write the taken entries)
+  const int64_t share = share_slots(p.m_cap, kCluster);
+  const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
+  static const size_t cached_static = static_smem(topk_kernel<true, kCluster, kThreads>);
+  static const size_t uncached_static = static_smem(topk_kernel<false, kCluster, kThreads>);
+  if (keys <= kMaxCachedBytes && fits_beside(cached_static, keys + bitmap, smem_optin))
+    return launch_rows<true, kCluster>(p, keys + bitmap, stream);
+  return launch_rows<false, kCluster>(
+      p, fits_beside(uncached_static, bitmap, smem_optin) ? bitmap : 0, stream);
+}
+
+// Whether the rows are more than the SMs and two CTAs of `kernel` (a kHalfThreads instance)
+// with `dynamic` bytes of shared memory each are resident on an SM (asked of the runtime, with
+// the carveout set to shared memory first): then they run in one wave, where CTAs of kThreads
+// (one an SM) take two.
+template <typename Kernel>
+bool two_ctas_an_sm(const TopKParams& p, Kernel kernel, size_t dynamic) {
+  const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  if (static_cast<int64_t>(p.batch) * p.rows <= sms) return false;
+  int blocks = 0;
+  if (allow_dynamic_smem(kernel, dynamic) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kHalfThreads, dynamic) !=
+          cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it, and take CTAs of kThreads
+    return false;
+  }
+  return blocks >= 2;
+}
+
+// One CTA a row: of kHalfThreads, two an SM, where there are more rows than SMs and two fit
+// (the share cached when it fits so, else its bitmap alone); else launch_cluster<1>.
+cudaError_t launch_one_cta_a_row(const TopKParams& p, int smem_optin, cudaStream_t stream) {
+  const int64_t share = share_slots(p.m_cap, 1);
+  const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
+  if (keys <= kMaxCachedBytes && two_ctas_an_sm(p, topk_kernel<true, 1, kHalfThreads>, keys + bitmap))
+    return launch_rows<true, 1, kHalfThreads>(p, keys + bitmap, stream);
+  if (two_ctas_an_sm(p, topk_kernel<false, 1, kHalfThreads>, bitmap))
+    return launch_rows<false, 1, kHalfThreads>(p, bitmap, stream);
+  return launch_cluster<1>(p, smem_optin, stream);
 }
 
 // Whether rows of these shapes are ranked through the filter (given the workspace).
@@ -737,14 +913,9 @@ bool filter_shapes(const TopKParams& p) {
 // Whether topk_kernel<false, 1> has room for the bitmap of these rows beside its static shared
 // memory (sm_89 and sm_120 give a CTA 99 KB).
 bool filter_fits(const TopKParams& p) {
-  static const size_t static_bytes = [] {
-    cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, topk_kernel<false, 1>) == cudaSuccess
-               ? attr.sharedSizeBytes : SIZE_MAX;
-  }();
-  const size_t bitmap = static_cast<size_t>(p.m_cap) * kBlockSize / 8;
-  const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return static_bytes != SIZE_MAX && static_bytes + bitmap <= static_cast<size_t>(optin);
+  static const size_t static_bytes = static_smem(topk_kernel<false, 1, kThreads>);
+  return fits_beside(static_bytes, static_cast<size_t>(bitmap_bytes(share_slots(p.m_cap, 1))),
+                     current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
 cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
@@ -758,7 +929,10 @@ cudaError_t launch_filtered(const TopKParams& p, cudaStream_t stream) {
   topk_filter_kernel<<<grid, kPassThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_rows<false, 1>(p, static_cast<size_t>(slots / 8), stream);  // slots: 64 * m_cap
+  const size_t bitmap = static_cast<size_t>(bitmap_bytes(slots));
+  if (two_ctas_an_sm(p, topk_kernel<false, 1, kHalfThreads>, bitmap))
+    return launch_rows<false, 1, kHalfThreads>(p, bitmap, stream);
+  return launch_rows<false, 1>(p, bitmap, stream);
 }
 
 }  // namespace
@@ -781,7 +955,7 @@ cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (major < 9) return launch_cluster<1>(p, optin, stream);  // no thread-block clusters
+  if (major < 9) return launch_one_cta_a_row(p, optin, stream);  // no thread-block clusters
   // Few rows leave most SMs idle: split long rows over a cluster (at most 8 CTAs, which fit in
   // one GPC) so that about every SM takes a share. Clusters of 8 only from 64K slots: below, 4
   // CTAs a row are faster (benchmarks/bench_topk.py).
@@ -793,7 +967,7 @@ cudaError_t launch_topk(const TopKParams& params, cudaStream_t stream) {
     err = launch_cluster<4>(p, optin, stream);
   if (err == cudaErrorNotSupported && slots >= 2 * 4096 && rows * 2 <= sms)
     err = launch_cluster<2>(p, optin, stream);
-  if (err == cudaErrorNotSupported) err = launch_cluster<1>(p, optin, stream);
+  if (err == cudaErrorNotSupported) err = launch_one_cta_a_row(p, optin, stream);
   return err;
 }
 
