@@ -11,7 +11,8 @@ bench_update_skew.py, bench_update_overlap.py, bench_probe.py; numbers in
 benchmarks/RESULTS.md):
   logits   fixed + K-cache bytes at 3.66 TB/s; an MTP step's rows re-read the pages
            (x 1 + 0.45 (next_n - 1))
-  top-K    spin's kernel max(16 us, 7.5 us + 7.75 ps per scored slot per row), through its
+  top-K    spin's kernel max(16.75 us, 10.25 us + 4.15 ps per scored slot per row; fitted on an
+           H100 (its speed the H200's within 10%: instruction-bound), through its
            filter (the rows ops.topk filters) 14.5 us + 2.95 ps per scored slot per row + 1.1 ps
            per row and slot of the table's width; FlashInfer's path (where ops.topk hands it the
            rows) 19 us + 4.3 ps per scored slot per row
@@ -77,9 +78,9 @@ class CostModel:
     logits_fixed_us: float = 7.5
     logits_bytes_per_us: float = 3.66e6
     mtp_reread: float = 0.45
-    topk_floor_us: float = 16.0
-    topk_fixed_us: float = 7.5
-    topk_us_per_slot: float = 7.75e-6
+    topk_floor_us: float = 16.75
+    topk_fixed_us: float = 10.25
+    topk_us_per_slot: float = 4.15e-6
     topk_filter_fixed_us: float = 14.5
     topk_filter_us_per_slot: float = 2.95e-6
     topk_filter_us_per_table_slot: float = 1.1e-6  # per row and slot of its table's width

@@ -95,15 +95,21 @@ def test_cost_model_peer_topk_term_tracks_the_measured_path(rows, slots, rho, us
     assert H200._topk(scored, 1, [slots] * rows) != peer._topk(scored, 1, [slots] * rows)
 
 
-# spin's top-K kernel on an H200 (benchmarks/results/topk/topk_vs_flashinfer_2026-12-02.json,
-# K 512):
+# spin's top-K kernel (one CTA or a cluster a row) on an H100, its 24 cases (benchmarks/results/
+# topk/topk_ab_merged_2026-12-06_h100.json, spin_us, K 512; the term's fit):
 # (requests, slots per request, next_n, rho, us).
-MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.4), (8, 32768, 1, 0.5, 14.6), (8, 32768, 2, 0.5, 16.3),
-                      (8, 131072, 1, 0.0, 21.7), (8, 131072, 2, 0.0, 27.2),
-                      (32, 32768, 1, 0.5, 16.0), (32, 131072, 1, 0.0, 59.4),
-                      (32, 131072, 1, 0.5, 35.0), (32, 131072, 2, 0.0, 62.0),
-                      (96, 32768, 1, 0.5, 16.4), (96, 32768, 2, 0.0, 49.4),
-                      (96, 131072, 1, 0.0, 121.0), (96, 131072, 2, 0.5, 124.3)]
+MEASURED_SPIN_TOPK = [(8, 32768, 1, 0.0, 16.0), (8, 32768, 1, 0.5, 15.5),
+                      (8, 32768, 2, 0.0, 16.6), (8, 32768, 2, 0.5, 16.2),
+                      (8, 131072, 1, 0.0, 20.6), (8, 131072, 1, 0.5, 17.9),
+                      (8, 131072, 2, 0.0, 22.9), (8, 131072, 2, 0.5, 20.9),
+                      (32, 32768, 1, 0.0, 17.5), (32, 32768, 1, 0.5, 15.7),
+                      (32, 32768, 2, 0.0, 18.3), (32, 32768, 2, 0.5, 16.8),
+                      (32, 131072, 1, 0.0, 36.7), (32, 131072, 1, 0.5, 24.7),
+                      (32, 131072, 2, 0.0, 39.7), (32, 131072, 2, 0.5, 29.7),
+                      (96, 32768, 1, 0.0, 17.7), (96, 32768, 1, 0.5, 13.3),
+                      (96, 32768, 2, 0.0, 35.8), (96, 32768, 2, 0.5, 24.8),
+                      (96, 131072, 1, 0.0, 64.9), (96, 131072, 1, 0.5, 34.1),
+                      (96, 131072, 2, 0.0, 119.7), (96, 131072, 2, 0.5, 66.5)]
 
 
 @pytest.mark.usefixtures("before_the_filter")
@@ -169,11 +175,13 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     monkeypatch.setattr(_topk, "_flashinfer_topk", lambda: None)
     ops.set_topk_backend("auto")
     assert not H200.for_device("cuda").peer_topk
-    # SPIN saves less top-K time with the peer's flatter cost (32 x 1M at rho 0.5, past the
-    # filter's 512K slots)
+    # the peer's term prices the top-K SPIN saves (32 x 1M at rho 0.5, past the filter's 512K
+    # slots): its per-slot cost, not spin's kernel's
     ctx = [1 << 20] * 32
     saved = lambda m: m.dense_us(ctx) - m.spin_us(ctx, 0.5)   # noqa: E731
-    assert 0 < saved(CostModel(peer_topk=True)) < saved(H200)
+    peer = CostModel(peer_topk=True)
+    per_slot = peer.peer_topk_us_per_slot - H200.topk_us_per_slot
+    assert saved(peer) - saved(H200) == pytest.approx(per_slot * sum(ctx) * 0.5, rel=0.05)
 
 
 # Per layer on an H200, same run (benchmarks/results/probe/select_given_1024_ab_2026-12-05.json,
