@@ -9,8 +9,8 @@ from spin_trtllm import SpinConfig, SpinConfigError, SpinError
 from spin_trtllm.harness import (DsaLiteConfig, Engine, Request, RequestError, init_weights,
                                  load_checkpoint, save_checkpoint, tiny)
 from spin_trtllm.replay.evaluate import replay
-from spin_trtllm.testing.harness import (TEXT, arrivals, copy_drafter, prompt, schedule_run,
-                                        spin_cfg)
+from spin_trtllm.testing.harness import (BRIEF_SCHEDULE, SHORT_SCHEDULE, TEXT, arrivals,
+                                        copy_drafter, prompt, schedule_run, spin_cfg)
 
 
 def run_schedule(engine, schedule):
@@ -342,11 +342,11 @@ def test_state_grows_with_context_without_changing_results():
 
 
 @pytest.mark.parametrize("mtp", [0, 2])
-@pytest.mark.parametrize("decode_share,prompt_share", [(0.5, 1.0), (0.25, 0.4)])
+@pytest.mark.parametrize("decode_share,prompt_share", [SHORT_SCHEDULE, BRIEF_SCHEDULE])
 def test_the_shorter_arrival_schedules_keep_what_the_graph_tests_check(mtp, decode_share,
                                                                       prompt_share):
-    """The GPU graph tests' schedules under sanitizers (short: arrivals(0.5); brief, for
-    initcheck and racecheck: arrivals(0.25, 0.4)): the same requests, fewer new tokens each (at
+    """The GPU graph tests' schedules under sanitizers (SHORT_SCHEDULE; BRIEF_SCHEDULE for
+    initcheck and racecheck): the same requests, fewer new tokens each (at
     least 3) and prompts no longer, and still the second turn, the pool's growth from a small
     capacity, steps with more than one request and more steps than graphs (what the graph tests
     compare and count)."""

@@ -53,6 +53,12 @@ def schedule_run(engine, arrivals):
     return outs
 
 
+# (decode share, prompt share) of arrivals() for runs under a sanitizer (tests/test_harness_gpu.py
+# says why these): short for memcheck and synccheck, brief for initcheck and racecheck
+SHORT_SCHEDULE = (0.5, 1.0)
+BRIEF_SCHEDULE = (0.25, 0.2)
+
+
 def arrivals(decode_share: float = 1.0, prompt_share: float = 1.0):
     """Four requests arriving at steps 0, 0, 3 (with a second turn) and 6, greedy and sampled.
     decode_share scales their new tokens (at least 3 each) and prompt_share their first turns'
