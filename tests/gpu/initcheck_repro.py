@@ -10,12 +10,15 @@ of both:
                    no_initcheck; a float32 twin runs the same spin kernels there.
   graph_temp_copy  a captured graph: a kernel fills a temporary from the graph's private pool,
                    then a same-dtype copy of it into a buffer (a memcpy node), replayed twice.
-                   Seen in the stand-in's engine loop (2026-12-06): "Host API memory access
-                   error ... cudaMemcpy source" at cudaGraphLaunch, the source such a
-                   temporary, as if initcheck checked a memcpy node's source at the launch,
-                   before the kernel that fills it runs. graph_in_place, the kernel writing the
-                   buffer itself, is the control. The stand-in's captured metadata writes in
-                   place so.
+                   Seen in the stand-in's engine loop: "Host API memory access error ...
+                   cudaMemcpy source" at cudaGraphLaunch, the source such a temporary, as if
+                   initcheck checked a memcpy node's source at the launch, before the kernel
+                   that fills it runs. graph_in_place, the kernel writing the buffer itself, is
+                   the control. The stand-in's captured metadata writes in place so. This
+                   minimal case does not reproduce it: 0 reports (2026-12-06, an H100), while
+                   the suite's initcheck run the same day still had 39 such reports in the
+                   engine loop's warm-up replays (query-aware predictors, V4 rows, the overlap
+                   scheduler): which copies they are is open.
 
     python3 tests/gpu/initcheck_repro.py            each case in its own process under
                                                     initcheck, with its count of reports
