@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Same-run A/B of top-K kernel sources on a CUDA machine:
 #   bash benchmarks/device_topk_ab.sh NAME=FILE [NAME=FILE...] [-- bench_topk.py flags]
-# Each FILE (another revision's topk.cu: `git show REV:cpp/src/topk.cu > .ab/REV.cu`; the
-# device gets the working tree, not git) replaces cpp/src/topk.cu for one build, the tree's own
-# is built as "tree", and each library is kept. The tree's GPU top-K and compact tests run
+# Each FILE (another revision's topk.cu: `git show REV:cpp/src/topk.cu > .ab/REV.cu`, and carry
+# .ab: the device gets the working tree, not git, and .ab is ignored; paths from the repository
+# root) replaces cpp/src/topk.cu for one build, the tree's own is built as "tree", and each
+# library is kept; the tree's source and library are put back however the script ends. The tree's GPU top-K and compact tests run
 # first (TEST_LIMIT s, default 180); then bench_topk runs with each library in turn, ROUNDS
 # rounds (default 1) interleaved, and the medians of one CTA a row (spin_us) and the filter
 # (filter_us) are printed per case and build, beside TensorRT-LLM's kernel where
@@ -11,11 +12,16 @@
 # Default cases: the 24 of RESULTS §4 (8/32/96 x 32K/128K, next_n 1/2, all and half).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/spin-topk-ab}; mkdir -p "$out"
+out=${OUT:-/tmp/spin-topk-ab}; mkdir -p "$out"; rm -f "$out"/*_r[0-9]*.json
 variants=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do variants+=("$1"); shift; done
 [ $# -gt 0 ] && shift
+seen=" tree "
 for v in "${variants[@]}"; do
   [[ "$v" == *=* && -f "${v#*=}" ]] || { echo "not NAME=FILE of an existing file: $v"; exit 2; }
+  name=${v%%=*}
+  [[ "$name" =~ ^[A-Za-z0-9_.-]+$ && "$seen" != *" $name "* ]] ||
+    { echo "NAME must be a new word, not tree: $v"; exit 2; }
+  seen+="$name "
 done
 args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--batch 8 32 96 --slots 32768 131072
   --next-n 1 2 --sparsity 0 0.5)
@@ -28,6 +34,12 @@ if [ -f third_party/trtllm_topk.tar.gz ]; then
   peer_build=$!
 fi
 lib=spin_trtllm/libspin_native.so keep=$(mktemp -d)
+restore() {
+  if [ -f "$keep/tree.cu" ]; then cp "$keep/tree.cu" cpp/src/topk.cu; fi
+  if [ -f "$keep/tree.so" ]; then cp "$keep/tree.so" "$lib"; fi
+}
+trap 'restore; rm -rf "$keep" "${peer:-}"' EXIT
+trap 'exit 130' INT TERM
 build() {   # NAME: build the tree as it is, keep the library as NAME
   python3 -m spin_trtllm._build > "$out/build_$1.log" 2>&1 ||
     { tail -20 "$out/build_$1.log"; return 1; }
@@ -38,11 +50,11 @@ build tree || exit 1
 names=()
 for v in "${variants[@]}"; do
   cp "${v#*=}" cpp/src/topk.cu   # ninja recompiles topk.cu alone
-  build "${v%%=*}" || { cp "$keep/tree.cu" cpp/src/topk.cu; exit 1; }
+  build "${v%%=*}" || exit 1
   names+=("${v%%=*}")
 done
 names+=(tree)
-cp "$keep/tree.cu" cpp/src/topk.cu; cp "$keep/tree.so" "$lib"
+restore
 if [ -n "${peer_build:-}" ]; then
   wait "$peer_build" && export SPIN_TRTLLM_TOPK_PEER="$peer/trtllm_topk/build" ||
     echo "TensorRT-LLM peer build failed: $out/trtllm_build.log"
@@ -60,11 +72,11 @@ for i in $(seq "${ROUNDS:-1}"); do
     echo "round $i $b rc=$? at $SECONDS s"
   done
 done
-cp "$keep/tree.so" "$lib"
+restore
 python3 - "$out" "${names[@]}" <<'PY'
 import glob, json, statistics, sys
 out, names = sys.argv[1], sys.argv[2:]
-runs = {k: [json.load(open(f))["rows"] for f in sorted(glob.glob(f"{out}/{k}_r*.json"))]
+runs = {k: [json.load(open(f))["rows"] for f in sorted(glob.glob(f"{out}/{k}_r[0-9]*.json"))]
         for k in names}
 runs = {k: v for k, v in runs.items() if v}
 if not runs:

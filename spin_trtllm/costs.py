@@ -11,8 +11,8 @@ bench_update_skew.py, bench_update_overlap.py, bench_probe.py; numbers in
 benchmarks/RESULTS.md):
   logits   fixed + K-cache bytes at 3.66 TB/s; an MTP step's rows re-read the pages
            (x 1 + 0.45 (next_n - 1))
-  top-K    spin's kernel max(16.75 us, 10.25 us + 4.15 ps per scored slot per row; fitted on an
-           H100 (its speed the H200's within 10%: instruction-bound), through its
+  top-K    spin's kernel max(16.75 us, 10.25 us + 4.15 ps per scored slot per row) (fitted on
+           an H100: it ran the kernel before within 10% of the H200), through its
            filter (the rows ops.topk filters) 14.5 us + 2.95 ps per scored slot per row + 1.1 ps
            per row and slot of the table's width; FlashInfer's path (where ops.topk hands it the
            rows) 19 us + 4.3 ps per scored slot per row

@@ -12,9 +12,7 @@ from spin_trtllm.testing.harness import (BRIEF_SCHEDULE, SHORT_SCHEDULE, Schedul
 # the short one (about half the decode steps) keeps the arrivals, the second turn and the pool's
 # growth. initcheck (which instruments torch's kernels too) did not finish a short one in 330 s
 # and racecheck took 160-270 s each: the brief one (a quarter of the decode steps, a fifth of the
-# prompts; the same steps, pool growth and switches) runs under those two instead. With 40% of
-# the prompts its 13 cases took 2,411 of initcheck's 5,750 process-seconds in a run that did
-# not finish (2026-12-06, an H100); a fifth runs a third fewer torch ops (counted on a CPU).
+# prompts; the same steps, pool growth and switches) runs under those two instead.
 SCHEDULES = [pytest.param((1.0, 1.0), id="full", marks=pytest.mark.large),
              pytest.param(SHORT_SCHEDULE, id="short", marks=pytest.mark.slow_schedule),
              pytest.param(BRIEF_SCHEDULE, id="brief", marks=pytest.mark.brief_schedule)]

@@ -13,7 +13,7 @@ TEXT = ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 40
 
 @pytest.fixture
 def before_the_filter(monkeypatch):
-    """Measurements made before the top-K's filter existed: the model prices one CTA a row."""
+    """Measurements of one CTA a row (SPIN_TOPK_FILTER=0): the model prices that kernel."""
     monkeypatch.setenv("SPIN_TOPK_FILTER", "0")
 
 
@@ -181,6 +181,7 @@ def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):
     saved = lambda m: m.dense_us(ctx) - m.spin_us(ctx, 0.5)   # noqa: E731
     peer = CostModel(peer_topk=True)
     per_slot = peer.peer_topk_us_per_slot - H200.topk_us_per_slot
+    assert per_slot != 0          # else the check below could not tell the two terms apart
     assert saved(peer) - saved(H200) == pytest.approx(per_slot * sum(ctx) * 0.5, rel=0.05)
 
 

@@ -32,9 +32,10 @@
 # racecheck also leaves out the tests marked no_racecheck (it fails on them with no kernel
 # instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there);
 # initcheck and racecheck those marked slow_schedule (engine schedules, minutes each there),
-# whose brief_schedule twins (fewer steps, the same kernel instances) run there alone;
+# whose brief_schedule twins (fewer steps, shorter prompts) run there alone;
 # initcheck those marked no_initcheck (bf16 models: it does not see cuBLAS's GEMMs write;
-# tests/gpu/initcheck_repro.py shows that and the memcpy-node reports the stand-in avoids).
+# tests/gpu/initcheck_repro.py shows that; its memcpy-node case does not reproduce the reports
+# initcheck still gives in the stand-in's engine-loop warm-up).
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
@@ -173,12 +174,14 @@ for tool in "${tools[@]}"; do
 done
 wait
 # Each report's first line (an access, race, barrier or API error: "========= " then a word, not
-# the banner or a summary), anywhere in a line (pytest's progress dots may come first): counted
-# in every shard's log, those cut off at the limit too (they never print a summary). A list of
-# kinds missed initcheck's "Host API memory access error" and the reports after progress dots.
-reports() {   # (not pytest's own "===== ... =====" lines: nine '=' exactly)
+# the banner, a summary or the tool's own status), anywhere in a line (pytest's progress dots
+# may come first): counted in every shard's log, those cut off at the limit too (they never
+# print a summary). Nine '=' exactly: pytest's own "===== ... =====" lines are longer.
+not_reports='COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application'
+not_reports+="|Error: (process didn.t terminate|couldn.t find exit code)"
+reports() {
   grep -ohE '(^|[^=])========= [^ =].*' "$@" | sed -E 's/^[^=]//' |
-    grep -vE '^========= (COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application)'
+    grep -vE "^========= ($not_reports)"
 }
 for tool in "${tools[@]}"; do
   for log in "$shard_dir/${tool}"_*.log; do

@@ -1,6 +1,7 @@
 """What compute-sanitizer initcheck reports in code with no uninitialized read, in a few lines
-of torch each (no spin kernel involved). tests/gpu/device_check.sh's initcheck step keeps clear
-of both:
+of torch each (no spin kernel involved): the bf16 GEMM's reports, which
+tests/gpu/device_check.sh's initcheck step keeps clear of, and a memcpy-node case that does not
+reproduce what it reports in the stand-in's engine loop:
 
   bf16_gemm        a bf16 GEMM (cuBLAS) then silu on its output: every read of the output is
                    reported as uninitialized (2026-12-06, an H100: 2,048 reports at 16 rows,
