@@ -188,28 +188,39 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
+// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
+// (kT / 32 ints) is free at the call and read until the next barrier.
+template <int kT>
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
+  constexpr int kW = kT / 32;
+  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int incl = warp_inclusive_sum(v);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
+    if (lane < kW) warp_sums[lane] = s;
+  }
+  __syncthreads();
+  total = warp_sums[kW - 1];
+  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+}
+
 // The entries counted in hist (kBins bins; returned), and for T = min(k, that) below it the
 // bin holding the T-th largest entry (bins scanned from the top) and how many entries lie in
 // higher bins, in bcast[0] and bcast[1]. Each of the THREADS threads scans kBins / THREADS bins.
 template <int THREADS>
 __device__ int find_bin(const int* hist, int k, int* warp_sums, int* bcast) {
-  constexpr int kWarpsHere = THREADS / 32, kPerThread = kBins / THREADS;
-  static_assert(kBins % THREADS == 0 && kWarpsHere <= 32, "whole bins a thread, one warp of sums");
-  const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
-  const int hi = kBins - 1 - kPerThread * i;
+  constexpr int kPerThread = kBins / THREADS;
+  static_assert(kBins % THREADS == 0, "whole bins a thread");
+  const int hi = kBins - 1 - kPerThread * static_cast<int>(threadIdx.x);
   int h[kPerThread], sum = 0;
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) sum += h[j] = hist[hi - j];
-  const int incl = warp_inclusive_sum(sum);
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int s = warp_inclusive_sum(lane < kWarpsHere ? warp_sums[lane] : 0);
-    if (lane < kWarpsHere) warp_sums[lane] = s;
-  }
-  __syncthreads();
-  const int total = warp_sums[kWarpsHere - 1], T = min(k, total);
-  int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - sum;
+  int total;
+  int before = block_exclusive_sum<THREADS>(sum, warp_sums, total);
+  const int T = min(k, total);
   if (T < total && before < T && before + sum >= T) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
@@ -281,25 +292,6 @@ __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eli
     radix_threshold<kT>(count, need, neg_pos, tied, hist, merged, merge, bcast, thr_pos, one);
     last_tie = static_cast<int>(~thr_pos);
   }
-}
-
-// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
-// (kT / 32 ints) is free at the call and read until the next barrier.
-template <int kT>
-__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
-  constexpr int kW = kT / 32;
-  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int incl = warp_inclusive_sum(v);
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
-    if (lane < kW) warp_sums[lane] = s;
-  }
-  __syncthreads();
-  total = warp_sums[kW - 1];
-  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
 }
 
 // This warp's run [w0, w1) of a bitmap's `words` words (contiguous, in warp order) and the bits
