@@ -417,6 +417,52 @@ def test_topk_filters_states_the_bindings_rule(monkeypatch, mode, rows, blocks, 
     assert not ops.topk_filters(rows, blocks * 64, 2049)
 
 
+# (rows, blocks, SPIN_TOPK_FILTER): on 132 SMs a cluster of 4 a row, one CTA a row, one CTA of 512
+# threads a row (more rows than SMs), the filter
+FOLLOWING_CASES = [(8, 512, "0"), (96, 512, "0"), (140, 300, "0"), (32, 2048, "1")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks,mode", FOLLOWING_CASES)
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_topk_ranks_what_the_kernel_before_it_wrote(monkeypatch, rows, blocks, mode, graph):
+    """The top-K may be scheduled before the kernel ahead of it in the stream ends (programmatic
+    dependent launch): it must rank that kernel's output (a GEMM overwriting stale logits), not
+    what the buffer held before, eagerly and in a CUDA graph."""
+    monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
+    torch.manual_seed(rows + blocks)
+    a = torch.randn(rows, 512, device="cuda")
+    b = torch.randn(512, blocks * 64, device="cuda")
+    z = torch.empty(rows, blocks * 64, device="cuda")
+    ids = torch.arange(blocks, dtype=torch.int32, device="cuda").repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32, device="cuda")
+    out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+
+    def step():
+        torch.matmul(a, b, out=z)
+        ops.topk(z, ids, cnt, 1, 512, out)
+
+    def stale():   # no slot may be taken from these logits; -2 is no output
+        z.fill_(float("-inf"))
+        out.fill_(-2)
+
+    with ops.using_topk_backend("spin"):
+        step()                                        # warm-up
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            stale()
+            g.replay()
+        else:
+            stale()
+            step()
+    torch.cuda.synchronize()
+    want = ops.topk(z.cpu(), ids.cpu(), cnt.cpu(), 1, 512)     # what the GEMM wrote
+    assert (want >= 0).all()
+    assert torch.equal(out.cpu(), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES)
 def test_gpu_topk_filter_runs_where_its_mode_says(monkeypatch, mode, rows, blocks, filters):
