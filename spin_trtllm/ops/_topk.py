@@ -8,9 +8,9 @@ kernel on a compacted table, which leaves those columns unspecified). On sm_90+ 
 launched with programmatic stream serialization (scheduled while the kernel before it ends; it
 waits for it before reading), and then lets a kernel launched after it so start at once
 (select's and update's beside_previous); such a kernel must wait (griddepcontrol.wait) before
-it reads the top-K's output, and may write only memory allocated before the top-K call: the logits, and the
-workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the call returns
-and their memory may be handed out again.
+it reads the top-K's output, and may write only memory allocated before the top-K call: the
+logits, and the workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the
+call returns and their memory may be handed out again.
 
 SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks many long rows (16 to 2048 rows
 of at least 64K and at most 512K compact slots, the block table's width m_cap * 64; K up to
