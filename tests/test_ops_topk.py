@@ -417,6 +417,84 @@ def test_topk_filters_states_the_bindings_rule(monkeypatch, mode, rows, blocks, 
     assert not ops.topk_filters(rows, blocks * 64, 2049)
 
 
+def _early_release_copy():
+    """A Triton kernel that lets the kernel after it start at once (griddepcontrol
+    .launch_dependents), then copies src into dst after a delay of `spins` dependent FMAs: the
+    producer a top-K launched beside its predecessor must wait for. None where Triton or its
+    grid-dependency control is missing."""
+    try:
+        import triton
+        import triton.language as tl
+        tl.extra.cuda.gdc_launch_dependents           # noqa: B018 - Triton 3.3 and later
+    except (ImportError, AttributeError):
+        return None
+
+    @triton.jit
+    def copy_late(src, dst, n, spins, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_launch_dependents()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(src + offs, mask=mask)
+        acc = x
+        for _ in range(spins):
+            acc = acc * 0.5 + x
+        tl.store(dst + offs, x + acc * 0.0, mask=mask)   # after the delay: it depends on acc
+
+    def run(src, dst, spins=20000):
+        n = src.numel()
+        copy_late[(triton.cdiv(n, 1024),)](src, dst, n, spins, BLOCK=1024)
+    return run
+
+
+# (rows, blocks): on 132 SMs a cluster of 4 a row, one CTA a row, one CTA of 512 threads a row
+# (more rows than SMs); the rank after the filter follows the filter's own kernels
+FOLLOWING_CASES = [pytest.param(8, 512, marks=_RACECHECK_SLOW), (96, 512), (140, 300)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks", FOLLOWING_CASES)
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_topk_ranks_what_the_kernel_before_it_wrote(monkeypatch, rows, blocks, graph):
+    """The top-K may be scheduled before the kernel ahead of it in the stream ends (programmatic
+    dependent launch). Its predecessor here lets it start at once and writes the logits late,
+    over stale ones: the top-K must rank what it wrote, eagerly and in a CUDA graph."""
+    copy_late = _early_release_copy()
+    if copy_late is None:
+        pytest.skip("needs Triton with tl.extra.cuda.gdc_launch_dependents")
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")
+    torch.manual_seed(rows + blocks)
+    fresh = torch.randn(rows, blocks * 64, device="cuda")
+    z = torch.empty_like(fresh)
+    ids = torch.arange(blocks, dtype=torch.int32, device="cuda").repeat(rows, 1)
+    cnt = torch.full((rows,), blocks, dtype=torch.int32, device="cuda")
+    out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+
+    def step():
+        copy_late(fresh, z)
+        ops.topk(z, ids, cnt, 1, 512, out)
+
+    def stale():   # no slot may be taken from these logits; -2 is no output
+        z.fill_(float("-inf"))
+        out.fill_(-2)
+
+    with ops.using_topk_backend("spin"):
+        step()                                        # warm-up (Triton compiles)
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            stale()
+            g.replay()
+        else:
+            stale()
+            step()
+    torch.cuda.synchronize()
+    assert torch.equal(z, fresh)
+    want = ops.topk(fresh.cpu(), ids.cpu(), cnt.cpu(), 1, 512)
+    assert (want >= 0).all()
+    assert torch.equal(out.cpu(), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,rows,blocks,filters", FILTER_MODE_CASES)
 def test_gpu_topk_filter_runs_where_its_mode_says(monkeypatch, mode, rows, blocks, filters):

@@ -561,9 +561,12 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
-  // An update launched beside this kernel (UpdateParams::beside_previous) may start now: it
-  // reads the same logits and writes nothing this kernel reads. Below about 64 rows this
+  // Launched beside its predecessor (launch_rows), the kernel may start before the logits are
+  // written: nothing is read before the wait. Then an update launched beside this kernel
+  // (UpdateParams::beside_previous) may start: it reads the same logits and writes nothing
+  // this kernel reads; waiting first keeps it behind the logits too. Below about 64 rows this
   // kernel's CTAs leave most SMs idle.
+  pdl_wait();
   pdl_launch_dependents();
   const int rank = kCluster > 1 ? cluster_rank() : 0;
   const int row_id = blockIdx.x / kCluster, b = row_id / p.rows;
@@ -813,22 +816,26 @@ cudaError_t launch_rows(const TopKParams& p, size_t smem, cudaStream_t stream) {
   cfg.blockDim = dim3(kT);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  if (kCluster == 1) {
-    kernel<<<cfg.gridDim, cfg.blockDim, smem, stream>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  // every row's cluster must be resident at once, or a smaller cluster does better
+  // the CTAs may be scheduled while the kernel before them finishes (its launch latency hidden
+  // behind that kernel's tail, as TensorRT-LLM launches its top-K); the kernel waits before it
+  // reads anything (sm_90+, where clusters are)
+  cudaLaunchAttribute attr[2];
+  allow_beside_previous(cfg, attr, true);
+  if (kCluster == 1) return cudaLaunchKernelEx(&cfg, kernel, p);
+  attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+  attr[cfg.numAttrs].val.clusterDim.x = kCluster;
+  attr[cfg.numAttrs].val.clusterDim.y = 1;
+  attr[cfg.numAttrs].val.clusterDim.z = 1;
+  // every row's cluster must be resident at once, or a smaller cluster does better (asked with
+  // the cluster attribute alone)
+  cudaLaunchConfig_t query = cfg;
+  query.attrs = attr + cfg.numAttrs;
+  query.numAttrs = 1;
   int clusters = 0;
-  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &query);
   if (err != cudaSuccess) cudaGetLastError();  // the query's error is not sticky: clear it
   if (err != cudaSuccess || clusters < p.batch * p.rows) return cudaErrorNotSupported;
+  cfg.numAttrs += 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 

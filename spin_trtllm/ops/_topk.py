@@ -4,12 +4,13 @@ logits fp32 [B*R, W >= m_cap*64] (read in the first m_cap*64 columns; last dim c
 a multiple of 4 floats apart, 16-byte aligned base), block_ids [B, m_cap] and counts [B] of one
 layer -> out int32 [B*R, K] request-local slot ids, ascending, -1 padded. Optional row_lens
 int32 [B, R]: compact positions at or past a row's length take no part (logits from a dense
-kernel on a compacted table, which leaves those columns unspecified). On sm_90+ the kernel lets
-a kernel launched after it with programmatic stream serialization start at once (select's and
-update's beside_previous); such a kernel must wait (griddepcontrol.wait) before it reads the
-top-K's output, and may write only memory allocated before the top-K call: the logits, and the
-workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the call returns
-and their memory may be handed out again.
+kernel on a compacted table, which leaves those columns unspecified). On sm_90+ the kernel is
+launched with programmatic stream serialization (scheduled while the kernel before it ends; it
+waits for it before reading), and then lets a kernel launched after it so start at once
+(select's and update's beside_previous); such a kernel must wait (griddepcontrol.wait) before
+it reads the top-K's output, and may write only memory allocated before the top-K call: the
+logits, and the workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the
+call returns and their memory may be handed out again.
 
 SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks many long rows (16 to 2048 rows
 of at least 64K and at most 512K compact slots, the block table's width m_cap * 64; K up to
