@@ -16,7 +16,7 @@ selected count. Each row's valid length is a prefix (ids ascending): counts*64 c
 row's context, the compact_lens of ops.compact. Columns (all times per call, microseconds):
   spin:       ops.topk(logits, block_ids, counts, next_n, K) -> slot ids, ascending, with
               SPIN_TOPK_FILTER=0: one CTA or a cluster a row (ops.topk's default, auto, takes
-              the filter below from 16 rows of at least 64K slots, else this)
+              the filter below at 16-32 rows of 256K-512K slots, else this)
   filter:     the same with SPIN_TOPK_FILTER=1: rows ranked through the filter wherever the shapes
               allow (K up to 2048, 16K-512K slots a row; else as spin)
   fi_varlen:  flashinfer.top_k_varlen(logits, row_lens, K, backend=--fi-backend) -> compact
@@ -26,7 +26,7 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
               (top_k_ragged_transform below 64 rows, else top_k_varlen), then one
               spin.remap(scores=, ascending=True) launch (slot ids, ascending; what ops.topk
               runs where flashinfer is installed, except where ops.spin_topk_is_faster:
-              rows of < 64K slots, at most 16 rows, or the rows spin's filter takes)
+              rows of < 256K slots, at most 16 rows, or the rows spin's filter takes)
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)

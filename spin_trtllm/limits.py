@@ -24,14 +24,16 @@ SUMMARY_BYTES = 144       # a page's probe summary: 128 fp8 bytes, fp32 scale, p
 GAUSS_SUMMARY_BYTES = 2 * SUMMARY_BYTES   # gauss: the mean row, then the per-dim std row
 MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row
 # ops.topk's filter (SPIN_TOPK_FILTER): rows wider than a slice of table slots (m_cap * 64), at
-# most TOPK_FILTER_MAX_SLOTS wide, K and rows within their bounds; auto from
-# TOPK_FILTER_AUTO_MIN_ROWS rows of at least TOPK_FILTER_AUTO_MIN_SLOTS
+# most TOPK_FILTER_MAX_SLOTS wide, K and rows within their bounds; auto for
+# TOPK_FILTER_AUTO_MIN_ROWS to TOPK_FILTER_AUTO_MAX_ROWS rows of at least
+# TOPK_FILTER_AUTO_MIN_SLOTS (the only shapes where it beat one CTA a row: RESULTS.md, top-K)
 TOPK_FILTER_SLICE_SLOTS = 16384
 TOPK_FILTER_MAX_SLOTS = 512 * 1024
 TOPK_FILTER_MAX_K = 2048
 TOPK_FILTER_MAX_ROWS = 2048
 TOPK_FILTER_AUTO_MIN_ROWS = 16
-TOPK_FILTER_AUTO_MIN_SLOTS = 4 * TOPK_FILTER_SLICE_SLOTS
+TOPK_FILTER_AUTO_MAX_ROWS = 32
+TOPK_FILTER_AUTO_MIN_SLOTS = 16 * TOPK_FILTER_SLICE_SLOTS
 MAX_HYBRID_BLOCKS = 8192  # select(merge_history=True) sorts a row's blocks in shared memory
 MAX_M_CAP = 33550335      # m_cap * 64, plus update's next pass (2^18 slots), fits the kernels' int
 MAX_LAUNCH_BATCH = 65535  # requests of one launch: the CUDA grid's y dimension

@@ -27,6 +27,7 @@ CONSTANTS = {"BLOCK_SLOTS": "kBlockSize", "MAX_NEXT_N": "kMaxNextN", "INDEX_HEAD
              "TOPK_FILTER_MAX_SLOTS": "kFilterMaxSlots", "TOPK_FILTER_MAX_K": "kFilterMaxK",
              "TOPK_FILTER_MAX_ROWS": "kFilterMaxRows",
              "TOPK_FILTER_AUTO_MIN_ROWS": "kFilterAutoMinRows",
+             "TOPK_FILTER_AUTO_MAX_ROWS": "kFilterAutoMaxRows",
              "TOPK_FILTER_AUTO_MIN_SLOTS": "kFilterAutoMinSlots"}
 # Python dict/tuple in spin_trtllm.limits -> C++ enum (enumerators in value order)
 ENUMS = {"POOLING": "Pooling", "EXPLORATION_POLICY": "ExplorePolicy", "STATE_DTYPES": "StateType"}

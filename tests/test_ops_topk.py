@@ -350,9 +350,9 @@ def test_gpu_topk_filter_threshold_bins_match_reference(monkeypatch, in_bin, tie
 @pytest.mark.gpu
 @pytest.mark.racecheck_slow
 def test_gpu_topk_auto_filters_many_rows_like_one_cta(monkeypatch):
-    # SPIN_TOPK_FILTER=auto at 96 rows of 64K slots (the filter), against the one-CTA kernel
+    # SPIN_TOPK_FILTER=auto at 32 rows of 256K slots (the filter), against the one-CTA kernel
     gen = torch.Generator().manual_seed(96)
-    rows, blocks = 96, 1024
+    rows, blocks = 32, 4096
     z = torch.randn(rows, blocks * 64, generator=gen).cuda()
     ids = torch.arange(blocks, dtype=torch.int32).repeat(rows, 1).cuda()
     cnt = torch.full((rows,), blocks, dtype=torch.int32).cuda()
@@ -392,10 +392,10 @@ def test_gpu_topk_filter_edge_rows_match_reference(monkeypatch):
 # (SPIN_TOPK_FILTER, rows, blocks, whether the binding ranks them through the filter at K 512)
 FILTER_MODE_CASES = [
     ("1", 4, 300, True), ("1", 4, 256, False),            # 1: any rows of more than 16K slots
-    (None, 16, 1024, True), (None, 15, 1024, False),      # unset is auto: 16 rows of >= 64K
-    (None, 16, 1023, False),
-    ("auto", 96, 512, False), ("auto", 96, 1024, True), ("0", 96, 1024, False),
-    ("", 96, 1024, True),                                 # empty is auto
+    (None, 16, 4096, True), (None, 15, 4096, False),      # unset is auto: 16-32 rows of >= 256K
+    (None, 16, 4095, False), (None, 32, 4096, True), (None, 33, 4096, False),
+    ("auto", 32, 2048, False), ("auto", 32, 8192, True), ("0", 32, 4096, False),
+    ("", 32, 4096, True),                                 # empty is auto
     ("1", 4, 8192, True), ("1", 4, 8193, False),          # at most 512K slots
     ("1", 2048, 300, True), ("1", 2049, 300, False)]      # at most 2048 rows
 

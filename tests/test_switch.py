@@ -120,7 +120,7 @@ def test_cost_model_spin_topk_term_tracks_the_measured_kernel(batch, slots, next
 
 
 # spin's top-K through its filter on an H200 (benchmarks/results/topk/
-# topk_filter_trtllm_2026-12-06_h200.json, filter_us, K 512): every case the default filters,
+# topk_filter_trtllm_2026-12-06_h200.json, filter_us, K 512), taken with SPIN_TOPK_FILTER=1:
 # the points the filter term was fitted to (requests, slots per request, next_n, rho, us).
 MEASURED_FILTER_TOPK = [(8, 131072, 2, 0.0, 22.6), (8, 131072, 2, 0.5, 21.1),
                         (32, 131072, 1, 0.0, 29.0), (32, 131072, 1, 0.5, 27.8),
@@ -134,7 +134,7 @@ def test_cost_model_filter_topk_term_tracks_the_measured_kernels(batch, slots, n
                                                                  monkeypatch):
     from spin_trtllm import ops
 
-    monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "1")
     assert ops.topk_filters(batch * next_n, slots)
     scored = batch * slots * (1 - rho)
     filtered = H200._topk(scored, next_n, [slots] * batch)
@@ -148,18 +148,18 @@ def test_with_flashinfer_the_model_prices_spin_topk_where_ops_topk_keeps_it(monk
 
     monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
     peer = CostModel(peer_topk=True)
-    # kept by ops.topk: spin's kernel (one CTA a row; the filter at 96 x 128K)
-    for batch, slots in ((8, 131072), (96, 32768), (96, 131072)):
+    # kept by ops.topk: spin's kernel (one CTA a row; the filter at 32 x 256K)
+    for batch, slots in ((8, 131072), (96, 32768), (96, 131072), (32, 262144)):
         assert ops.spin_topk_is_faster(batch, slots)
         assert peer._topk(batch * slots, 1, [slots] * batch) == \
             H200._topk(batch * slots, 1, [slots] * batch)
-    for batch, slots in ((96, 1 << 20), (4096, 131072)):   # past the filter: flashinfer
+    for batch, slots in ((96, 1 << 20), (64, 262144)):    # past spin's bounds: flashinfer
         assert not ops.spin_topk_is_faster(batch, slots)
         assert peer._topk(batch * slots, 1, [slots] * batch) != \
             H200._topk(batch * slots, 1, [slots] * batch)
-    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # no filter: flashinfer at 96 x 128K
-    assert not ops.spin_topk_is_faster(96, 131072)
-    assert peer._topk(96 * 131072, 1, [131072] * 96) != H200._topk(96 * 131072, 1, [131072] * 96)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # no filter: flashinfer at 32 x 256K
+    assert not ops.spin_topk_is_faster(32, 262144)
+    assert peer._topk(32 * 262144, 1, [262144] * 32) != H200._topk(32 * 262144, 1, [262144] * 32)
 
 
 def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):

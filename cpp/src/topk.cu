@@ -354,9 +354,9 @@ constexpr int kPassGroups = 8;                                // float4 loads a 
 constexpr int kSlice = kPassThreads * kPassGroups * 4;        // slots a pass CTA
 static_assert(kSlice == kFilterSliceSlots, "the filter's bounds (spin_kernels.h) count slices");
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
-// filter -1 (auto): from kFilterAutoMinRows rows of tables of at least four slices. One CTA a
-// row was faster on 32K-slot tables (an engine's are a block wider) up to 96 rows, the filter
-// on 128K-slot tables from 16 rows (RESULTS.md, top-K)
+// filter -1 (auto): kFilterAutoMinRows to kFilterAutoMaxRows rows of tables of at least 16
+// slices, the only shapes where the filter beat one CTA a row (by 4-12% on full rows); one CTA
+// won at 8 and at 64-192 rows, and on 128K-slot tables (RESULTS.md, top-K)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 
 // The workspace: counts [rows, kCountsStride] (zeroed before A), then above [rows,
@@ -905,7 +905,9 @@ bool filter_shapes(const TopKParams& p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.rows;
   const int64_t slots = static_cast<int64_t>(p.m_cap) * kBlockSize;
   if (p.filter == 0 || p.k < 1 || p.k > kFilterMaxK) return false;
-  if (p.filter < 0 && (rows < kFilterAutoMinRows || slots < kFilterAutoMinSlots)) return false;
+  if (p.filter < 0 &&
+      (rows < kFilterAutoMinRows || rows > kFilterAutoMaxRows || slots < kFilterAutoMinSlots))
+    return false;
   return slots > kSlice && slots <= kFilterMaxSlots && rows <= kFilterMaxRows;
 }
 

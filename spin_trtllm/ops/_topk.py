@@ -12,24 +12,25 @@ it reads the top-K's output, and may write only memory allocated before the top-
 logits, and the workspace of the filter (SPIN_TOPK_FILTER below), are still being read when the
 call returns and their memory may be handed out again.
 
-SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks many long rows (16 to 2048 rows
-of at least 64K and at most 512K compact slots, the block table's width m_cap * 64; K up to
+SPIN_TOPK_FILTER=auto (the default; also unset or empty) ranks a few long rows (16 to 32 rows
+of at least 256K and at most 512K compact slots, the block table's width m_cap * 64; K up to
 2048) through a filter: CTAs of 16K slots on every SM build each row's histogram of a coarse
 digit, then keep the entries above the K-th value's bin and those in it, and one CTA a row ranks
 only those (a row whose bin holds more than 4096 entries is ranked whole). =1 lowers the bounds
-to 1 row and more than 16K slots; 0 keeps one CTA (or a cluster) a row everywhere. Where the
-row's bitmap does not fit the device's shared memory the rows are ranked whole. It is read at
-every call (a CUDA graph keeps the choice it was captured with). The TensorRT plugin runs one
-CTA a row.
+to 1 row and more than 16K slots and raises them to 2048 rows; 0 keeps one CTA (or a cluster) a
+row everywhere. Where the row's bitmap does not fit the device's shared memory the rows are
+ranked whole. It is read at every call (a CUDA graph keeps the choice it was captured with).
+The TensorRT plugin runs one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
 FlashInfer path asks for positions only (values cost more), then one spin::remap maps them to
 slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
 through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
-kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH, batches of at most
-TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (H200, K 512;
-benchmarks/RESULTS.md, top-K): auto keeps those rows.
+kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH (every measured table up to
+128K slots and a block, 8 to 192 rows: its one-CTA times on an H100 against the FlashInfer
+path's on an H200, K 512), batches of at most TOPK_SPIN_MAX_ROWS rows, and the rows it ranks
+through the filter (benchmarks/RESULTS.md, top-K): auto keeps those rows.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import torch
 
 from .. import reference as ref
 from ..errors import SpinError
-from ..limits import (BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K, TOPK_FILTER_AUTO_MIN_ROWS,
+from ..limits import (BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K, TOPK_FILTER_AUTO_MAX_ROWS,
+                      TOPK_FILTER_AUTO_MIN_ROWS,
                       TOPK_FILTER_AUTO_MIN_SLOTS, TOPK_FILTER_MAX_K, TOPK_FILTER_MAX_ROWS,
                       TOPK_FILTER_MAX_SLOTS, TOPK_FILTER_SLICE_SLOTS)
 from ._common import (I32, check_launch_rows, check_logits, check_next_n, check_selection,
@@ -55,7 +57,7 @@ SCHEMA = ("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tens
 TOPK_BACKENDS = ("auto", "spin", "flashinfer")
 TOPK_RAGGED_MAX_ROWS = 64
 TOPK_SPIN_MAX_ROWS = 16
-TOPK_SPIN_MAX_WIDTH = 1 << 16
+TOPK_SPIN_MAX_WIDTH = 1 << 18
 
 
 def _validate(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
@@ -143,8 +145,8 @@ def topk_filters(rows: int, width: int, k: Optional[int] = None) -> bool:
     mode = filter_mode()
     if mode == "0" or k is not None and not 1 <= k <= TOPK_FILTER_MAX_K:
         return False
-    if mode == "auto" and (rows < TOPK_FILTER_AUTO_MIN_ROWS
-                           or width < TOPK_FILTER_AUTO_MIN_SLOTS):
+    if mode == "auto" and not (TOPK_FILTER_AUTO_MIN_ROWS <= rows <= TOPK_FILTER_AUTO_MAX_ROWS
+                               and width >= TOPK_FILTER_AUTO_MIN_SLOTS):
         return False
     return TOPK_FILTER_SLICE_SLOTS < width <= TOPK_FILTER_MAX_SLOTS \
         and rows <= TOPK_FILTER_MAX_ROWS

@@ -32,14 +32,15 @@ constexpr int kMaxGridYZ = 65535;       // grid y/z: launch batch, update layers
 constexpr int kMaxIndexTopK = 1 << 20;  // K: topk's -1 fill loops to it in int32 [MAX_INDEX_TOPK]
 // The top-K's filter (topk.cu): a row ranked through it is more than one pass CTA's slice of
 // table slots (m_cap * 64) wide, at most kFilterMaxSlots (its bitmap: 64 KB of shared memory),
-// K at most kFilterMaxK, at most kFilterMaxRows rows (a workspace of 96 MB at most); auto: from
-// kFilterAutoMinRows rows of tables of at least four slices [TOPK_FILTER_*]
+// K at most kFilterMaxK, at most kFilterMaxRows rows (a workspace of 96 MB at most); auto:
+// kFilterAutoMinRows to kFilterAutoMaxRows rows of tables of at least 16 slices [TOPK_FILTER_*]
 constexpr int kFilterSliceSlots = 16384;  // [TOPK_FILTER_SLICE_SLOTS]
 constexpr int kFilterMaxSlots = 512 * 1024;  // [TOPK_FILTER_MAX_SLOTS]
 constexpr int kFilterMaxK = 2048;          // [TOPK_FILTER_MAX_K]
 constexpr int kFilterMaxRows = 2048;       // [TOPK_FILTER_MAX_ROWS]
 constexpr int kFilterAutoMinRows = 16;     // [TOPK_FILTER_AUTO_MIN_ROWS]
-constexpr int kFilterAutoMinSlots = 4 * kFilterSliceSlots;  // [TOPK_FILTER_AUTO_MIN_SLOTS]
+constexpr int kFilterAutoMaxRows = 32;     // [TOPK_FILTER_AUTO_MAX_ROWS]
+constexpr int kFilterAutoMinSlots = 16 * kFilterSliceSlots;  // [TOPK_FILTER_AUTO_MIN_SLOTS]
 constexpr float kE4M3Max = 448.0f;      // largest finite fp8 e4m3 [reference.FP8_MAX]
 // Enum values as the kernels read them (enumerators in value order, one a line).
 // select's pooling of a block's slot scores [POOLING]
