@@ -149,17 +149,18 @@ def test_with_flashinfer_the_model_prices_spin_topk_where_ops_topk_keeps_it(monk
     monkeypatch.delenv("SPIN_TOPK_FILTER", raising=False)
     peer = CostModel(peer_topk=True)
     # kept by ops.topk: spin's kernel (one CTA a row; the filter at 32 x 256K)
-    for batch, slots in ((8, 131072), (96, 32768), (96, 131072), (32, 262144)):
+    for batch, slots in ((8, 131072), (96, 32768), (96, 131072), (96, 262144), (32, 262144)):
         assert ops.spin_topk_is_faster(batch, slots)
         assert peer._topk(batch * slots, 1, [slots] * batch) == \
             H200._topk(batch * slots, 1, [slots] * batch)
-    for batch, slots in ((96, 1 << 20), (64, 262144)):    # past spin's bounds: flashinfer
+    for batch, slots in ((96, 1 << 20), (64, 1 << 19)):   # past spin's bounds: flashinfer
         assert not ops.spin_topk_is_faster(batch, slots)
         assert peer._topk(batch * slots, 1, [slots] * batch) != \
             H200._topk(batch * slots, 1, [slots] * batch)
-    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # no filter: flashinfer at 32 x 256K
-    assert not ops.spin_topk_is_faster(32, 262144)
-    assert peer._topk(32 * 262144, 1, [262144] * 32) != H200._topk(32 * 262144, 1, [262144] * 32)
+    monkeypatch.setenv("SPIN_TOPK_FILTER", "0")          # no filter: flashinfer at 32 x 512K
+    wide = 1 << 19
+    assert not ops.spin_topk_is_faster(32, wide)
+    assert peer._topk(32 * wide, 1, [wide] * 32) != H200._topk(32 * wide, 1, [wide] * 32)
 
 
 def test_for_device_prices_the_topk_ops_topk_runs(monkeypatch):

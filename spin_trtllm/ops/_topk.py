@@ -28,9 +28,9 @@ FlashInfer path asks for positions only (values cost more), then one spin::remap
 slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
 through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
 kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH (every measured table up to
-128K slots and a block, 8 to 192 rows: its one-CTA times on an H100 against the FlashInfer
-path's on an H200, K 512), batches of at most TOPK_SPIN_MAX_ROWS rows, and the rows it ranks
-through the filter (benchmarks/RESULTS.md, top-K): auto keeps those rows.
+256K slots and a block: 32 and 96 rows of 128K and 256K in one run on an H100, K 512), batches
+of at most TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter
+(benchmarks/RESULTS.md, top-K): auto keeps those rows.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ SCHEMA = ("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tens
 TOPK_BACKENDS = ("auto", "spin", "flashinfer")
 TOPK_RAGGED_MAX_ROWS = 64
 TOPK_SPIN_MAX_ROWS = 16
-TOPK_SPIN_MAX_WIDTH = 1 << 18
+TOPK_SPIN_MAX_WIDTH = 1 << 19
 
 
 def _validate(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
