@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from spin_trtllm import SpinError, ops
-from spin_trtllm.limits import BLOCK_SLOTS, TOPK_FILTER_MAX_ROWS, TOPK_FILTER_MAX_SLOTS
+from spin_trtllm.limits import (BLOCK_SLOTS, TOPK_FILTER_AUTO_MAX_ROWS, TOPK_FILTER_MAX_ROWS,
+                                TOPK_FILTER_MAX_SLOTS)
 from spin_trtllm.ops import _topk
 from spin_trtllm import reference as ref
 
@@ -203,7 +204,8 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
                    (few, narrow, None), (few, 4 * narrow, None), (96, 2 * narrow, "flashinfer"),
                    (8, 16, None)),
              # the rows spin's filter ranks stay with spin; wider ones and more rows do not
-             "auto": ((many, narrow, None), (96, 2 * narrow, None), (few, narrow, None),
+             "auto": ((many, narrow, None), (TOPK_FILTER_AUTO_MAX_ROWS, narrow, None),
+                      (TOPK_FILTER_AUTO_MAX_ROWS + 1, narrow, "flashinfer"), (few, narrow, None),
                       (96, past_filter, "flashinfer"),
                       (TOPK_FILTER_MAX_ROWS + 1, narrow, "flashinfer"))}
     for mode, shapes in cases.items():
