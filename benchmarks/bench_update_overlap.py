@@ -23,9 +23,9 @@ is also timed (graphs of 20 launches: all layers, per layer; one layer). With de
 (tests/gpu/deepgemm_env.sh) DeepGEMM's dense logits over the whole context are timed in the same
 process (a graph of 20 calls), and the share added / dense logits is printed (issue 16, target
 5). Select and update overlap spin's top-K kernel only: where ops.topk runs flashinfer's path
-(installed; more than 16 rows of 64K slots or more that spin's filter does not take:
-ops.spin_topk_is_faster) they follow the remap, so "beside" and "chain" are "after" there (each
-row records its top-K path).
+(installed; more than 16 rows of tables wider than TOPK_SPIN_MAX_WIDTH that spin's filter
+does not take: ops.spin_topk_is_faster) they follow the remap, so "beside" and "chain" are
+"after" there (each row records its top-K path).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ MAX_SORTED_K = 4096       # remap(ascending=True): one CTA sorts a row
 # ops.topk's filter (SPIN_TOPK_FILTER): rows wider than a slice of table slots (m_cap * 64), at
 # most TOPK_FILTER_MAX_SLOTS wide, K and rows within their bounds; auto for
 # TOPK_FILTER_AUTO_MIN_ROWS to TOPK_FILTER_AUTO_MAX_ROWS rows of at least
-# TOPK_FILTER_AUTO_MIN_SLOTS (the only shapes where it beat one CTA a row: RESULTS.md, top-K)
+# TOPK_FILTER_AUTO_MIN_SLOTS (where it beat one CTA a row on full and on most half-full rows;
+# it also wins full 32 x 128K rows, but loses half-full ones more: RESULTS.md, top-K)
 TOPK_FILTER_SLICE_SLOTS = 16384
 TOPK_FILTER_MAX_SLOTS = 512 * 1024
 TOPK_FILTER_MAX_K = 2048

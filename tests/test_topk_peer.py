@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from spin_trtllm import SpinError, ops
-from spin_trtllm.limits import (BLOCK_SLOTS, TOPK_FILTER_AUTO_MAX_ROWS, TOPK_FILTER_MAX_ROWS,
-                                TOPK_FILTER_MAX_SLOTS)
+from spin_trtllm.limits import BLOCK_SLOTS, TOPK_FILTER_AUTO_MAX_ROWS, TOPK_FILTER_MAX_SLOTS
 from spin_trtllm.ops import _topk
 from spin_trtllm import reference as ref
 
@@ -191,23 +190,23 @@ def test_flashinfer_matches_spins_kernel_on_gpu(monkeypatch, R, with_row_lens, B
 
 
 @pytest.mark.gpu
-def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
+def test_auto_hands_flashinfer_only_shapes_past_spins_bounds(monkeypatch):
     _topk._flashinfer_topk.cache_clear()
     if _topk._flashinfer_topk() is None:
         pytest.skip("flashinfer is not installed")
     ops.set_topk_backend("auto")
-    narrow = ops.TOPK_SPIN_MAX_WIDTH // BLOCK
+    widest = ops.TOPK_SPIN_MAX_WIDTH // BLOCK      # blocks of the widest table spin keeps
+    wider = widest + 1
     few = ops.TOPK_SPIN_MAX_ROWS
     many = few + 1
     past_filter = TOPK_FILTER_MAX_SLOTS // BLOCK + 1
-    cases = {"0": ((many, narrow, "flashinfer"), (many, narrow - 1, None), (192, narrow - 1, None),
-                   (few, narrow, None), (few, 4 * narrow, None), (96, 2 * narrow, "flashinfer"),
+    cases = {"0": ((many, wider, "flashinfer"), (many, widest, None), (192, widest, None),
+                   (few, wider, None), (few, 4 * wider, None), (96, 2 * wider, "flashinfer"),
                    (8, 16, None)),
              # the rows spin's filter ranks stay with spin; wider ones and more rows do not
-             "auto": ((many, narrow, None), (TOPK_FILTER_AUTO_MAX_ROWS, narrow, None),
-                      (TOPK_FILTER_AUTO_MAX_ROWS + 1, narrow, "flashinfer"), (few, narrow, None),
-                      (96, past_filter, "flashinfer"),
-                      (TOPK_FILTER_MAX_ROWS + 1, narrow, "flashinfer"))}
+             "auto": ((many, wider, None), (TOPK_FILTER_AUTO_MAX_ROWS, wider, None),
+                      (TOPK_FILTER_AUTO_MAX_ROWS + 1, wider, "flashinfer"), (few, wider, None),
+                      (96, past_filter, "flashinfer"))}
     for mode, shapes in cases.items():
         monkeypatch.setenv("SPIN_TOPK_FILTER", mode)
         for rows, m_cap, want in shapes:
@@ -215,12 +214,12 @@ def test_auto_hands_flashinfer_only_the_measured_winning_shapes(monkeypatch):
             ids = torch.zeros(rows, m_cap, dtype=torch.int32, device="cuda")
             assert ops.topk_peer(logits, ids, 512) == want, (mode, rows, m_cap)
     monkeypatch.setenv("SPIN_TOPK_FILTER", "0")     # the layouts below, without the filter
-    wide = torch.zeros(many, narrow * BLOCK + 4, device="cuda")
-    ids = torch.zeros(many, narrow, dtype=torch.int32, device="cuda")
+    wide = torch.zeros(many, wider * BLOCK + 4, device="cuda")
+    ids = torch.zeros(many, wider, dtype=torch.int32, device="cuda")
     assert ops.topk_peer(wide, ids, 512) == "flashinfer"    # wider rows, contiguous: in place
-    strided = torch.zeros(many, 2 * narrow * BLOCK, device="cuda")[:, :narrow * BLOCK + 4]
+    strided = torch.zeros(many, 2 * wider * BLOCK, device="cuda")[:, :wider * BLOCK + 4]
     assert ops.topk_peer(strided, ids, 512) is None          # would need a copy: spin's kernel
-    assert ops.topk_peer(wide[:, :narrow * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
+    assert ops.topk_peer(wide[:, :wider * BLOCK].contiguous(), ids, ops.MAX_SORTED_K + 1) is None
 
 
 def test_no_rows_never_reach_the_peer(fake_flashinfer, monkeypatch):

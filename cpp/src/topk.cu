@@ -355,8 +355,9 @@ constexpr int kSlice = kPassThreads * kPassGroups * 4;        // slots a pass CT
 static_assert(kSlice == kFilterSliceSlots, "the filter's bounds (spin_kernels.h) count slices");
 constexpr int kFilterCap = kCandCap;                          // candidates a row keeps
 // filter -1 (auto): kFilterAutoMinRows to kFilterAutoMaxRows rows of tables of at least 16
-// slices, the only shapes where the filter beat one CTA a row (by 4-12% on full rows); one CTA
-// won at 8 and at 64-192 rows, and on 128K-slot tables (RESULTS.md, top-K)
+// slices, where the filter beat one CTA a row on full rows (1.04-1.13x) and on most half-full
+// ones; one CTA won at 8 and at 64-192 rows, and on half-full 128K-slot tables by more than the
+// filter won full ones (RESULTS.md, top-K)
 constexpr int kCountsStride = kBins + 2;                      // a row's histogram, n_above, n_cand
 
 // The workspace: counts [rows, kCountsStride] (zeroed before A), then above [rows,

@@ -23,14 +23,16 @@ ranked whole. It is read at every call (a CUDA graph keeps the choice it was cap
 The TensorRT plugin runs one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
-auto (FlashInfer where installed and measured faster), spin, or flashinfer (any shape). The
+auto (FlashInfer where installed, except where spin's kernel was measured faster), spin, or
+flashinfer (any shape). The
 FlashInfer path asks for positions only (values cost more), then one spin::remap maps them to
 slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
 through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
-kernel was the faster for rows narrower than TOPK_SPIN_MAX_WIDTH (every measured table up to
-256K slots and a block: 32 and 96 rows of 128K and 256K in one run on an H100, K 512), batches
-of at most TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter
-(benchmarks/RESULTS.md, top-K): auto keeps those rows.
+kernel was the faster for tables of at most TOPK_SPIN_MAX_WIDTH slots (256K and a block, an
+engine's table for a 256K context; measured: 32 and 96 rows of 128K and 256K in one run on an
+H100, K 512, and 8-192 rows of 32K and 128K against the kernel before), batches of at most
+TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (benchmarks/RESULTS.md,
+top-K): auto keeps those rows. Wider tables with more rows go to FlashInfer unmeasured.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ SCHEMA = ("topk(Tensor logits, Tensor block_ids, Tensor counts, int next_n, Tens
 TOPK_BACKENDS = ("auto", "spin", "flashinfer")
 TOPK_RAGGED_MAX_ROWS = 64
 TOPK_SPIN_MAX_ROWS = 16
-TOPK_SPIN_MAX_WIDTH = 1 << 19
+TOPK_SPIN_MAX_WIDTH = (1 << 18) + BLOCK_SLOTS
 
 
 def _validate(logits, block_ids, counts, next_n, out, row_lens=None) -> None:
@@ -153,11 +155,11 @@ def topk_filters(rows: int, width: int, k: Optional[int] = None) -> bool:
 
 
 def spin_topk_is_faster(rows: int, width: int, k: Optional[int] = None) -> bool:
-    """Whether spin's top-K was measured faster than FlashInfer's path at `rows` rows of a
-    `width`-slot table: one CTA a row below TOPK_SPIN_MAX_WIDTH slots or at most
-    TOPK_SPIN_MAX_ROWS rows, and wherever it takes the filter (the auto choice; the cost model
-    prices the same)."""
-    return width < TOPK_SPIN_MAX_WIDTH or rows <= TOPK_SPIN_MAX_ROWS or \
+    """Whether ops.topk keeps spin's kernel (one CTA, a cluster or the filter a row) rather than
+    FlashInfer's path at `rows` rows of a `width`-slot table: tables of at most
+    TOPK_SPIN_MAX_WIDTH slots, at most TOPK_SPIN_MAX_ROWS rows, and wherever it takes the filter
+    (the auto choice; the cost model prices the same)."""
+    return width <= TOPK_SPIN_MAX_WIDTH or rows <= TOPK_SPIN_MAX_ROWS or \
         topk_filters(rows, width, k)
 
 

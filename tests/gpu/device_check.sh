@@ -34,9 +34,10 @@
 # initcheck and racecheck those marked slow_schedule (engine schedules, minutes each there),
 # whose brief_schedule twins (fewer steps, shorter prompts) run there alone;
 # initcheck those marked no_initcheck (bf16 models: it does not see cuBLAS's GEMMs write;
-# tests/gpu/initcheck_repro.py shows that; its graph_spin_topk_copy case reproduces the kind of
-# report initcheck still gives in the stand-in's engine-loop warm-up: a memcpy node that copies
-# what spin's top-K wrote earlier in the graph, at the graph's first replay).
+# tests/gpu/initcheck_repro.py shows that; its graph_spin_topk_copy case gives a report of the
+# form initcheck still gives in the stand-in's engine-loop warm-up, a memcpy node copying what
+# spin's top-K wrote earlier in the graph, at its first replay; whether that is the engine
+# loop's cause is open).
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.

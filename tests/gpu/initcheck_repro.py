@@ -26,17 +26,22 @@ graph_spin_* cases need spin's native library):
                    outside the graph (the top-K buffer's case in the engine loop).
   graph_after_pdl  graph_temp_copy with a Triton kernel launched as a programmatic dependent
                    launch (launch_pdl) between the kernel and the copy, as spin's top-K and
-                   update are in the engine loop (needs Triton 3.3 or later).
+                   update are in the engine loop (needs Triton 3.6 or later).
                    These two were first run from a scratch copy (2026-12-06, an H100: 0
                    reports each, as was the same with spin's PDL-launched top-K in between), so
                    neither explains the engine loop's reports either.
   graph_spin_topk_copy  spin's top-K writes a buffer in the graph (never written outside it),
-                   then a memcpy node copies it. From a scratch copy (2026-12-06, an H100): 12
-                   reports, one a 32-byte sector of the 384-byte copy, at the first replay; the
-                   same with the kernel launched without the programmatic attribute, and with
-                   <<<>>> instead of cudaLaunchKernelEx. The first minimal reproducer.
+                   then a memcpy node copies it. From a scratch copy of these steps
+                   (2026-12-06, an H100; this script's version not yet run): 12 reports, one a
+                   32-byte sector of the 384-byte copy, at the first replay. The same with
+                   topk.cu edited to launch without the programmatic attribute
+                   (allow_beside_previous off), and to launch with <<<>>> instead of
+                   cudaLaunchKernelEx. A report of the engine loop's form; whether it is the
+                   engine loop's cause is open (the one traced there copied a torch temporary).
   graph_spin_remap_copy  the control: spin's remap kernel writes the buffer instead (0 reports
-                   from the scratch copy; the same top-K eagerly, then the copy: 0).
+                   from the scratch copy; the top-K run eagerly, then the copy: 0). Of spin's
+                   kernels, select, top-K and update let their dependents start early
+                   (griddepcontrol.launch_dependents); remap does not.
   graph_early_release_copy  a Triton kernel that lets its dependents start
                    (griddepcontrol.launch_dependents, as spin's top-K, select and update do
                    before they write) and then writes the buffer; the copy follows. The open
@@ -61,14 +66,17 @@ def _triton_fill(case: str):
     for its predecessor (griddepcontrol.wait) and is launched as a programmatic dependent
     launch; graph_early_release_copy: it lets its dependents start at once
     (griddepcontrol.launch_dependents), then writes. Compiled here, outside any capture; exits
-    with a message where Triton lacks grid-dependency control (before 3.3)."""
+    with a message below Triton 3.6 (older ones may drop the grid-dependency calls: pure inline
+    asm whose result is unused)."""
     import torch
     try:
         import triton
         import triton.language as tl
         tl.extra.cuda.gdc_wait, tl.extra.cuda.gdc_launch_dependents   # noqa: B018
     except (ImportError, AttributeError):
-        sys.exit(f"{case}: needs Triton with tl.extra.cuda.gdc_wait / gdc_launch_dependents")
+        sys.exit(f"{case}: needs Triton 3.6 or later")
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 6):
+        sys.exit(f"{case}: needs Triton 3.6 or later, found {triton.__version__}")
 
     @triton.jit
     def fill(dst, n, WAIT: tl.constexpr, RELEASE: tl.constexpr, BLOCK: tl.constexpr):
@@ -92,6 +100,9 @@ def _spin_writer(case, buf):
     import torch
     from spin_trtllm import ops
 
+    if not ops.NATIVE:
+        sys.exit(f"{case}: needs spin's native library (without it ops run the torch reference)")
+    ops.set_topk_backend("spin")         # not flashinfer's path, where installed
     dev = buf.device
     ids = torch.arange(8, dtype=torch.int32, device=dev).repeat(4, 1)
     counts = torch.full((4,), 8, dtype=torch.int32, device=dev)
@@ -100,6 +111,7 @@ def _spin_writer(case, buf):
         ops.topk(logits, ids, counts, 1, 128, torch.empty_like(buf))   # loads the kernel
         return lambda: ops.topk(logits, ids, counts, 1, 128, buf)
     positions = torch.arange(4 * 128, dtype=torch.int32, device=dev).view(4, 128)
+    ops.remap(positions, ids, counts, 1, out=torch.empty_like(buf))   # loads the kernel
     return lambda: ops.remap(positions, ids, counts, 1, out=buf)
 
 
@@ -160,7 +172,7 @@ def main() -> int:
                               sys.executable, __file__, case],
                              capture_output=True, text=True).stdout
         summary = re.search(r"ERROR SUMMARY: (\d+) error", log)
-        print(f"{case:16s} {summary.group(1) if summary else '?'} reports under initcheck"
+        print(f"{case:24s} {summary.group(1) if summary else '?'} reports under initcheck"
               f"{'' if summary else ' (no summary: ' + log[-200:] + ')'}")
     return 0
 
