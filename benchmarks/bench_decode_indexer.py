@@ -138,6 +138,9 @@ def parse_smi(value: str) -> float | int | None:
         return None
 
 
+KEY_DRAW_PAGES = 4096   # pages of keys drawn in fp32 at once (128 MiB)
+
+
 def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
                 device: str = "cuda"):
     """`sets` random (cache, block table, q, weights) sets, drawn on `device`."""
@@ -146,8 +149,12 @@ def make_inputs(batch: int, slots: int, next_n: int, sets: int, seed: int,
     inputs = []
     for _ in range(sets):
         num_pages = batch * pages
-        rows = (torch.randn(num_pages, 64 * 128, generator=gen, device=device) * 2).to(
-            torch.float8_e4m3fn)
+        # keys drawn in fp32 a chunk of pages at a time: the cache's fp32 draw whole would be
+        # four times its fp8 bytes (26 GB at 96 x 512K)
+        rows = torch.empty(num_pages, 64 * 128, dtype=torch.float8_e4m3fn, device=device)
+        for at in range(0, num_pages, KEY_DRAW_PAGES):
+            part = rows[at:at + KEY_DRAW_PAGES]
+            part.copy_(torch.randn(part.shape, generator=gen, device=device) * 2)
         scales = torch.rand(num_pages, 64, generator=gen, device=device) * 0.02 + 0.005
         cache = torch.cat([rows.view(torch.uint8), scales.view(torch.uint8)], 1).view(
             num_pages, 64, 1, 132)

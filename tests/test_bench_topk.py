@@ -1,11 +1,12 @@
 """bench_topk's bandwidth bound on the CPU: the bound from the bytes and the copy bandwidth, the
-target's cases, and the table's columns."""
+target's cases, and the table's columns; and the paged keys it draws its inputs from."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_topk.py"
 
@@ -58,3 +59,41 @@ def test_every_line_has_the_headers_columns(bench):
     assert table[4].split("|")[-4:-1] == [" 6.29 ", " 9.54 ", " 5.72 "]
     assert table[2].split("|")[9] == " trtllm us (kth eq) "    # TensorRT-LLM's own top-K
     assert table[4].split("|")[9] == " 40.0 (1.000) "
+
+
+# bench_decode_indexer.make_inputs, which bench_topk and the other benchmarks draw their paged fp8
+# cache from, a chunk of pages at a time: the layout the kernels read (a page's 64 fp8 keys, then
+# its 64 fp32 scales), keys of the intended spread in every chunk, the same draw for a seed.
+@pytest.fixture
+def inputs_module(bench):
+    import bench_decode_indexer     # on the path bench_topk added (restored after)
+    return bench_decode_indexer
+
+
+def split(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = cache.view(cache.shape[0], -1)
+    keys = flat[:, :64 * 128].contiguous().view(torch.float8_e4m3fn).float()
+    scales = flat[:, 64 * 128:].contiguous().view(torch.float32)
+    return keys, scales
+
+
+@pytest.mark.parametrize("batch,slots,next_n", [(1, 1, 1), (2, 100, 2), (3, 64 * 70 + 5, 1)])
+def test_inputs_cache_layout_and_spread_across_chunks(inputs_module, monkeypatch, batch, slots, next_n):
+    monkeypatch.setattr(inputs_module, "KEY_DRAW_PAGES", 16)   # many chunks at a small size
+    (cache, table, q, w), = inputs_module.make_inputs(batch, slots, next_n, 1, seed=4, device="cpu")[0]
+    pages = -(-slots // 64)
+    assert cache.shape == (batch * pages, 64, 1, 132) and cache.dtype == torch.uint8
+    assert sorted(table.flatten().tolist()) == list(range(batch * pages))
+    assert q.shape == (batch * next_n, 64, 128) and w.shape == (batch * next_n, 64)
+    keys, scales = split(cache)
+    assert ((scales >= 0.005) & (scales <= 0.025)).all()
+    for at in range(0, keys.shape[0], 16):          # every chunk drawn, none left at zero
+        chunk = keys[at:at + 16]
+        assert 1.5 < chunk.std().item() < 2.5 and (chunk != 0).float().mean() > 0.99
+
+
+def test_inputs_lengths_and_the_same_draw_for_the_same_seed(inputs_module):
+    (a, _, _, _), = inputs_module.make_inputs(2, 300, 3, 1, seed=7, device="cpu")[0]
+    inputs, n = inputs_module.make_inputs(2, 300, 3, 2, seed=7, device="cpu")
+    assert torch.equal(inputs[0][0], a) and not torch.equal(inputs[1][0], a)
+    assert n.tolist() == [[298, 299, 300]] * 2
