@@ -26,7 +26,8 @@ row's context, the compact_lens of ops.compact. Columns (all times per call, mic
               (top_k_ragged_transform below 64 rows, else top_k_varlen), then one
               spin.remap(scores=, ascending=True) launch (slot ids, ascending; what ops.topk
               runs where flashinfer is installed, except where ops.spin_topk_is_faster:
-              rows of < 512K slots, at most 16 rows, or the rows spin's filter takes)
+              tables of at most TOPK_SPIN_MAX_WIDTH slots, at most 16 rows, or the rows
+              spin's filter takes)
   fi_ragged:  flashinfer.top_k_ragged_transform(logits, zeros, row_lens, K) (same kernels' other
               entry point, no per-call length/offset prep; picks CUB DeviceBatchedTopK or the
               radix kernel by shape; the pick under graph capture is reported)

@@ -4,10 +4,11 @@
 # Each FILE (another revision's topk.cu: `git show REV:cpp/src/topk.cu > .ab/REV.cu`, and carry
 # .ab: the device gets the working tree, not git, and .ab is ignored; paths from the repository
 # root) replaces cpp/src/topk.cu for one build, the tree's own is built as "tree", and each
-# library is kept; the tree's source and library are put back however the script ends. The tree's GPU top-K and compact tests run
-# first (TEST_LIMIT s, default 180); then bench_topk runs with each library in turn, ROUNDS
-# rounds (default 1) interleaved, and the medians of one CTA a row (spin_us) and the filter
-# (filter_us) are printed per case and build, beside TensorRT-LLM's kernel where
+# library is kept; the tree's source and library are put back however the script ends. The
+# tree's GPU top-K and compact tests run first (TEST_LIMIT s, default 180); then bench_topk runs
+# with each library in turn, ROUNDS rounds (default 1) interleaved, and the medians of one CTA
+# a row (spin_us) and the filter (filter_us) are printed per case and build, beside
+# TensorRT-LLM's kernel where
 # third_party/trtllm_topk.tar.gz is there (its build.sh makes the trtllm_topk_peer module).
 # Default cases: the 24 of RESULTS §4 (8/32/96 x 32K/128K, next_n 1/2, all and half).
 set -uo pipefail

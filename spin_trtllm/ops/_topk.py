@@ -24,15 +24,15 @@ The TensorRT plugin runs one CTA a row.
 
 The top-K backend (SPIN_TOPK, read once at the first top-K; set_topk_backend changes it):
 auto (FlashInfer where installed, except where spin's kernel was measured faster), spin, or
-flashinfer (any shape). The
-FlashInfer path asks for positions only (values cost more), then one spin::remap maps them to
-slot ids, drops non-finite scores and sorts each row. Rows below TOPK_RAGGED_MAX_ROWS go
-through top_k_ragged_transform, more through top_k_varlen (radix_cutlass on SM90). spin's
-kernel was the faster for tables of at most TOPK_SPIN_MAX_WIDTH slots (256K and a block, an
-engine's table for a 256K context; measured: 32 and 96 rows of 128K and 256K in one run on an
-H100, K 512, and 8-192 rows of 32K and 128K against the kernel before), batches of at most
-TOPK_SPIN_MAX_ROWS rows, and the rows it ranks through the filter (benchmarks/RESULTS.md,
-top-K): auto keeps those rows. Wider tables with more rows go to FlashInfer unmeasured.
+flashinfer (any shape). The FlashInfer path asks for positions only (values cost more), then
+one spin::remap maps them to slot ids, drops non-finite scores and sorts each row. Rows below
+TOPK_RAGGED_MAX_ROWS go through top_k_ragged_transform, more through top_k_varlen
+(radix_cutlass on SM90). spin's kernel was the faster for tables of at most
+TOPK_SPIN_MAX_WIDTH slots (256K and a block, an engine's table for a 256K context; measured: 32
+and 96 rows of 128K and 256K in one run on an H100, K 512, and 8-192 rows of 32K and 128K
+against the kernel before), batches of at most TOPK_SPIN_MAX_ROWS rows, and the rows it ranks
+through the filter (benchmarks/RESULTS.md, top-K): auto keeps those rows. Wider tables with more
+rows go to FlashInfer unmeasured.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ import torch
 from .. import reference as ref
 from ..errors import SpinError
 from ..limits import (BLOCK_SLOTS, MAX_INDEX_TOPK, MAX_SORTED_K, TOPK_FILTER_AUTO_MAX_ROWS,
-                      TOPK_FILTER_AUTO_MIN_ROWS,
-                      TOPK_FILTER_AUTO_MIN_SLOTS, TOPK_FILTER_MAX_K, TOPK_FILTER_MAX_ROWS,
-                      TOPK_FILTER_MAX_SLOTS, TOPK_FILTER_SLICE_SLOTS)
+                      TOPK_FILTER_AUTO_MIN_ROWS, TOPK_FILTER_AUTO_MIN_SLOTS, TOPK_FILTER_MAX_K,
+                      TOPK_FILTER_MAX_ROWS, TOPK_FILTER_MAX_SLOTS, TOPK_FILTER_SLICE_SLOTS)
 from ._common import (I32, check_launch_rows, check_logits, check_next_n, check_selection,
                       check_shape, check_tensor, device_of, fail, register)
 from ._compact import remap
