@@ -340,6 +340,11 @@ __device__ __forceinline__ void mark4(uint32_t* bitmap, int rel, uint32_t four) 
   if (four) atomicOr(&bitmap[rel >> 5], four << (rel & 31));
 }
 
+// Sets bit rel of a bitmap.
+__device__ __forceinline__ void mark1(uint32_t* bitmap, int rel) {
+  atomicOr(&bitmap[rel >> 5], 1u << (rel & 31));
+}
+
 // ---- Many long rows: a histogram pass and a filter pass over all SMs, then one CTA a row -----
 // A (topk_histogram_kernel): CTAs of kSlice slots add their slice's coarse-digit histogram to
 // their row's in the workspace. B (topk_filter_kernel): each finds the row's threshold bin in it
@@ -525,12 +530,12 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   __syncthreads();  // the bitmap is zeroed
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
   for (int i = threadIdx.x; i < n_above; i += kT)
-    atomicOr(&bitmap[above[i] >> 5], 1u << (above[i] & 31));
+    mark1(bitmap, above[i]);
   for (int i = threadIdx.x; i < n_cand; i += kT) {
     const uint32_t key = cand_key[i];
     const int pos = cand_pos[i];
     if (key > thr_key || (key == thr_key && pos <= last_tie))
-      atomicOr(&bitmap[pos >> 5], 1u << (pos & 31));
+      mark1(bitmap, pos);
   }
   __syncthreads();
   // each warp writes the taken positions of a run of words, after those of the warps below
@@ -558,7 +563,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   __shared__ int warp_sums[kW];
   __shared__ int bcast[2];
   __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
-  __shared__ int warp_counts[2 * kW];
+  __shared__ int warp_counts[kW];
+  static_assert(kCluster <= kW, "warp_counts holds the cluster's candidate counts too");
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
@@ -721,6 +727,16 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
             [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
     }
   }
+  // This CTA's first output place: the counts of the cluster's CTAs before it (rank order).
+  auto cluster_offset = [&](int cta_count) -> int {
+    if (kCluster == 1) return 0;
+    if (threadIdx.x == 0) shared_value = cta_count;
+    cluster_barrier();
+    int before = 0;
+    for (int r = 0; r < rank; ++r) before += static_cast<int>(*cluster_peer(&shared_value, r));
+    cluster_barrier();  // every CTA has read the counts before any CTA leaves
+    return before;
+  };
   auto selected = [&](int pos, uint32_t k) {
     return k != 0u && (k > thr_key || (k == thr_key && pos <= last_tie));
   };
@@ -732,7 +748,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
       for (int i = threadIdx.x; i < n_cand; i += kT) {
         const int pos = cand[i];
         if (selected(pos, listed == kKeysKept ? cand_key[i] : row.key(pos)))
-          atomicOr(&bitmap[(pos - cta_begin) >> 5], 1u << ((pos - cta_begin) & 31));
+          mark1(bitmap, pos - cta_begin);
       }
     } else {
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
@@ -744,14 +760,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
     __syncthreads();
     const BitmapRun<kT> run(bitmap, words);
     int cta_count;
-    int at = run_offset(run, warp_counts, cta_count);
-    if (kCluster > 1) {
-      if (threadIdx.x == 0) shared_value = cta_count;
-      cluster_barrier();
-      for (int r = 0; r < rank; ++r) at += static_cast<int>(*cluster_peer(&shared_value, r));
-      cluster_barrier();  // every CTA has read the counts before any CTA leaves
-    }
-    run.write(bitmap, cta_begin, at, p.k, out, ids);
+    const int at = run_offset(run, warp_counts, cta_count);
+    run.write(bitmap, cta_begin, at + cluster_offset(cta_count), p.k, out, ids);
   } else if (T > 0) {
     // The warps write what they take: per-warp counts, offsets, ordered writes. The share's
     // block ids go to shared memory first (hist_all, or cand without a cluster: peers may
@@ -767,24 +777,9 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
       mine += selected(pos, k.x) + selected(pos + 1, k.y) + selected(pos + 2, k.z) +
               selected(pos + 3, k.w);
     });
-    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-    if (lane == 0) warp_counts[warp] = mine;
-    __syncthreads();
-    if (warp == 0) {
-      const int c = lane < kW ? warp_counts[lane] : 0;
-      const int incl = warp_inclusive_sum(c);
-      if (lane < kW) warp_counts[kW + lane] = incl - c;
-      if (lane == 31) shared_value = incl;  // this CTA's count
-    }
-    int cta_offset = 0;
-    if (kCluster > 1) {
-      cluster_barrier();
-      for (int r = 0; r < rank; ++r) cta_offset += static_cast<int>(*cluster_peer(&shared_value, r));
-      cluster_barrier();  // every CTA has read the counts before any CTA leaves
-    } else {
-      __syncthreads();
-    }
-    int at = cta_offset + warp_counts[kW + warp];
+    int cta_count;
+    const int before = block_exclusive_sum<kT>(mine, warp_counts, cta_count);
+    int at = __shfl_sync(0xffffffffu, before, 0) + cluster_offset(cta_count);
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
       bool sel[4];
