@@ -134,6 +134,10 @@ by_cores=$(( $(nproc) / shares )) by_memory=$(( gpu_gib / share_gib ))
 shards=$(( by_cores < by_memory ? by_cores : by_memory ))
 shards=${SANITIZER_SHARDS:-$(( shards > 0 ? shards : 1 ))}
 echo "sanitizer processes: $shards per share, $shares shares ($(nproc) cores, $gpu_gib GiB)"
+# a core's share of torch's CPU threads each, as in plain: at torch's default every process
+# would start a thread per core (the CPU references of the tests run in them)
+per_process=$(( $(nproc) / (shards * shares) ))
+sanitizer_threads=${OMP_NUM_THREADS:-$(( per_process > 0 ? per_process : 1 ))}
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
 [ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
   tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1
@@ -151,7 +155,7 @@ for tool in "${tools[@]}"; do
   n=$shards marks="gpu and not large"
   if [ "$tool" = initcheck ] || [ "$tool" = racecheck ]; then
     marks="$marks and not slow_schedule"
-    [ "$tool" = initcheck ] && marks="$marks and not no_initcheck"
+    [ "$tool" = initcheck ] && marks="$marks and not no_initcheck and not initcheck_slow"
   else
     marks="$marks and not brief_schedule"
   fi
@@ -162,7 +166,8 @@ for tool in "${tools[@]}"; do
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
-      SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
+      OMP_NUM_THREADS=$sanitizer_threads \
+        SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \

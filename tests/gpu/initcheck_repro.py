@@ -58,7 +58,8 @@ import sys
 
 CASES = ("bf16_gemm", "fp32_gemm", "graph_temp_copy", "graph_in_place", "graph_buffer_copy",
          "graph_after_pdl", "graph_spin_topk_copy", "graph_spin_remap_copy",
-         "graph_early_release_copy")
+         "graph_early_release_copy", "graph_waiting_writer_copy", "graph_pdl_writer_copy",
+         "graph_spin_topk_kernel_read")
 
 
 def _triton_fill(case: str):
@@ -87,10 +88,11 @@ def _triton_fill(case: str):
         offs = tl.arange(0, BLOCK)
         tl.store(dst + offs, offs, mask=offs < n)
 
-    wait = case == "graph_after_pdl"
+    wait = case in ("graph_after_pdl", "graph_waiting_writer_copy", "graph_pdl_writer_copy")
+    pdl = case in ("graph_after_pdl", "graph_pdl_writer_copy")
 
     def launch(dst):
-        fill[(1,)](dst, dst.numel(), WAIT=wait, RELEASE=not wait, BLOCK=128, launch_pdl=wait)
+        fill[(1,)](dst, dst.numel(), WAIT=wait, RELEASE=not wait, BLOCK=128, launch_pdl=pdl)
     launch(torch.empty(128, dtype=torch.int32, device="cuda"))
     return launch
 
@@ -106,7 +108,7 @@ def _spin_writer(case, buf):
     dev = buf.device
     ids = torch.arange(8, dtype=torch.int32, device=dev).repeat(4, 1)
     counts = torch.full((4,), 8, dtype=torch.int32, device=dev)
-    if case == "graph_spin_topk_copy":
+    if case.startswith("graph_spin_topk"):
         logits = torch.randn(4, 8 * 64, device=dev)
         ops.topk(logits, ids, counts, 1, 128, torch.empty_like(buf))   # loads the kernel
         return lambda: ops.topk(logits, ids, counts, 1, 128, buf)
@@ -133,7 +135,8 @@ def run_case(case: str) -> None:
         if case.startswith("graph_spin_"):
             buf = torch.empty(4, 128, dtype=torch.int32, device=dev)
             writer = _spin_writer(case, buf)
-        elif case == "graph_early_release_copy":
+        elif case in ("graph_early_release_copy", "graph_waiting_writer_copy",
+                      "graph_pdl_writer_copy"):
             fill = _triton_fill(case)
             writer = lambda: fill(buf)           # noqa: E731 - buf: written only in the graph
         graph = torch.cuda.CUDAGraph()
@@ -143,6 +146,9 @@ def run_case(case: str) -> None:
             elif case == "graph_buffer_copy":
                 torch.mul(src, 2, out=buf)       # the kernel writes the buffer, a memcpy reads it
                 out.copy_(buf)
+            elif case == "graph_spin_topk_kernel_read":
+                writer()
+                torch.add(buf.view(-1)[:96], 0, out=out)   # a kernel reads it, no memcpy node
             elif writer is not None:
                 writer()
                 out.copy_(buf.view(-1)[:96])
