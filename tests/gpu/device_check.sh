@@ -34,10 +34,10 @@
 # initcheck and racecheck those marked slow_schedule (engine schedules, minutes each there),
 # whose brief_schedule twins (fewer steps, shorter prompts) run there alone;
 # initcheck those marked no_initcheck (bf16 models: it does not see cuBLAS's GEMMs write;
-# tests/gpu/initcheck_repro.py shows that; its graph_spin_topk_copy case gives a report of the
-# form initcheck still gives in the stand-in's engine-loop warm-up, a memcpy node copying what
-# spin's top-K wrote earlier in the graph, at its first replay; whether that is the engine
-# loop's cause is open).
+# tests/gpu/initcheck_repro.py shows that) and initcheck_slow. initcheck runs with
+# tests/gpu/initcheck_suppressions.xml: at a graph's first replay it reports memcpy nodes whose
+# source a kernel of the graph wrote (the engine loop's warm-up; initcheck_repro.py's
+# graph_spin_topk_copy and graph_pdl_writer_copy, where the copy equals what was written).
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
@@ -163,6 +163,9 @@ for tool in "${tools[@]}"; do
     marks="$marks and not no_racecheck and not racecheck_slow"
   order=tests/gpu/sanitizer_order/$tool.times
   [ -f "$order" ] || order=tests/gpu/sanitizer_order/racecheck.times
+  # initcheck instruments every kernel (above); its suppressions: graph launches' memcpy sources
+  tool_opts=("${opts[@]}")
+  [ "$tool" = initcheck ] && tool_opts=(--suppressions tests/gpu/initcheck_suppressions.xml)
   for ((i = 0; i < n; i++)); do
     (
       # no launch timeout: a dozen processes starting at once take longer than its 10 s
@@ -171,7 +174,7 @@ for tool in "${tools[@]}"; do
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         timeout "$limit" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
-        --print-limit 20 $([ "$tool" = initcheck ] || echo "${opts[@]}") \
+        --print-limit 20 "${tool_opts[@]}" \
         "${pytest[@]}" -m "$marks" \
         ${SANITIZE_PATHS:-tests/} > "$shard_dir/${tool}_$i.log" 2>&1
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \

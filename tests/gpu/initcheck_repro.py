@@ -1,65 +1,51 @@
 """What compute-sanitizer initcheck reports in code with no uninitialized read, in a few lines
 of torch each: the bf16 GEMM's reports, which tests/gpu/device_check.sh's initcheck step keeps
-clear of, and memcpy-node cases around what it reports in the stand-in's engine loop (the
-graph_spin_* cases need spin's native library):
+clear of (no_initcheck), and the memcpy nodes of captured graphs that it reports at a graph's
+first replay, which tests/gpu/initcheck_suppressions.xml suppresses there. Reports per case
+(2026-12-06, an H100, compute-sanitizer 2025.3.1, Triton 3.6.0; the graph_spin_* cases need
+spin's native library, the Triton ones Triton 3.6 or later):
 
-  bf16_gemm        a bf16 GEMM (cuBLAS) then silu on its output: every read of the output is
-                   reported as uninitialized (2026-12-06, an H100: 2,048 reports at 16 rows,
-                   the same with `--check-bulk-copy yes`); fp32_gemm, the same in float32: no
-                   report. Likely cause: the bf16 GEMM stores its tiles with TMA, which
-                   initcheck does not track. The tests whose model runs in bf16 are marked
-                   no_initcheck; a float32 twin runs the same spin kernels there.
-  graph_temp_copy  a captured graph: a kernel fills a temporary from the graph's private pool,
-                   then a same-dtype copy of it into a buffer (a memcpy node), replayed twice.
-                   Seen in the stand-in's engine loop: "Host API memory access error ...
-                   cudaMemcpy source" at cudaGraphLaunch, the source such a temporary, as if
-                   initcheck checked a memcpy node's source at the launch, before the kernel
-                   that fills it runs. graph_in_place, the kernel writing the buffer itself, is
-                   the control. The stand-in's captured metadata writes in place so. This
-                   minimal case does not reproduce it: 0 reports (2026-12-06, an H100), while
-                   the suite's initcheck run the same day still had 39 such reports in the
-                   engine loop's warm-up replays (query-aware predictors, V4 rows, the overlap
-                   scheduler). A later trace of one (V4 rows, next_n 1) named the copy: the
-                   stand-in's kv_lens_cuda_2d refresh, whose source is kv_lens // 4, a
-                   temporary a kernel of the same graph wrote just before it.
-  graph_buffer_copy  the same with a buffer allocated before the capture and never written
-                   outside the graph (the top-K buffer's case in the engine loop).
-  graph_after_pdl  graph_temp_copy with a Triton kernel launched as a programmatic dependent
-                   launch (launch_pdl) between the kernel and the copy, as spin's top-K and
-                   update are in the engine loop (needs Triton 3.6 or later).
-                   These two were first run from a scratch copy (2026-12-06, an H100: 0
-                   reports each, as was the same with spin's PDL-launched top-K in between), so
-                   neither explains the engine loop's reports either.
-  graph_spin_topk_copy  spin's top-K writes a buffer in the graph (never written outside it),
-                   then a memcpy node copies it. From a scratch copy of these steps
-                   (2026-12-06, an H100; this script's version not yet run): 12 reports, one a
-                   32-byte sector of the 384-byte copy, at the first replay. The same with
-                   topk.cu edited to launch without the programmatic attribute
-                   (allow_beside_previous off), and to launch with <<<>>> instead of
-                   cudaLaunchKernelEx. A report of the engine loop's form; whether it is the
-                   engine loop's cause is open (the one traced there copied a torch temporary).
-  graph_spin_remap_copy  the control: spin's remap kernel writes the buffer instead (0 reports
-                   from the scratch copy; the top-K run eagerly, then the copy: 0). Of spin's
-                   kernels, select, top-K and update let their dependents start early
-                   (griddepcontrol.launch_dependents); remap does not.
-  graph_early_release_copy  a Triton kernel that lets its dependents start
-                   (griddepcontrol.launch_dependents, as spin's top-K, select and update do
-                   before they write) and then writes the buffer; the copy follows. The open
-                   question: whether initcheck checks a memcpy node when the kernel before it
-                   lets its dependents start, before that kernel's writes (not yet run).
+  bf16_gemm        2,048  a bf16 GEMM (cuBLAS) then silu on its output: every read of the output
+                          (the same with `--check-bulk-copy yes`); likely its TMA stores, which
+                          initcheck does not track. fp32_gemm, the same in float32: 0.
+  graph_spin_topk_copy 12  spin's top-K writes a buffer in a graph, then a memcpy node copies
+                          it: every 32-byte sector of the 384-byte copy at the first replay,
+                          "Host API memory access error ... cudaMemcpy source" at
+                          cudaGraphLaunch, although the copy equals what the kernel wrote. Also
+                          12 with the top-K launched without the programmatic attribute, with
+                          <<<>>>, and built without griddepcontrol.launch_dependents in any
+                          kernel; the same steps run eagerly: 0. With the suppressions: 0.
+  graph_pdl_writer_copy 12  the same with a Triton kernel that waits (griddepcontrol.wait),
+                          launched as a programmatic dependent launch, as the writer.
+  graph_waiting_writer_copy 0  that kernel launched without the programmatic attribute.
+  graph_early_release_copy 0  a Triton writer that lets its dependents start before it writes.
+  graph_spin_remap_copy 0  spin's remap kernel as the writer.
+  graph_spin_topk_kernel_read 0  the top-K's buffer read by a kernel instead of a memcpy node.
+  graph_temp_copy, graph_in_place, graph_buffer_copy, graph_after_pdl  0 each: a torch kernel
+                          writes a temporary, the copied buffer itself or a buffer allocated
+                          before the capture; a PDL-launched Triton kernel between them.
+  eager_uninit_copy 12    the negative control: an eager copy from a fresh, never written
+                          segment; 12 with the suppressions too (they cover graph launches only).
 
-    python3 tests/gpu/initcheck_repro.py            each case in its own process under
-                                                    initcheck, with its count of reports
-    python3 tests/gpu/initcheck_repro.py CASE       one case, unsanitized
+The cause lies in the tool (the copied bytes are the written ones in every case); which writers
+set it off is what the table shows. The stand-in's engine loop gave such reports (0-39 a run:
+its kv_lens_cuda_2d refresh copies a temporary a kernel wrote just before it in the graph);
+with the suppressions the suite's initcheck step gives none.
+
+    python3 tests/gpu/initcheck_repro.py [--suppressions] [CASE...]
+        each case (default: all) in its own process under initcheck, with its count of reports;
+        --suppressions: with tests/gpu/initcheck_suppressions.xml, as device_check.sh runs it
+    python3 tests/gpu/initcheck_repro.py --run CASE    one case, unsanitized
 """
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 CASES = ("bf16_gemm", "fp32_gemm", "graph_temp_copy", "graph_in_place", "graph_buffer_copy",
          "graph_after_pdl", "graph_spin_topk_copy", "graph_spin_remap_copy",
          "graph_early_release_copy", "graph_waiting_writer_copy", "graph_pdl_writer_copy",
-         "graph_spin_topk_kernel_read")
+         "graph_spin_topk_kernel_read", "eager_uninit_copy")
 
 
 def _triton_fill(case: str):
@@ -126,6 +112,11 @@ def run_case(case: str) -> None:
         x = torch.randn(16, 512, device=dev, dtype=dtype)
         w = torch.randn(512, 1024, device=dev, dtype=dtype)
         out = torch.nn.functional.silu(x @ w)
+    elif case == "eager_uninit_copy":
+        # a fresh 64 MiB segment (cudaMalloc'd for it, never written): a copy from it must be
+        # reported, with tests/gpu/initcheck_suppressions.xml too
+        fresh = torch.empty(16 << 20, dtype=torch.int32, device=dev)
+        out = fresh[-96:].clone()
     else:
         src = torch.arange(96, dtype=torch.int32, device=dev)
         out = torch.zeros(96, dtype=torch.int32, device=dev)
@@ -167,15 +158,25 @@ def run_case(case: str) -> None:
     print(case, float(out.float().sum()))
 
 
+SUPPRESSIONS = Path(__file__).with_name("initcheck_suppressions.xml")
+
+
 def main() -> int:
-    if len(sys.argv) > 1:
-        if sys.argv[1] not in CASES:
-            sys.exit(f"initcheck_repro: unknown case {sys.argv[1]!r}; one of {', '.join(CASES)}")
-        run_case(sys.argv[1])
+    args = sys.argv[1:]
+    if args[:1] == ["--run"] and len(args) == 2 and args[1] in CASES:
+        run_case(args[1])
         return 0
-    for case in CASES:
-        log = subprocess.run(["compute-sanitizer", "--tool", "initcheck", "--print-limit", "1",
-                              sys.executable, __file__, case],
+    suppressed = "--suppressions" in args
+    cases = [a for a in args if a != "--suppressions"] or list(CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        sys.exit(f"initcheck_repro: unknown case(s) {', '.join(unknown)}; "
+                 f"one of {', '.join(CASES)}")
+    tool = ["compute-sanitizer", "--tool", "initcheck", "--print-limit", "1"]
+    if suppressed:
+        tool += ["--suppressions", str(SUPPRESSIONS)]
+    for case in cases:
+        log = subprocess.run(tool + [sys.executable, __file__, "--run", case],
                              capture_output=True, text=True).stdout
         summary = re.search(r"ERROR SUMMARY: (\d+) error", log)
         print(f"{case:24s} {summary.group(1) if summary else '?'} reports under initcheck"
