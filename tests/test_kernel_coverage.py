@@ -88,3 +88,25 @@ def test_logs_of_several_processes_count_together_and_merge(kc, tmp_path, monkey
     assert json.loads(merged.read_text()) == {
         LOG_NAMES[0]: ["tests/a.py::test_logits[4]", "tests/b.py::test_engine"],
         LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"]}
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_a_log_naming_spin_kernels_the_library_lacks_is_called_stale(kc, tmp_path, monkeypatch,
+                                                                     capsys, renamed):
+    # a log from before topk_kernel gained a template argument: its old instance is not in the
+    # library, whose new one then reads as never launched; torch's kernels never count as stale
+    log = dict(LOG)
+    log["void at::native::vectorized_elementwise_kernel<4>(int)"] = ["tests/a.py::test_x"]
+    library = list(LIBRARY[:2])
+    if renamed:
+        library[1] = "spin::<unnamed>::topk_kernel<2, true, 512>(spin::TopkParams)"
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps(log))
+    monkeypatch.setattr(kc, "library_kernels", lambda lib: library)
+    monkeypatch.setattr(kc, "demangle", lambda names: names)
+    monkeypatch.setattr(sys, "argv", ["kernel_coverage.py", str(path), "lib.so"])
+    assert kc.main() == (1 if renamed else 0)
+    out = capsys.readouterr().out
+    assert ("STALE KERNEL LOG: 1 of its spin kernels" in out) == renamed
+    assert (LOG_NAMES[1] in out) == renamed
+    assert kc.not_in_library(log, library) == ([LOG_NAMES[1]] if renamed else [])

@@ -206,7 +206,7 @@ for tool in "${tools[@]}"; do
     python3 tests/gpu/kernel_coverage.py "$KERNEL_LOG" spin_trtllm/libspin_native.so \
       --ran "$shard_dir/${tool}"_*.times > "$out/coverage_$tool.txt" 2>&1
     echo "$tool coverage: $(tail -1 "$out/coverage_$tool.txt")"
-    grep "NEVER LAUNCHED" "$out/coverage_$tool.txt"
+    grep -E "NEVER LAUNCHED|STALE KERNEL LOG" "$out/coverage_$tool.txt"
   fi
 done 2>&1 | tee "$out/summary.txt"
 echo "sanitizers: $((SECONDS - start)) s" | tee -a "$out/summary.txt"

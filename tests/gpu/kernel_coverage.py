@@ -8,9 +8,10 @@ that compute-sanitizer runs (all but those marked large); several (one per proce
 run) count together, and --merged writes them as one log for a later call's KERNEL_LOG. The
 library's kernels (every template instance) are the entry functions of its sm_90a code, read with
 cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
-launched. With --ran, only the tests those SPIN_TEST_TIMES files show as run (not skipped) count:
-the .times files of one sanitizer's shards tell which kernels that tool checked, although the
-kernel log comes from a plain run (the profiler is not run under compute-sanitizer)."""
+launched, or if the log names spin kernels the library lacks (a stale log). With --ran, only
+the tests those SPIN_TEST_TIMES files show as run (not skipped) count: the .times files of one
+sanitizer's shards tell which kernels that tool checked, although the kernel log comes from a
+plain run (the profiler is not run under compute-sanitizer)."""
 
 import argparse
 import json
@@ -58,6 +59,13 @@ def coverage(launched: dict[str, list[str]], kernels: list[str],
     return {k: [t for t in by_key.get(key(k), []) if ran is None or t in ran] for k in kernels}
 
 
+def not_in_library(launched: dict[str, list[str]], kernels: list[str]) -> list[str]:
+    """The kernel log's spin kernels that the library has none of that name for: a log of other
+    sources (an earlier plain run), where a renamed kernel would read as never launched."""
+    have = {key(k) for k in kernels}
+    return sorted(n for n in launched if key(n).startswith("spin::") and key(n) not in have)
+
+
 def merge(logs: list[dict[str, list[str]]]) -> dict[str, list[str]]:
     """One kernel log from several processes' (each kernel's tests, sorted, each once)."""
     merged: dict[str, set[str]] = {}
@@ -84,6 +92,11 @@ def main() -> int:
     kernels = library_kernels(args.library)
     readable = dict(zip(kernels, demangle(kernels)))
     tests = coverage(launched, list(readable.values()), ran)
+    stale = not_in_library(launched, list(readable.values()))
+    if stale:
+        print(f"STALE KERNEL LOG: {len(stale)} of its spin kernels are not in {args.library} "
+              f"(built from other sources: run `tests/gpu/device_check.sh plain` again for a "
+              f"kernel log), e.g. {stale[0]}")
     missing = 0
     for name in sorted(tests):
         missing += not tests[name]
@@ -91,7 +104,7 @@ def main() -> int:
               + ("" if tests[name] else "   <- NEVER LAUNCHED"))
     which = "the tests" if ran is None else f"the {len(ran)} tests that ran"
     print(f"{len(tests) - missing} of {len(tests)} kernels launched by {which}")
-    return 1 if missing else 0
+    return 1 if missing or stale else 0
 
 
 if __name__ == "__main__":
