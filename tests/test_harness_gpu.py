@@ -18,23 +18,11 @@ SCHEDULES = [pytest.param((1.0, 1.0), id="full", marks=pytest.mark.large),
              pytest.param(BRIEF_SCHEDULE, id="brief", marks=pytest.mark.brief_schedule)]
 
 
-def _replay_cases():
-    """(spin, predictor) x mtp x schedule. The query-aware predictors' one-row brief schedules
-    are initcheck_slow: the engine loop's predictor cases run their kernels with next_n 1 there
-    (200 s each under initcheck beside a dozen other processes)."""
-    for spin, predictor in [(True, "spin"), (True, "probe"), (True, "hybrid"), (True, "gauss"),
-                            (False, "spin")]:
-        for mtp in (0, 2):
-            for schedule in SCHEDULES:
-                marks = list(schedule.marks)
-                if schedule.id == "brief" and mtp == 0 and predictor != "spin":
-                    marks.append(pytest.mark.initcheck_slow)
-                yield pytest.param(mtp, spin, predictor, schedule.values[0], marks=marks,
-                                   id=f"{spin}-{predictor}-{mtp}-{schedule.id}")
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("mtp,spin,predictor,schedule", list(_replay_cases()))
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("mtp", [0, 2])
+@pytest.mark.parametrize("spin,predictor", [(True, "spin"), (True, "probe"), (True, "hybrid"),
+                                            (True, "gauss"), (False, "spin")])
 def test_cuda_graph_replay_equals_eager(mtp, spin, predictor, schedule):
     cfg = tiny().with_overrides(mtp_depth=mtp, dtype="float32")
     w = init_weights(cfg)

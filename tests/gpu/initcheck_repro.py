@@ -1,42 +1,53 @@
 """What compute-sanitizer initcheck reports in code with no uninitialized read, in a few lines
 of torch each: the bf16 GEMM's reports, which tests/gpu/device_check.sh's initcheck step keeps
 clear of (no_initcheck), and the memcpy nodes of captured graphs that it reports at a graph's
-first replay, which tests/gpu/initcheck_suppressions.xml suppresses there. Reports per case
-(2026-12-06, an H100, compute-sanitizer 2025.3.1, Triton 3.6.0; the graph_spin_* cases need
-spin's native library, the Triton ones Triton 3.6 or later):
+first replay, whose checks tests/gpu/initcheck_suppressions.xml turns off at graph launches.
+Reports per case, 2026-12-06, an H100, compute-sanitizer 2025.3.1, Triton 3.6.0, the code of
+a6bd769 (the graph_spin_* cases need spin's native library, the Triton ones Triton 3.6 or
+later; "-": not yet run):
 
-  bf16_gemm        2,048  a bf16 GEMM (cuBLAS) then silu on its output: every read of the output
-                          (the same with `--check-bulk-copy yes`); likely its TMA stores, which
-                          initcheck does not track. fp32_gemm, the same in float32: 0.
-  graph_spin_topk_copy 12  spin's top-K writes a buffer in a graph, then a memcpy node copies
-                          it: every 32-byte sector of the 384-byte copy at the first replay,
-                          "Host API memory access error ... cudaMemcpy source" at
-                          cudaGraphLaunch, although the copy equals what the kernel wrote. Also
-                          12 with the top-K launched without the programmatic attribute, with
-                          <<<>>>, and built without griddepcontrol.launch_dependents in any
-                          kernel; the same steps run eagerly: 0. With the suppressions: 0.
-  graph_pdl_writer_copy 12  the same with a Triton kernel that waits (griddepcontrol.wait),
-                          launched as a programmatic dependent launch, as the writer.
-  graph_waiting_writer_copy 0  that kernel launched without the programmatic attribute.
-  graph_early_release_copy 0  a Triton writer that lets its dependents start before it writes.
-  graph_spin_remap_copy 0  spin's remap kernel as the writer.
-  graph_spin_topk_kernel_read 0  the top-K's buffer read by a kernel instead of a memcpy node.
-  graph_temp_copy, graph_in_place, graph_buffer_copy, graph_after_pdl  0 each: a torch kernel
-                          writes a temporary, the copied buffer itself or a buffer allocated
-                          before the capture; a PDL-launched Triton kernel between them.
-  eager_uninit_copy 12    the negative control: an eager copy from a fresh, never written
-                          segment; 12 with the suppressions too (they cover graph launches only).
+  case                          reports  what it runs
+  bf16_gemm                     2,048    a bf16 GEMM (cuBLAS), then silu on its output: every
+                                         read of the output (the same with --check-bulk-copy
+                                         yes); likely its TMA stores, which initcheck does not
+                                         track
+  fp32_gemm                     0        the same in float32
+  graph_spin_topk_copy          12       spin's top-K writes a buffer in a graph, then a memcpy
+                                         node copies it: every 32-byte sector of the 384-byte
+                                         copy at the first replay, "Host API memory access error
+                                         ... cudaMemcpy source" at cudaGraphLaunch, although the
+                                         copy equals what the kernel wrote; 0 with the
+                                         suppressions. Builds edited by hand gave 12 too: the
+                                         top-K launched without the programmatic attribute, or
+                                         with <<<>>>, or every kernel without
+                                         griddepcontrol.launch_dependents
+  eager_spin_topk_copy          -        the same steps run eagerly (0 from a scratch copy)
+  graph_pdl_writer_copy         12       a Triton kernel that waits (griddepcontrol.wait),
+                                         launched as a programmatic dependent, as the writer
+  graph_waiting_writer_copy     0        that kernel launched without the attribute
+  graph_early_release_copy      0        a Triton writer that lets its dependents start first
+  graph_spin_remap_copy         0        spin's remap as the writer
+  graph_spin_topk_kernel_read   0        the top-K's buffer read by a kernel, no memcpy node
+  graph_temp_copy               0        a torch kernel writes a temporary, a memcpy copies it
+  graph_in_place                0        the torch kernel writes the copied buffer itself
+  graph_buffer_copy             0        ... a buffer allocated before the capture
+  graph_after_pdl               0        a PDL-launched Triton kernel between writer and copy
+  eager_uninit_copy             12       a copy from a never written segment: a true report,
+                                         12 with the suppressions too (eager copies stay checked)
+  graph_uninit_copy             -        the same copy captured: the suppressions hide it (their
+                                         cost)
 
-The cause lies in the tool (the copied bytes are the written ones in every case); which writers
-set it off is what the table shows. The stand-in's engine loop gave such reports (0-39 a run:
-its kv_lens_cuda_2d refresh copies a temporary a kernel wrote just before it in the graph);
-with the suppressions the suite's initcheck step gives none.
+The copied bytes are the written ones in every case above but the last two: the reports lie
+in the tool, and which writers set them off is what the table shows. The stand-in's engine loop
+gave such reports at its warm-up (0-39 a run; its kv_lens_cuda_2d refresh copies a temporary a
+kernel of the same graph wrote); with the suppressions the suite's initcheck step gives none.
 
     python3 tests/gpu/initcheck_repro.py [--suppressions] [CASE...]
         each case (default: all) in its own process under initcheck, with its count of reports;
         --suppressions: with tests/gpu/initcheck_suppressions.xml, as device_check.sh runs it
     python3 tests/gpu/initcheck_repro.py --run CASE    one case, unsanitized
 """
+import argparse
 import re
 import subprocess
 import sys
@@ -45,7 +56,8 @@ from pathlib import Path
 CASES = ("bf16_gemm", "fp32_gemm", "graph_temp_copy", "graph_in_place", "graph_buffer_copy",
          "graph_after_pdl", "graph_spin_topk_copy", "graph_spin_remap_copy",
          "graph_early_release_copy", "graph_waiting_writer_copy", "graph_pdl_writer_copy",
-         "graph_spin_topk_kernel_read", "eager_uninit_copy")
+         "graph_spin_topk_kernel_read", "eager_spin_topk_copy", "eager_uninit_copy",
+         "graph_uninit_copy")
 
 
 def _triton_fill(case: str):
@@ -94,7 +106,7 @@ def _spin_writer(case, buf):
     dev = buf.device
     ids = torch.arange(8, dtype=torch.int32, device=dev).repeat(4, 1)
     counts = torch.full((4,), 8, dtype=torch.int32, device=dev)
-    if case.startswith("graph_spin_topk"):
+    if "spin_topk" in case:
         logits = torch.randn(4, 8 * 64, device=dev)
         ops.topk(logits, ids, counts, 1, 128, torch.empty_like(buf))   # loads the kernel
         return lambda: ops.topk(logits, ids, counts, 1, 128, buf)
@@ -112,11 +124,22 @@ def run_case(case: str) -> None:
         x = torch.randn(16, 512, device=dev, dtype=dtype)
         w = torch.randn(512, 1024, device=dev, dtype=dtype)
         out = torch.nn.functional.silu(x @ w)
-    elif case == "eager_uninit_copy":
-        # a fresh 64 MiB segment (cudaMalloc'd for it, never written): a copy from it must be
-        # reported, with tests/gpu/initcheck_suppressions.xml too
+    elif case.endswith("_uninit_copy"):
+        # from a fresh 64 MiB segment (cudaMalloc'd for it, never written): a true report, eager
+        # or captured; tests/gpu/initcheck_suppressions.xml hides the captured one
         fresh = torch.empty(16 << 20, dtype=torch.int32, device=dev)
-        out = fresh[-96:].clone()
+        out = torch.zeros(96, dtype=torch.int32, device=dev)
+        if case == "eager_uninit_copy":
+            out.copy_(fresh[-96:])
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out.copy_(fresh[-96:])
+            graph.replay()
+    elif case == "eager_spin_topk_copy":
+        buf = torch.empty(4, 128, dtype=torch.int32, device=dev)
+        _spin_writer(case, buf)()
+        out = buf.view(-1)[:96].clone()
     else:
         src = torch.arange(96, dtype=torch.int32, device=dev)
         out = torch.zeros(96, dtype=torch.int32, device=dev)
@@ -162,24 +185,26 @@ SUPPRESSIONS = Path(__file__).with_name("initcheck_suppressions.xml")
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    if args[:1] == ["--run"] and len(args) == 2 and args[1] in CASES:
-        run_case(args[1])
-        return 0
-    suppressed = "--suppressions" in args
-    cases = [a for a in args if a != "--suppressions"] or list(CASES)
-    unknown = [c for c in cases if c not in CASES]
+    ap = argparse.ArgumentParser(description="compute-sanitizer initcheck on minimal cases")
+    ap.add_argument("cases", nargs="*", metavar="CASE", help=f"default: all of {', '.join(CASES)}")
+    ap.add_argument("--suppressions", action="store_true",
+                    help=f"run initcheck with {SUPPRESSIONS.name}, as device_check.sh does")
+    ap.add_argument("--run", metavar="CASE", help="run one case here, unsanitized")
+    args = ap.parse_args()
+    unknown = [c for c in args.cases + ([args.run] if args.run else []) if c not in CASES]
     if unknown:
-        sys.exit(f"initcheck_repro: unknown case(s) {', '.join(unknown)}; "
-                 f"one of {', '.join(CASES)}")
+        ap.error(f"unknown case(s) {', '.join(unknown)}; one of {', '.join(CASES)}")
+    if args.run:
+        run_case(args.run)
+        return 0
     tool = ["compute-sanitizer", "--tool", "initcheck", "--print-limit", "1"]
-    if suppressed:
+    if args.suppressions:
         tool += ["--suppressions", str(SUPPRESSIONS)]
-    for case in cases:
+    for case in args.cases or CASES:
         log = subprocess.run(tool + [sys.executable, __file__, "--run", case],
                              capture_output=True, text=True).stdout
         summary = re.search(r"ERROR SUMMARY: (\d+) error", log)
-        print(f"{case:24s} {summary.group(1) if summary else '?'} reports under initcheck"
+        print(f"{case:28s} {summary.group(1) if summary else '?'} reports under initcheck"
               f"{'' if summary else ' (no summary: ' + log[-200:] + ')'}")
     return 0
 

@@ -289,12 +289,9 @@ class DSAtrtllmAttentionMetadata(TrtllmAttentionMetadata):
         rows = ng * next_n
         tokens = self.kv_lens_cuda[nc:nc + ng].long().repeat_interleave(next_n) - (
             next_n - 1 - torch.arange(next_n, device=self.kv_lens_cuda.device).repeat(ng))
-        # the same values as through a temporary, written in place: inside a captured graph a
-        # temporary's copy is a memcpy node, whose source compute-sanitizer initcheck seemed to
-        # check at the graph's launch, before the kernel that fills it runs (seen in the engine
-        # loop; tests/gpu/initcheck_repro.py gives a report of that form with spin's top-K as
-        # the writer, none with torch's; upstream's own on_update_kv_lens copies its
-        # kv_lens_expanded so)
+        # captured, this copy is a memcpy node whose source a kernel of the graph wrote, which
+        # compute-sanitizer initcheck may report at the graph's launch although it is written
+        # (tests/gpu/initcheck_repro.py); device_check.sh suppresses those reports
         self.kv_lens_expanded_cuda[:rows].copy_(self.get_indexer_kv_lens(tokens))
         self.block_table_expanded[:rows].view(ng, next_n, -1).copy_(
             self.indexer_k_cache_block_offsets[nc:nc + ng].unsqueeze(1).expand(-1, next_n, -1))
