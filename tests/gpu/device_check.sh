@@ -44,8 +44,9 @@
 # Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
 # skips that); plain also leaves it packed as $OUT/libspin_native.so.gz, with the digest of its
 # sources in $OUT/libspin_native.so.sources, for a later call.
-# Logs go to ${OUT:-/tmp/spin-gpu}; the sanitizer shards' to its shards/ folder, packed as
-# shards.tar.gz beside summary.txt.
+# Logs go to ${OUT:-/tmp/spin-gpu}: the builds', the summaries (plain's on stdout, kernels.json
+# and kernel_coverage.txt; sanitize's summary.txt and coverage_TOOL.txt) and every process's own
+# packed (plain.tar.gz, shards.tar.gz): at most 8 files a step (the device returns 8).
 # Needs third_party/deepgemm.tar.gz (tests/gpu/pack_deepgemm.sh) and .whl/ where pydantic is
 # missing.
 set -uo pipefail
@@ -81,35 +82,37 @@ if [ "$step" != sanitize ]; then
   # each) ran the tests 1.76x slower than one process alone (2026-12-06, an H100), and did not
   # finish in a call
   plain_threads=${OMP_NUM_THREADS:-$(( $(nproc) / n > 0 ? $(nproc) / n : 1 ))}
-  rm -f "$out"/kernels_*.json "$out"/gpu_tests_*.times "$out"/gpu_tests_*.log   # appended to
+  # every process's log, .times and kernel log (appended to: a fresh folder), packed at the end
+  procs="$out/plain"; rm -rf "$procs"; mkdir -p "$procs"
   start=$SECONDS
   # DeepGEMM compiles its kernels at first use: once here, not in every process at once (a
   # member of the queue: the tests it runs count, and no other process runs them again)
-  SPIN_TEST_QUEUE="$plain_queue" SPIN_KERNEL_LOG="$out/kernels_warmup.json" \
-    SPIN_TEST_TIMES="$out/gpu_tests_warmup.times" timeout 240 "${pytest[@]}" \
-    -m gpu tests/test_logits_backends.py > "$out/gpu_tests_warmup.log" 2>&1
+  SPIN_TEST_QUEUE="$plain_queue" SPIN_KERNEL_LOG="$procs/kernels_warmup.json" \
+    SPIN_TEST_TIMES="$procs/gpu_tests_warmup.times" timeout 240 "${pytest[@]}" \
+    -m gpu tests/test_logits_backends.py > "$procs/gpu_tests_warmup.log" 2>&1
   plain_limit=${PLAIN_LIMIT:-$(( ${CALL_LIMIT:-585} - SECONDS - 30 ))}
   [ "$plain_limit" -ge 60 ] || { echo "plain limit ${plain_limit} s: too little left"; exit 2; }
   for ((i = 0; i < n; i++)); do
     (
       OMP_NUM_THREADS=$plain_threads SPIN_TEST_QUEUE="$plain_queue" \
         SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
-        SPIN_KERNEL_LOG="$out/kernels_$i.json" SPIN_TEST_TIMES="$out/gpu_tests_$i.times" \
-        timeout "$plain_limit" "${pytest[@]}" -m gpu tests/ > "$out/gpu_tests_$i.log" 2>&1
-      echo "plain process $i/$n: rc=$? (124: over ${plain_limit}s)" >> "$out/gpu_tests_$i.log"
+        SPIN_KERNEL_LOG="$procs/kernels_$i.json" SPIN_TEST_TIMES="$procs/gpu_tests_$i.times" \
+        timeout "$plain_limit" "${pytest[@]}" -m gpu tests/ > "$procs/gpu_tests_$i.log" 2>&1
+      echo "plain process $i/$n: rc=$? (124: over ${plain_limit}s)" >> "$procs/gpu_tests_$i.log"
     ) &
   done
   wait; rm -rf "$plain_queue"
-  for log in "$out"/gpu_tests_*.log; do
+  for log in "$procs"/gpu_tests_*.log; do
     echo "$(grep -E "passed|failed" "$log" | tail -1) | $(tail -1 "$log")"
   done
-  grep -hE " (failed|error) " "$out"/gpu_tests_*.times
-  echo "plain: $(cat "$out"/gpu_tests_*.times | grep -c " passed ") passed," \
-    "$(cat "$out"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed or errors" \
+  grep -hE " (failed|error) " "$procs"/gpu_tests_*.times
+  echo "plain: $(cat "$procs"/gpu_tests_*.times | grep -c " passed ") passed," \
+    "$(cat "$procs"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed or errors" \
     "($((SECONDS - start)) s)"
-  python3 tests/gpu/kernel_coverage.py "$out"/kernels_*.json spin_trtllm/libspin_native.so \
+  python3 tests/gpu/kernel_coverage.py "$procs"/kernels_*.json spin_trtllm/libspin_native.so \
     --merged "$out/kernels.json" > "$out/kernel_coverage.txt" 2>&1
   tail -1 "$out/kernel_coverage.txt"
+  tar -czf "$out/plain.tar.gz" -C "$out" plain && rm -rf "$procs"
 fi
 [ "$step" = plain ] && exit 0
 
@@ -155,7 +158,7 @@ limit=${SANITIZER_LIMIT:-$left}
 echo "sanitizer limit: $limit s"
 start=$SECONDS
 read -ra opts <<< "$only_spin"
-shard_dir="$out/shards"; mkdir -p "$shard_dir"   # top level: the summary and one archive of these
+shard_dir="$out/shards"; rm -rf "$shard_dir"; mkdir -p "$shard_dir"   # packed at the end
 queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
 trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
@@ -217,4 +220,4 @@ for tool in "${tools[@]}"; do
   fi
 done 2>&1 | tee "$out/summary.txt"
 echo "sanitizers: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
-tar -czf "$out/shards.tar.gz" -C "$out" shards
+tar -czf "$out/shards.tar.gz" -C "$out" shards && rm -rf "$shard_dir"
