@@ -8,8 +8,8 @@
 # tree's GPU top-K and compact tests run first (TEST_LIMIT s, default 180); then bench_topk runs
 # with each library in turn, ROUNDS rounds (default 1) interleaved, and the medians of one CTA
 # a row (spin_us) and the filter (filter_us) are printed per case and build, beside
-# TensorRT-LLM's kernel where
-# third_party/trtllm_topk.tar.gz is there (its build.sh makes the trtllm_topk_peer module).
+# TensorRT-LLM's kernel where third_party/trtllm_topk.tar.gz is there (its build.sh makes the
+# trtllm_topk_peer module).
 # Default cases: the 24 of RESULTS §4 (8/32/96 x 32K/128K, next_n 1/2, all and half).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -78,9 +78,11 @@ def split(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("batch,slots,next_n", [(1, 1, 1), (2, 100, 2), (3, 64 * 70 + 5, 1)])
-def test_inputs_cache_layout_and_spread_across_chunks(inputs_module, monkeypatch, batch, slots, next_n):
+def test_inputs_cache_layout_and_spread_across_chunks(inputs_module, monkeypatch, batch, slots,
+                                                      next_n):
     monkeypatch.setattr(inputs_module, "KEY_DRAW_PAGES", 16)   # many chunks at a small size
-    (cache, table, q, w), = inputs_module.make_inputs(batch, slots, next_n, 1, seed=4, device="cpu")[0]
+    (cache, table, q, w), = inputs_module.make_inputs(batch, slots, next_n, 1, seed=4,
+                                                      device="cpu")[0]
     pages = -(-slots // 64)
     assert cache.shape == (batch * pages, 64, 1, 132) and cache.dtype == torch.uint8
     assert sorted(table.flatten().tolist()) == list(range(batch * pages))

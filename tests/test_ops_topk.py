@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from spin_trtllm import SpinError, ops
+from spin_trtllm.testing.triton_pdl import triton_with_pdl
 
 # GPU tests must run the kernels (SPIN_REQUIRE_NATIVE=1), and spin's own top-K (bit for bit)
 pytestmark = pytest.mark.usefixtures("require_native", "spins_own_topk")
@@ -420,17 +421,12 @@ def test_topk_filters_states_the_bindings_rule(monkeypatch, mode, rows, blocks, 
 def _early_release_copy():
     """A Triton kernel that lets the kernel after it start at once (griddepcontrol
     .launch_dependents), then copies src into dst after a delay of `spins` dependent FMAs: the
-    producer a top-K launched beside its predecessor must wait for. None below Triton 3.6, where
-    this test was seen to fail against a top-K without its wait (older ones may drop the call,
-    a pure inline asm whose result is unused, and the test would check nothing)."""
-    try:
-        import triton
-        import triton.language as tl
-        tl.extra.cuda.gdc_launch_dependents           # noqa: B018
-    except (ImportError, AttributeError):
+    producer a top-K launched beside its predecessor must wait for. None without Triton 3.6
+    (triton_with_pdl), where this test was seen to fail against a top-K without its wait."""
+    found = triton_with_pdl()
+    if isinstance(found, str):
         return None
-    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 6):
-        return None
+    triton, tl = found
 
     @triton.jit
     def copy_late(src, dst, n, spins, BLOCK: tl.constexpr):

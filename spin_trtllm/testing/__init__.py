@@ -4,5 +4,6 @@ dsa-lite schedules and the TensorRT-LLM stand-in's building blocks and dense ref
 
 The package's runtime code never imports spin_trtllm.testing; these modules may import torch and
 any spin_trtllm module. Import the submodule you need (spin_trtllm.testing.pages, .problems,
-.compare, .traces, .hash_oracle, .harness, .standin): nothing is imported here.
+.compare, .traces, .hash_oracle, .harness, .standin, .triton_pdl): nothing is imported
+here.
 """

@@ -74,14 +74,19 @@ if [ "$step" != sanitize ]; then
   native_sources > "$out/libspin_native.so.sources"
 fi
 pytest=(python3 -m pytest -q -p no:cacheprovider -rs)
+# torch's CPU threads for each of N processes: a core's share (OMP_NUM_THREADS overrides). At
+# torch's default every process starts a thread per core: 3 plain processes so ran the tests
+# 1.76x slower than one alone (2026-12-06, an H100), and a dozen sanitizer shards fought over
+# the cores for their tests' CPU references
+threads_each() {
+  local share=$(( $(nproc) / $1 ))
+  echo "${OMP_NUM_THREADS:-$(( share > 0 ? share : 1 ))}"
+}
 
 if [ "$step" != sanitize ]; then
   # PLAIN_SHARDS processes share the tests out, the longest first
   n=${PLAIN_SHARDS:-4} plain_queue=$(mktemp -d)
-  # a core's share of torch's CPU threads each: 3 processes at torch's default (16 threads
-  # each) ran the tests 1.76x slower than one process alone (2026-12-06, an H100), and did not
-  # finish in a call
-  plain_threads=${OMP_NUM_THREADS:-$(( $(nproc) / n > 0 ? $(nproc) / n : 1 ))}
+  plain_threads=$(threads_each "$n")
   # every process's log, .times and kernel log (appended to: a fresh folder), packed at the end
   procs="$out/plain"; rm -rf "$procs"; mkdir -p "$procs"
   start=$SECONDS
@@ -144,10 +149,7 @@ if [[ " ${tools[*]} " == *" initcheck "* ]] &&
   exit 2
 fi
 echo "sanitizer processes: $shards per share, $shares shares ($(nproc) cores, $gpu_gib GiB)"
-# a core's share of torch's CPU threads each, as in plain: at torch's default every process
-# would start a thread per core (the CPU references of the tests run in them)
-per_process=$(( $(nproc) / (shards * shares) ))
-sanitizer_threads=${OMP_NUM_THREADS:-$(( per_process > 0 ? per_process : 1 ))}
+sanitizer_threads=$(threads_each $((shards * shares)))
 # DeepGEMM compiles its kernels at first use: once here, not in every sanitized shard at once
 [ $real_deepgemm = 1 ] && timeout 240 "${pytest[@]}" -m "gpu and not large" \
   tests/test_logits_backends.py tests/test_trtllm_standin.py > "$out/deepgemm_warmup.log" 2>&1

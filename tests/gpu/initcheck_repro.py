@@ -65,17 +65,14 @@ def _triton_fill(case: str):
     for its predecessor (griddepcontrol.wait) and is launched as a programmatic dependent
     launch; graph_early_release_copy: it lets its dependents start at once
     (griddepcontrol.launch_dependents), then writes. Compiled here, outside any capture; exits
-    with a message below Triton 3.6 (older ones may drop the grid-dependency calls: pure inline
-    asm whose result is unused)."""
+    with a message without Triton 3.6 (triton_with_pdl)."""
     import torch
-    try:
-        import triton
-        import triton.language as tl
-        tl.extra.cuda.gdc_wait, tl.extra.cuda.gdc_launch_dependents   # noqa: B018
-    except (ImportError, AttributeError):
-        sys.exit(f"{case}: needs Triton 3.6 or later")
-    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 6):
-        sys.exit(f"{case}: needs Triton 3.6 or later, found {triton.__version__}")
+    from spin_trtllm.testing.triton_pdl import triton_with_pdl
+
+    found = triton_with_pdl()
+    if isinstance(found, str):
+        sys.exit(f"{case}: {found}")
+    triton, tl = found
 
     @triton.jit
     def fill(dst, n, WAIT: tl.constexpr, RELEASE: tl.constexpr, BLOCK: tl.constexpr):

@@ -90,9 +90,9 @@ def main() -> int:
     # the tests each file shows as run (passed or not: the kernels ran under the tool), no skips
     ran = set(known_seconds(args.ran)) if args.ran else None
     kernels = library_kernels(args.library)
-    readable = dict(zip(kernels, demangle(kernels)))
-    tests = coverage(launched, list(readable.values()), ran)
-    stale = not_in_library(launched, list(readable.values()))
+    names = demangle(kernels)
+    tests = coverage(launched, names, ran)
+    stale = not_in_library(launched, names)
     if stale:
         print(f"STALE KERNEL LOG: {len(stale)} of its spin kernels are not in {args.library} "
               f"(built from other sources: run `tests/gpu/device_check.sh plain` again for a "
