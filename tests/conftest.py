@@ -3,7 +3,6 @@ and the fixtures several test modules share. Helpers that tests import live in
 spin_trtllm.testing (no test module imports another)."""
 
 import importlib
-import json
 import os
 import zlib
 from pathlib import Path
@@ -15,9 +14,9 @@ from spin_trtllm.testing.standin import SPIN_MODULES, imported_standin
 from spin_trtllm.testing.traces import make_trace
 
 STANDIN = Path(__file__).resolve().parent / "trtllm_standin"
-# SPIN_TEST_TIMES=FILE; SPIN_TEST_QUEUE=DIR, SPIN_TEST_ORDER=FILE[:FILE...]
+# SPIN_TEST_TIMES=FILE; SPIN_TEST_QUEUE=DIR, SPIN_TEST_ORDER=FILE[:FILE...]; SPIN_KERNEL_LOG=FILE
 pytest_plugins = ["pytester", "spin_trtllm.testing.times_plugin",
-                  "spin_trtllm.testing.queue_plugin"]
+                  "spin_trtllm.testing.queue_plugin", "spin_trtllm.testing.kernel_log"]
 
 
 def shard_of(spec: str) -> tuple[int, int]:
@@ -48,39 +47,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu, append=False)
-
-
-def pytest_configure(config):
-    if os.environ.get("SPIN_KERNEL_LOG") and torch.cuda.is_available():
-        config.pluginmanager.register(KernelLog(os.environ["SPIN_KERNEL_LOG"]), "spin_kernel_log")
-
-
-class KernelLog:
-    """SPIN_KERNEL_LOG=FILE: each CUDA kernel the tests not marked large (the ones
-    tests/gpu/device_check.sh sanitizes) launched (torch.profiler, kernels inside CUDA graphs
-    included) with the tests that launched it, as JSON for tests/gpu/kernel_coverage.py,
-    rewritten after every test so that a run cut off at its limit leaves what it saw."""
-
-    def __init__(self, path: str):
-        self.path, self.tests = path, {}
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(self, item):
-        from torch.profiler import ProfilerActivity, profile
-
-        if item.get_closest_marker("large") is not None:   # not sanitized: not counted
-            yield
-        else:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                yield
-                torch.cuda.synchronize()
-            # the raw events: prof.events() builds a Python tree of every launch, minutes for
-            # the engine tests' thousands of steps
-            cuda = torch.autograd.DeviceType.CUDA
-            for name in {e.name() for e in prof.profiler.kineto_results.events()
-                         if e.device_type() == cuda}:
-                self.tests.setdefault(name, []).append(item.nodeid)
-            Path(self.path).write_text(json.dumps(self.tests, indent=1, sort_keys=True))
 
 
 @pytest.fixture

@@ -110,3 +110,16 @@ def test_a_log_naming_spin_kernels_the_library_lacks_is_called_stale(kc, tmp_pat
     assert ("STALE KERNEL LOG: 1 of its spin kernels" in out) == renamed
     assert (LOG_NAMES[1] in out) == renamed
     assert kc.not_in_library(log, library) == ([LOG_NAMES[1]] if renamed else [])
+
+
+def test_a_kernel_log_started_again_on_its_file_keeps_what_it_held(tmp_path):
+    # a test process restarted over its memory cap (SPIN_TEST_RESTART) writes the same file
+    from spin_trtllm.testing.kernel_log import KernelLog
+
+    path = tmp_path / "kernels.json"
+    first = KernelLog(str(path))
+    first.record({"k1", "k2"}, "t.py::a")
+    again = KernelLog(str(path))
+    again.record({"k2", "k3"}, "t.py::b")
+    assert json.loads(path.read_text()) == {"k1": ["t.py::a"], "k2": ["t.py::a", "t.py::b"],
+                                            "k3": ["t.py::b"]}

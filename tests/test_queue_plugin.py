@@ -1,10 +1,13 @@
 """SPIN_TEST_QUEUE=DIR: processes started together run each test once between them, whoever
-claims it first; SPIN_TEST_ORDER starts the longest known tests first, modules kept whole."""
+claims it first; SPIN_TEST_ORDER starts the longest known tests first, modules kept whole;
+SPIN_TEST_MEMORY_CAP stops a process that holds too much GPU memory, for a fresh one."""
 
 import os
 import subprocess
 import sys
 from types import SimpleNamespace
+
+import pytest
 
 from spin_trtllm.testing.queue_plugin import CLAIMED, known_seconds, longest_first
 
@@ -107,3 +110,64 @@ def test_each_test_gives_back_the_gpu_memory_torch_keeps_cached(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(False, emptied))
     queue.pytest_runtest_teardown(item)
     assert emptied == [1, 1]
+
+
+LEAKY_TESTS = """
+import sys, types, pytest
+
+# each test leaves 1 GiB behind in its process, as the engine tests do under compute-sanitizer
+held = [0]
+cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: None,
+                             memory_allocated=lambda: held[0] * 2**30)
+sys.modules["torch"] = types.SimpleNamespace(cuda=cuda)
+
+@pytest.mark.parametrize("i", range(10))
+def test_case(i):
+    held[0] += 1
+    with open("ran.txt", "a") as log:
+        log.write(f"{i}\\n")
+"""
+
+
+def test_a_process_over_its_memory_cap_stops_and_a_fresh_one_goes_on(pytester, tmp_path):
+    # what device_check.sh's loop does: start again while the restart file says so
+    pytester.makepyfile(test_leaky=LEAKY_TESTS)
+    restart = tmp_path / "restart"
+    env = dict(os.environ, SPIN_TEST_QUEUE=str(tmp_path / "queue"), SPIN_TEST_MEMORY_CAP="2.5",
+               SPIN_TEST_RESTART=str(restart))
+    env.pop("SPIN_TEST_TIMES", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "spin_trtllm.testing.queue_plugin", "test_leaky.py"]
+    reasons, runs = [], 0
+    while True:
+        restart.unlink(missing_ok=True)
+        out = subprocess.run(cmd, cwd=pytester.path, env=env, capture_output=True, text=True,
+                             timeout=120)
+        runs += 1
+        if not restart.exists():
+            assert out.returncode == 0, out.stdout
+            break
+        assert out.returncode == 2 and "Interrupted" in out.stdout, out.stdout   # not a failure
+        reasons.append(restart.read_text())
+        assert runs < 10, reasons
+    ran = [int(x) for x in (pytester.path / "ran.txt").read_text().split()]
+    assert sorted(ran) == list(range(10))          # each test once, none lost at a stop
+    assert runs == 4                               # 3 tests a process reach 3 GiB > 2.5
+    assert "3.0 GiB of GPU memory still held after test_leaky.py::test_case[2]" in reasons[0]
+    assert "test_case[5]" in reasons[1] and "cap 2.5 GiB" in reasons[1]
+
+
+@pytest.mark.parametrize("cap,restart", [("2", None), (None, "r"), ("0", "r"), ("-1", "r"),
+                                         ("lots", "r"), ("nan", "r"), ("inf", "r")])
+def test_a_memory_cap_needs_a_restart_file_and_a_positive_size(monkeypatch, cap, restart):
+    from spin_trtllm.testing.queue_plugin import memory_cap
+    for name, value in (("SPIN_TEST_MEMORY_CAP", cap), ("SPIN_TEST_RESTART", restart)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    with pytest.raises(pytest.UsageError, match="SPIN_TEST_MEMORY_CAP"):
+        memory_cap()
+    monkeypatch.setenv("SPIN_TEST_MEMORY_CAP", "2.5")
+    monkeypatch.setenv("SPIN_TEST_RESTART", "r")
+    assert memory_cap() == (2.5, "r")

@@ -39,6 +39,8 @@
 # unchecked: it reports some that a kernel of the same graph wrote (the engine loop's warm-up;
 # initcheck_repro.py's graph_spin_topk_copy, where the copy equals what was written).
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
+# A test process that still holds more than memory_cap's GiB of GPU memory after a test stops,
+# and run_queue starts a fresh one on the same queue (TEST_MEMORY_CAP=GIB overrides the cap).
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
 # Each step builds the native library first (SPIN_NATIVE_PREBUILT in tests/gpu/device_env.sh
@@ -83,6 +85,37 @@ threads_each() {
   echo "${OMP_NUM_THREADS:-$(( share > 0 ? share : 1 ))}"
 }
 
+gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
+# GPU memory a test process may still hold after a test, for N processes: half a process's share
+# of the GPU (the other half for the test it runs next); past it the process stops and a fresh one
+# takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py): under
+# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees
+memory_cap() {
+  local cap=$(( gpu_gib / (2 * $1) ))
+  echo "${TEST_MEMORY_CAP:-$(( cap > 0 ? cap : 1 ))}"
+}
+# run_queue END LOG CAP CMD...: CMD (a pytest process of a SPIN_TEST_QUEUE), its output appended
+# to LOG, started again whenever it stopped over CAP GiB, until the queue is drained or $SECONDS
+# reaches END. Returns 9 if any run found sanitizer errors (--error-exitcode 9), else the last
+# run's status (124: cut off at END).
+run_queue() {
+  local end=$1 log=$2 cap=$3 restart rc found=0; shift 3
+  restart=$(mktemp -u)
+  while :; do
+    rm -f "$restart"
+    [ $((end - SECONDS)) -gt 0 ] || { rc=124; break; }
+    SPIN_TEST_MEMORY_CAP=$cap SPIN_TEST_RESTART=$restart timeout $((end - SECONDS)) "$@" \
+      >> "$log" 2>&1
+    rc=$?
+    [ $rc = 9 ] && found=9
+    [ -f "$restart" ] || break
+    echo "process restarted: $(cat "$restart")" >> "$log"
+  done
+  rm -f "$restart"
+  [ $found = 9 ] && return 9
+  return $rc
+}
+
 if [ "$step" != sanitize ]; then
   # PLAIN_SHARDS processes share the tests out, the longest first
   n=${PLAIN_SHARDS:-4} plain_queue=$(mktemp -d)
@@ -102,7 +135,8 @@ if [ "$step" != sanitize ]; then
       OMP_NUM_THREADS=$plain_threads SPIN_TEST_QUEUE="$plain_queue" \
         SPIN_TEST_ORDER=tests/gpu/sanitizer_order/plain.times \
         SPIN_KERNEL_LOG="$procs/kernels_$i.json" SPIN_TEST_TIMES="$procs/gpu_tests_$i.times" \
-        timeout "$plain_limit" "${pytest[@]}" -m gpu tests/ > "$procs/gpu_tests_$i.log" 2>&1
+        run_queue $((SECONDS + plain_limit)) "$procs/gpu_tests_$i.log" "$(memory_cap "$n")" \
+        "${pytest[@]}" -m gpu tests/
       echo "plain process $i/$n: rc=$? (124: over ${plain_limit}s)" >> "$procs/gpu_tests_$i.log"
     ) &
   done
@@ -113,7 +147,8 @@ if [ "$step" != sanitize ]; then
   grep -hE " (failed|error) " "$procs"/gpu_tests_*.times
   echo "plain: $(cat "$procs"/gpu_tests_*.times | grep -c " passed ") passed," \
     "$(cat "$procs"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed or errors" \
-    "($((SECONDS - start)) s)"
+    "($((SECONDS - start)) s, $(cat "$procs"/gpu_tests_*.log | grep -c "^process restarted")" \
+    "restarts)"
   python3 tests/gpu/kernel_coverage.py "$procs"/kernels_*.json spin_trtllm/libspin_native.so \
     --merged "$out/kernels.json" > "$out/kernel_coverage.txt" 2>&1
   tail -1 "$out/kernel_coverage.txt"
@@ -137,7 +172,6 @@ for tool in "${tools[@]}"; do
     *) shares=$((shares + 1)) share_gib=$((share_gib + 8));;
   esac
 done
-gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
 by_cores=$(( $(nproc) / shares )) by_memory=$(( gpu_gib / share_gib ))
 shards=$(( by_cores < by_memory ? by_cores : by_memory ))
 shards=${SANITIZER_SHARDS:-$(( shards > 0 ? shards : 1 ))}
@@ -158,7 +192,8 @@ left=$(( ${CALL_LIMIT:-585} - SECONDS - 45 )); [ "$step" = all ] && left=480
 limit=${SANITIZER_LIMIT:-$left}
 [ "$limit" -ge 60 ] || { echo "sanitizer limit ${limit} s: CALL_LIMIT leaves too little"; exit 2; }
 echo "sanitizer limit: $limit s"
-start=$SECONDS
+start=$SECONDS end=$((SECONDS + limit)) cap=$(memory_cap $((shards * shares)))
+echo "GPU memory a process may keep after a test: $cap GiB"
 read -ra opts <<< "$only_spin"
 shard_dir="$out/shards"; rm -rf "$shard_dir"; mkdir -p "$shard_dir"   # packed at the end
 queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
@@ -184,11 +219,10 @@ for tool in "${tools[@]}"; do
       OMP_NUM_THREADS=$sanitizer_threads \
         SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
-        timeout "$limit" compute-sanitizer --tool "$tool" \
+        run_queue "$end" "$shard_dir/${tool}_$i.log" "$cap" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
         --print-limit 20 "${tool_opts[@]}" \
-        "${pytest[@]}" -m "$marks" \
-        ${SANITIZE_PATHS:-tests/} > "$shard_dir/${tool}_$i.log" 2>&1
+        "${pytest[@]}" -m "$marks" ${SANITIZE_PATHS:-tests/}
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$shard_dir/${tool}_$i.log"
     ) &
@@ -211,7 +245,8 @@ for tool in "${tools[@]}"; do
   done
   grep -hE "(ERROR|RACECHECK) SUMMARY" "$shard_dir/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
   echo "$tool: $(reports "$shard_dir/${tool}"_*.log | wc -l) reports in all shards' logs;" \
-    "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran; slowest:"
+    "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran;" \
+    "$(cat "$shard_dir/${tool}"_*.log | grep -c "^process restarted") restarts; slowest:"
   reports "$shard_dir/${tool}"_*.log | sed -E 's/ (at|to) 0x[0-9a-f]+//g' | sort | uniq -c | head -5
   cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -v " skipped " | sort -rn | head -15
   if [ -n "${KERNEL_LOG:-}" ]; then

@@ -3,9 +3,9 @@
     python3 tests/gpu/kernel_coverage.py KERNEL_LOG.json [...] spin_trtllm/libspin_native.so \
         [--ran TIMES...] [--merged FILE]
 
-KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set (tests/conftest.py): the tests
-that compute-sanitizer runs (all but those marked large); several (one per process of a plain
-run) count together, and --merged writes them as one log for a later call's KERNEL_LOG. The
+KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set
+(spin_trtllm/testing/kernel_log.py): the tests that compute-sanitizer runs (all but those marked
+large); several (one per process of a plain run) count together, and --merged writes them as one log for a later call's KERNEL_LOG. The
 library's kernels (every template instance) are the entry functions of its sm_90a code, read with
 cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
 launched, or if the log names spin kernels the library lacks (a stale log). With --ran, only
