@@ -72,12 +72,15 @@ def test_main_fails_when_a_kernel_went_unchecked(kc, tmp_path, monkeypatch, caps
 
 
 def test_logs_of_several_processes_count_together_and_merge(kc, tmp_path, monkeypatch, capsys):
-    # a plain run's processes: one saw both kernels, one test's launches are in both logs
+    # a plain run's processes: one saw both kernels, one test's launches are in both logs; the
+    # merged log keeps the library's kernels only
     first, second = tmp_path / "kernels_0.json", tmp_path / "kernels_1.json"
     first.write_text(json.dumps({LOG_NAMES[0]: ["tests/b.py::test_engine"]}))
     second.write_text(json.dumps({LOG_NAMES[0]: ["tests/b.py::test_engine",
                                                   "tests/a.py::test_logits[4]"],
-                                  LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"]}))
+                                  LOG_NAMES[1]: ["tests/c.py::test_topk_cluster"],
+                                  "void at::native::vectorized_elementwise_kernel<4>(int)":
+                                      ["tests/b.py::test_engine"]}))
     merged = tmp_path / "kernels.json"
     monkeypatch.setattr(kc, "library_kernels", lambda lib: LIBRARY[:2])
     monkeypatch.setattr(kc, "demangle", lambda names: names)

@@ -5,11 +5,14 @@ SPIN_TEST_MEMORY_CAP stops a process that holds too much GPU memory, for a fresh
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from spin_trtllm.testing.queue_plugin import CLAIMED, known_seconds, longest_first
+from spin_trtllm.testing.queue_plugin import CLAIMED, LEFT, known_seconds, longest_first
+
+REPO = Path(__file__).resolve().parents[1]
 
 TESTS = """
 import os, time, pytest
@@ -132,12 +135,13 @@ def test_case(i):
 def test_a_process_over_its_memory_cap_stops_and_a_fresh_one_goes_on(pytester, tmp_path):
     # what device_check.sh's loop does: start again while the restart file says so
     pytester.makepyfile(test_leaky=LEAKY_TESTS)
-    restart = tmp_path / "restart"
+    restart, times = tmp_path / "restart", tmp_path / "leaky.times"
     env = dict(os.environ, SPIN_TEST_QUEUE=str(tmp_path / "queue"), SPIN_TEST_MEMORY_CAP="2.5",
-               SPIN_TEST_RESTART=str(restart))
-    env.pop("SPIN_TEST_TIMES", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-           "spin_trtllm.testing.queue_plugin", "test_leaky.py"]
+               SPIN_TEST_RESTART=str(restart), SPIN_TEST_TIMES=str(times),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p",
+           "spin_trtllm.testing.queue_plugin", "-p", "spin_trtllm.testing.times_plugin",
+           "test_leaky.py"]
     reasons, runs = [], 0
     while True:
         restart.unlink(missing_ok=True)
@@ -148,13 +152,21 @@ def test_a_process_over_its_memory_cap_stops_and_a_fresh_one_goes_on(pytester, t
             assert out.returncode == 0, out.stdout
             break
         assert out.returncode == 2 and "Interrupted" in out.stdout, out.stdout   # not a failure
+        assert LEFT in out.stdout
         reasons.append(restart.read_text())
         assert runs < 10, reasons
     ran = [int(x) for x in (pytester.path / "ran.txt").read_text().split()]
     assert sorted(ran) == list(range(10))          # each test once, none lost at a stop
     assert runs == 4                               # 3 tests a process reach 3 GiB > 2.5
-    assert "3.0 GiB of GPU memory still held after test_leaky.py::test_case[2]" in reasons[0]
-    assert "test_case[5]" in reasons[1] and "cap 2.5 GiB" in reasons[1]
+    assert reasons[0].startswith("3.0 GiB of GPU memory held after 3 tests, before "
+                                 "test_leaky.py::test_case[3] (cap 2.5 GiB)")
+    assert "before test_leaky.py::test_case[6]" in reasons[1]
+    # every test passed once in the times file (the tests that stopped a process too); the
+    # other lines are skips: claimed by an earlier process, or left to the next
+    lines = [line.split() for line in times.read_text().splitlines()]
+    assert sorted(x[3] for x in lines if x[2] == "passed") == \
+        sorted(f"test_leaky.py::test_case[{i}]" for i in range(10))
+    assert {x[2] for x in lines} == {"passed", "skipped"}
 
 
 @pytest.mark.parametrize("cap,restart", [("2", None), (None, "r"), ("0", "r"), ("-1", "r"),

@@ -9,9 +9,11 @@ SPIN_TEST_ORDER=FILE[:FILE...] (SPIN_TEST_TIMES files of an earlier run) starts 
 first. Modules are ordered by their known total, and tests within a module by their own. A module
 stays contiguous, so its module-scoped fixtures are set up once per process that runs any of it.
 
-SPIN_TEST_MEMORY_CAP=GIB with SPIN_TEST_RESTART=FILE: a process that still holds more than GIB
-of GPU memory (torch's live tensors) after a test stops there and writes why to FILE, so that
-its caller starts a fresh process on the same queue (tests/gpu/device_check.sh does). Under
+SPIN_TEST_MEMORY_CAP=GIB with SPIN_TEST_RESTART=FILE (and SPIN_TEST_QUEUE): a process that
+holds more than GIB of GPU memory (torch's live tensors, those of the module fixtures the next
+test shares included) before a test it would claim leaves that test unclaimed, stops, and writes
+why to FILE, so that its caller starts a fresh process on the same queue (device_check.sh does).
+Every process runs at least one test, so a restarted run always gets on. Under
 compute-sanitizer the dsa-lite engine tests leave tensors alive that a plain run frees (on an
 H100, memcheck: 3.3 GiB after one engine test, 6.6 after two; without it 0.06): the tensors are
 locals of finished frames of the model's functions, which a reference that Python's collector
@@ -30,6 +32,7 @@ import pytest
 from .times_plugin import LINE as TIMES_LINE
 
 CLAIMED = "run by another process of SPIN_TEST_QUEUE"
+LEFT = "left to a fresh process of SPIN_TEST_QUEUE (this one is over SPIN_TEST_MEMORY_CAP)"
 
 
 def known_seconds(paths: list[str]) -> dict[str, float]:
@@ -68,6 +71,7 @@ class TestQueue:
                  restart_file: str | None = None):
         self.directory = directory
         self.memory_cap_gib, self.restart_file = memory_cap_gib, restart_file
+        self.ran = 0      # tests this process claimed: a fresh one runs at least one
         os.makedirs(directory, exist_ok=True)
 
     def claim(self, nodeid: str) -> bool:
@@ -78,11 +82,32 @@ class TestQueue:
             return False
         return True
 
-    # first, as the skip marks: a test another process claimed sets up no fixture here
+    # first, as the skip marks: a test another process claimed sets up no fixture here. A
+    # process over its memory cap claims no more: this test is left to a fresh process, and
+    # pytest, stopping, tears every fixture down in this test's teardown (errors reported there)
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item) -> None:
+        if self.ran and self.over_memory_cap(item):
+            pytest.skip(LEFT)
         if not self.claim(item.nodeid):
             pytest.skip(CLAIMED)
+        self.ran += 1
+
+    def over_memory_cap(self, item) -> bool:
+        """Whether this process holds more GPU memory than its cap before `item`; if so, the
+        reason goes to the restart file and the session stops after `item`'s teardown."""
+        torch = sys.modules.get("torch")
+        if self.memory_cap_gib is None or torch is None or not torch.cuda.is_initialized():
+            return False
+        held = torch.cuda.memory_allocated() / 2**30
+        if held <= self.memory_cap_gib:
+            return False
+        reason = (f"{held:.1f} GiB of GPU memory held after {self.ran} tests, before "
+                  f"{item.nodeid} (cap {self.memory_cap_gib:g} GiB): a fresh process goes on")
+        with open(self.restart_file, "w") as note:
+            note.write(reason + "\n")
+        item.session.shouldstop = reason
+        return True
 
     # The processes share one GPU: each gives back the memory torch's allocator keeps cached
     # after a test, so that a process holds about what its current test needs, not the most
@@ -90,18 +115,8 @@ class TestQueue:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item) -> None:
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
-            return
-        torch.cuda.empty_cache()
-        if self.memory_cap_gib is None:
-            return
-        held = torch.cuda.memory_allocated() / 2**30
-        if held > self.memory_cap_gib:
-            reason = (f"{held:.1f} GiB of GPU memory still held after {item.nodeid} (cap "
-                      f"{self.memory_cap_gib:g} GiB): a fresh process takes the queue on")
-            with open(self.restart_file, "w") as note:
-                note.write(reason + "\n")
-            item.session.shouldstop = reason
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def pytest_configure(config) -> None:

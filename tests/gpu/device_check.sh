@@ -19,9 +19,10 @@
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # SANITIZE_PATHS="tests/test_ops_topk.py ..." (default tests/) narrows `sanitize` to those test
 # files: after a change to one kernel, its tests under every tool in one call, not the suite's.
-# With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call) `sanitize` also
-# lists, per tool, the library's kernels that the tests it ran launched (coverage_TOOL.txt):
-# every kernel instance must show up under every tool.
+# With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call; while the kernels
+# are those of a7eb71c, tests/gpu/sanitizer_order/kernels.json) `sanitize` also lists, per tool,
+# the library's kernels that the tests it ran launched (coverage_TOOL.txt): every kernel instance
+# must show up under every tool (kernel_coverage.py calls a log of other kernels stale).
 # Never run two steps at once: on 16 cores, plain beside 15 sanitizer processes finished 13 tests
 # in 390 s (alone: 312 tests in 371 s). Every test's seconds and outcome go to a .times file
 # (SPIN_TEST_TIMES) as it ends, so a step cut off at its limit still shows what it covered.
@@ -39,7 +40,7 @@
 # unchecked: it reports some that a kernel of the same graph wrote (the engine loop's warm-up;
 # initcheck_repro.py's graph_spin_topk_copy, where the copy equals what was written).
 # Only the test process is sanitized: the second processes some tests start run the same kernels.
-# A test process that still holds more than memory_cap's GiB of GPU memory after a test stops,
+# A test process that holds more than memory_cap's GiB of GPU memory before its next test stops,
 # and run_queue starts a fresh one on the same queue (TEST_MEMORY_CAP=GIB overrides the cap).
 # `sanitize` runs the stand-in's torch emulation of DeepGEMM unless SANITIZE_DEEPGEMM=real (the
 # tests that need DeepGEMM itself skip there); `plain` and `all` build and run DeepGEMM.
@@ -86,32 +87,39 @@ threads_each() {
 }
 
 gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
-# GPU memory a test process may still hold after a test, for N processes: half a process's share
-# of the GPU (the other half for the test it runs next); past it the process stops and a fresh one
+# GPU memory a test process may hold before its next test, for N processes: half a process's
+# share of the GPU (the other half for that test); past it the process stops and a fresh one
 # takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py): under
-# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees
+# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees.
+# All four tools on an H100 (79 GiB, 10 processes): 3 GiB, a restart after each engine test.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
   echo "${TEST_MEMORY_CAP:-$(( cap > 0 ? cap : 1 ))}"
 }
+cap_given=${TEST_MEMORY_CAP:-1}
+[[ "$cap_given" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ && "$cap_given" =~ [1-9] ]] ||
+  { echo "TEST_MEMORY_CAP must be a positive number of GiB, got '$TEST_MEMORY_CAP'"; exit 2; }
+[[ "${PLAIN_SHARDS:-4}" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "PLAIN_SHARDS must be a positive integer, got '$PLAIN_SHARDS'"; exit 2; }
 # run_queue END LOG CAP CMD...: CMD (a pytest process of a SPIN_TEST_QUEUE), its output appended
 # to LOG, started again whenever it stopped over CAP GiB, until the queue is drained or $SECONDS
 # reaches END. Returns 9 if any run found sanitizer errors (--error-exitcode 9), else the last
 # run's status (124: cut off at END).
 run_queue() {
-  local end=$1 log=$2 cap=$3 restart rc found=0; shift 3
+  local end=$1 log=$2 cap=$3 restart rc left found=0; shift 3
   restart=$(mktemp -u)
   while :; do
     rm -f "$restart"
-    [ $((end - SECONDS)) -gt 0 ] || { rc=124; break; }
-    SPIN_TEST_MEMORY_CAP=$cap SPIN_TEST_RESTART=$restart timeout $((end - SECONDS)) "$@" \
-      >> "$log" 2>&1
+    left=$((end - SECONDS))   # once: `timeout 0` would mean no limit at all
+    [ "$left" -gt 0 ] || { rc=124; break; }
+    SPIN_TEST_MEMORY_CAP=$cap SPIN_TEST_RESTART=$restart timeout "$left" "$@" >> "$log" 2>&1
     rc=$?
     [ $rc = 9 ] && found=9
     [ -f "$restart" ] || break
     echo "process restarted: $(cat "$restart")" >> "$log"
   done
   rm -f "$restart"
+  [ $rc = 124 ] && echo "deadline reached" >> "$log"
   [ $found = 9 ] && return 9
   return $rc
 }

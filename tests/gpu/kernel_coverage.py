@@ -5,13 +5,14 @@
 
 KERNEL_LOG.json comes from a pytest run with SPIN_KERNEL_LOG set
 (spin_trtllm/testing/kernel_log.py): the tests that compute-sanitizer runs (all but those marked
-large); several (one per process of a plain run) count together, and --merged writes them as one log for a later call's KERNEL_LOG. The
-library's kernels (every template instance) are the entry functions of its sm_90a code, read with
-cuobjdump. Prints each with the number of tests that launched it; exits 1 if any was never
-launched, or if the log names spin kernels the library lacks (a stale log). With --ran, only
-the tests those SPIN_TEST_TIMES files show as run (not skipped) count: the .times files of one
-sanitizer's shards tell which kernels that tool checked, although the kernel log comes from a
-plain run (the profiler is not run under compute-sanitizer)."""
+large); several (one per process of a plain run) count together, and --merged writes their spin
+kernels as one log for a later call's KERNEL_LOG (tests/gpu/sanitizer_order/kernels.json is
+one). The library's kernels (every template instance) are the entry functions of its sm_90a
+code, read with cuobjdump. Prints each with the number of tests that launched it; exits 1 if
+any was never launched, or if the log names spin kernels the library lacks (a stale log). With
+--ran, only the tests those SPIN_TEST_TIMES files show as run (not skipped) count: the .times
+files of one sanitizer's shards tell which kernels that tool checked, although the kernel log
+comes from a plain run (the profiler is not run under compute-sanitizer)."""
 
 import argparse
 import json
@@ -81,12 +82,15 @@ def main() -> int:
     ap.add_argument("library")
     ap.add_argument("--ran", nargs="+", metavar="TIMES",
                     help="count only the tests these SPIN_TEST_TIMES files show as run")
-    ap.add_argument("--merged", metavar="FILE", help="write the kernel logs as one")
+    ap.add_argument("--merged", metavar="FILE",
+                    help="write the kernel logs' spin kernels as one log (upstream's are not "
+                         "checked: torch's alone made it nine times larger)")
     args = ap.parse_args()
     launched = merge([json.load(open(path)) for path in args.kernel_log])
     if args.merged:
         with open(args.merged, "w") as out:
-            json.dump(launched, out, indent=1, sort_keys=True)
+            json.dump({name: tests for name, tests in launched.items()
+                       if key(name).startswith("spin::")}, out, indent=1, sort_keys=True)
     # the tests each file shows as run (passed or not: the kernels ran under the tool), no skips
     ran = set(known_seconds(args.ran)) if args.ran else None
     kernels = library_kernels(args.library)
