@@ -201,7 +201,7 @@ limit=${SANITIZER_LIMIT:-$left}
 [ "$limit" -ge 60 ] || { echo "sanitizer limit ${limit} s: CALL_LIMIT leaves too little"; exit 2; }
 echo "sanitizer limit: $limit s"
 start=$SECONDS end=$((SECONDS + limit)) cap=$(memory_cap $((shards * shares)))
-echo "GPU memory a process may keep after a test: $cap GiB"
+echo "GPU memory a process may hold before its next test: $cap GiB"
 read -ra opts <<< "$only_spin"
 shard_dir="$out/shards"; rm -rf "$shard_dir"; mkdir -p "$shard_dir"   # packed at the end
 queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
