@@ -90,7 +90,8 @@ gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 
 # GPU memory a test process may hold before its next test, for N processes: half a process's
 # share of the GPU (the other half for that test); past it the process stops and a fresh one
 # takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py): under
-# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees.
+# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees
+# (tests/gpu/sanitizer_frames_repro.py).
 # All four tools on an H100 (79 GiB, 10 processes): 3 GiB, a restart after each engine test.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
