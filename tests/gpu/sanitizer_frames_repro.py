@@ -15,12 +15,14 @@ run on a GPU: on the CPU, rope, rpow and pow leave no frame and kept its 200).
   kept    a control: each call appends its own frame to a list (Python holds them)
 
     python3 tests/gpu/sanitizer_frames_repro.py [CASE...]   each case (default: all) plain,
-        under memcheck, and under memcheck --show-backtrace no, each in its own process
+        under memcheck, and under memcheck --show-backtrace no, each in its own process (from
+        the repository root, after `source tests/gpu/device_env.sh`)
     python3 tests/gpu/sanitizer_frames_repro.py --run CASE [--device cpu]   one case, here
 """
 import argparse
 import gc
 import re
+import shutil
 import subprocess
 import sys
 
@@ -74,6 +76,8 @@ def main() -> int:
     if args.run:
         print(run(args.run, args.device))
         return 0
+    if shutil.which("compute-sanitizer") is None:
+        ap.error("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     help_text = subprocess.run(["compute-sanitizer", "--help"], capture_output=True,
                                text=True).stdout
     memcheck = ["compute-sanitizer", "--tool", "memcheck", "--kernel-name", "kns=spin"]
@@ -84,10 +88,11 @@ def main() -> int:
     for case in args.cases or CASES:
         cells = []
         for prefix in modes.values():
-            out = subprocess.run(prefix + [sys.executable, __file__, "--run", case],
-                                 capture_output=True, text=True).stdout
-            found = RESULT.search(out)
-            cells.append(f"{found.group(1)} frames, {found.group(2)} GiB" if found else "failed")
+            done = subprocess.run(prefix + [sys.executable, __file__, "--run", case],
+                                  capture_output=True, text=True)
+            found = RESULT.search(done.stdout)
+            cells.append(f"{found.group(1)} frames, {found.group(2)} GiB" if found else
+                         f"failed (rc {done.returncode})")
         print(f"{case:8}" + "".join(f"{c:>32}" for c in cells))
     return 0
 
