@@ -64,6 +64,13 @@ def longest_first(items: list, seconds: dict[str, float]) -> list:
     return ordered
 
 
+def torch_on_gpu():
+    """torch if this process has started CUDA, else None (a process that never touched the GPU
+    does not start CUDA for the queue's checks)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_initialized() else None
+
+
 class TestQueue:
     __test__ = False      # not a test class
 
@@ -96,8 +103,8 @@ class TestQueue:
     def over_memory_cap(self, item) -> bool:
         """Whether this process holds more GPU memory than its cap before `item`; if so, the
         reason goes to the restart file and the session stops after `item`'s teardown."""
-        torch = sys.modules.get("torch")
-        if self.memory_cap_gib is None or torch is None or not torch.cuda.is_initialized():
+        torch = torch_on_gpu()
+        if self.memory_cap_gib is None or torch is None:
             return False
         held = torch.cuda.memory_allocated() / 2**30
         if held <= self.memory_cap_gib:
@@ -114,8 +121,8 @@ class TestQueue:
     # any test it ran needed (12 sanitized processes ran an H100's 79 GiB out of memory so)
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item) -> None:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
+        torch = torch_on_gpu()
+        if torch is not None:
             torch.cuda.empty_cache()
 
 

@@ -124,6 +124,7 @@ run_queue() {
   [ $found = 9 ] && return 9
   return $rc
 }
+restarts() { cat "$@" | grep -c "^process restarted"; }   # in run_queue's LOG files
 
 if [ "$step" != sanitize ]; then
   # PLAIN_SHARDS processes share the tests out, the longest first
@@ -156,8 +157,7 @@ if [ "$step" != sanitize ]; then
   grep -hE " (failed|error) " "$procs"/gpu_tests_*.times
   echo "plain: $(cat "$procs"/gpu_tests_*.times | grep -c " passed ") passed," \
     "$(cat "$procs"/gpu_tests_*.times | grep -Ec " (failed|error) ") failed or errors" \
-    "($((SECONDS - start)) s, $(cat "$procs"/gpu_tests_*.log | grep -c "^process restarted")" \
-    "restarts)"
+    "($((SECONDS - start)) s, $(restarts "$procs"/gpu_tests_*.log) restarts)"
   python3 tests/gpu/kernel_coverage.py "$procs"/kernels_*.json spin_trtllm/libspin_native.so \
     --merged "$out/kernels.json" > "$out/kernel_coverage.txt" 2>&1
   tail -1 "$out/kernel_coverage.txt"
@@ -255,7 +255,7 @@ for tool in "${tools[@]}"; do
   grep -hE "(ERROR|RACECHECK) SUMMARY" "$shard_dir/${tool}"_*.log | sed 's/^=* *//' | sort | uniq -c
   echo "$tool: $(reports "$shard_dir/${tool}"_*.log | wc -l) reports in all shards' logs;" \
     "$(cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -vc " skipped ") tests ran;" \
-    "$(cat "$shard_dir/${tool}"_*.log | grep -c "^process restarted") restarts; slowest:"
+    "$(restarts "$shard_dir/${tool}"_*.log) restarts; slowest:"
   reports "$shard_dir/${tool}"_*.log | sed -E 's/ (at|to) 0x[0-9a-f]+//g' | sort | uniq -c | head -5
   cat "$shard_dir/${tool}"_*.times 2>/dev/null | grep -v " skipped " | sort -rn | head -15
   if [ -n "${KERNEL_LOG:-}" ]; then

@@ -60,11 +60,16 @@ def coverage(launched: dict[str, list[str]], kernels: list[str],
     return {k: [t for t in by_key.get(key(k), []) if ran is None or t in ran] for k in kernels}
 
 
+def is_spin(name: str) -> bool:
+    """Whether a logged kernel is the library's (namespace spin), not upstream's."""
+    return key(name).startswith("spin::")
+
+
 def not_in_library(launched: dict[str, list[str]], kernels: list[str]) -> list[str]:
     """The kernel log's spin kernels that the library has none of that name for: a log of other
     sources (an earlier plain run), where a renamed kernel would read as never launched."""
     have = {key(k) for k in kernels}
-    return sorted(n for n in launched if key(n).startswith("spin::") and key(n) not in have)
+    return sorted(n for n in launched if is_spin(n) and key(n) not in have)
 
 
 def merge(logs: list[dict[str, list[str]]]) -> dict[str, list[str]]:
@@ -89,8 +94,8 @@ def main() -> int:
     launched = merge([json.load(open(path)) for path in args.kernel_log])
     if args.merged:
         with open(args.merged, "w") as out:
-            json.dump({name: tests for name, tests in launched.items()
-                       if key(name).startswith("spin::")}, out, indent=1, sort_keys=True)
+            json.dump({name: tests for name, tests in launched.items() if is_spin(name)}, out,
+                      indent=1, sort_keys=True)
     # the tests each file shows as run (passed or not: the kernels ran under the tool), no skips
     ran = set(known_seconds(args.ran)) if args.ran else None
     kernels = library_kernels(args.library)
