@@ -132,7 +132,8 @@ def build(verbose: bool = False) -> int:
          sources=[str(s) for s in SOURCES + BINDINGS],
          extra_include_paths=[str(ROOT / "cpp" / "include")],
          extra_cflags=["-O3", "-std=c++17"],
-         extra_cuda_cflags=["-O3", "-std=c++17", *gencode_flags()],
+         # -lineinfo: source lines in ncu and compute-sanitizer reports (the code is the same)
+         extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", *gencode_flags()],
          build_directory=str(out_dir), is_python_module=False, verbose=verbose)
     built = out_dir / "spin_native.so"
     target = PACKAGE / "libspin_native.so"
