@@ -35,9 +35,12 @@ if [ -f third_party/trtllm_topk.tar.gz ]; then
   peer_build=$!
 fi
 lib=spin_trtllm/libspin_native.so keep=$(mktemp -d)
+# The variants' object is dropped too: a later build on this machine (its tree synced with the
+# source's older time stamp) would otherwise link the last variant's and call it up to date.
 restore() {
   if [ -f "$keep/tree.cu" ]; then cp "$keep/tree.cu" cpp/src/topk.cu; fi
   if [ -f "$keep/tree.so" ]; then cp "$keep/tree.so" "$lib"; fi
+  rm -f build/native/topk.cuda.o
 }
 trap 'restore; rm -rf "$keep" "${peer:-}"' EXIT
 trap 'exit 130' INT TERM

@@ -89,10 +89,11 @@ threads_each() {
 gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
 # GPU memory a test process may hold before its next test, for N processes: half a process's
 # share of the GPU (the other half for that test); past it the process stops and a fresh one
-# takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py): under
-# compute-sanitizer the dsa-lite engine tests leave GiBs alive that only a process exit frees
-# (tests/gpu/sanitizer_frames_repro.py).
-# All four tools on an H100 (79 GiB, 10 processes): 3 GiB, a restart after each engine test.
+# takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py). A guard: with
+# the host backtraces a sanitizer saves at each launch, the Python frames in them stay alive, and
+# with them the dsa-lite engine tests' activations, GiBs that only a process exit frees
+# (tests/gpu/sanitizer_frames_repro.py); the tools run with --show-backtrace device (below).
+# All four tools on an H100 (79 GiB, 10 processes): 3 GiB.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
   echo "${TEST_MEMORY_CAP:-$(( cap > 0 ? cap : 1 ))}"
@@ -224,13 +225,16 @@ for tool in "${tools[@]}"; do
   [ "$tool" = initcheck ] && tool_opts=(--suppressions tests/gpu/initcheck_suppressions.xml)
   for ((i = 0; i < n; i++)); do
     (
-      # no launch timeout: a dozen processes starting at once take longer than its 10 s
+      # no launch timeout: a dozen processes starting at once take longer than its 10 s.
+      # Device backtraces only: a saved host backtrace keeps the launching Python frames alive
+      # (sanitizer_frames_repro.py: 400 frames, 1.67 GiB after 200 calls of the model's rope
+      # under memcheck; none with `device`)
       OMP_NUM_THREADS=$sanitizer_threads \
         SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         run_queue "$end" "$shard_dir/${tool}_$i.log" "$cap" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
-        --print-limit 20 "${tool_opts[@]}" \
+        --print-limit 20 --show-backtrace device "${tool_opts[@]}" \
         "${pytest[@]}" -m "$marks" ${SANITIZE_PATHS:-tests/}
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$shard_dir/${tool}_$i.log"
