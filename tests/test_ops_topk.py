@@ -259,7 +259,7 @@ def _split_marks(rows, blocks, kind):
     for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
     # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares, just past
-    # the largest cached with its bitmap; 48,224 slots, just inside; 300 blocks) CTAs per row;
+    # the largest cached with its bitmap; 1507: 754 blocks, just inside; 300 blocks) CTAs per row;
     # ties and the whole-row fallback cross the CTAs' shares
     gen = torch.Generator().manual_seed(rows + blocks)
     z = _topk_rows(kind, rows, blocks * 64, gen)

@@ -3,10 +3,10 @@
 // value go to the lower slot id.
 //
 // One CTA per row (or, with few rows, a cluster of up to 8 CTAs per row, each taking a
-// contiguous share; with more rows than SMs, CTAs of 512 threads, two an SM, where they fit),
-// each warp owning a contiguous segment; a share up to 48K slots (47K in a cluster, 22K for
-// two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where the device gives a CTA
-// that much: sm_90) in the same pass as:
+// contiguous share of whole blocks; with more rows than SMs, CTAs of 512 threads, two an SM,
+// where they fit), each warp owning a contiguous segment; a share up to 48K slots (47K in a
+// cluster, 22K for two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where
+// the device gives a CTA that much: sm_90) in the same pass as:
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
@@ -71,15 +71,15 @@ static_assert(kRankCand <= kHalfThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
 // shares up to 48K slots stay in shared memory where the share's bitmap (a 32nd of the keys)
 // and the kernel's static shared memory fit beside them in what a CTA may have: 227 KB on sm_90
-// (beside a cluster kernel's 33 KB: 48,244 slots), 99 KB on sm_89 and sm_120 (launch_cluster
-// checks the device's limit)
+// (beside a cluster kernel's 33 KB: 754 blocks, 48,256 slots), 99 KB on sm_89 and sm_120
+// (launch_cluster checks the device's limit)
 constexpr size_t kMaxCachedBytes = 192 * 1024;
 
-// Slots of a row's share for each of `cluster` CTAs: whole 16-byte groups (the launcher's and
-// the kernel's layout of the dynamic shared memory: the share's keys when cached, then the
-// share's bitmap).
+// Slots of a row's share for each of `cluster` CTAs: whole blocks, so that a word of a share's
+// bitmap lies in one block (the launcher's and the kernel's layout of the dynamic shared memory:
+// the share's keys when cached, then the share's bitmap).
 __host__ __device__ __forceinline__ int64_t share_slots(int m_cap, int cluster) {
-  return (static_cast<int64_t>(m_cap) * kBlockSize / 4 + cluster - 1) / cluster * 4;
+  return (static_cast<int64_t>(m_cap) + cluster - 1) / cluster * kBlockSize;
 }
 // Bytes of the bitmap of `slots` slots (whole 32-bit words).
 __host__ __device__ __forceinline__ int64_t bitmap_bytes(int64_t slots) {
@@ -309,17 +309,19 @@ struct BitmapRun {
     for (int o = 16; o > 0; o >>= 1) marked += __shfl_xor_sync(0xffffffffu, marked, o);
   }
   // The run's positions (first_pos + bit) as slot ids into out[at, k), in order; every lane
-  // gives the same `at`.
+  // gives the same `at`. first_pos is a multiple of kBlockSize: a word's slots lie in one block,
+  // whose id is loaded once.
   __device__ void write(const uint32_t* bitmap, int first_pos, int at, int k, int32_t* out,
                         const int32_t* ids) const {
+    static_assert(kBlockSize % 32 == 0, "a bitmap word within one block");
     for (int base = w0; base < w1; base += 32) {
       const int w = base + static_cast<int>(threadIdx.x & 31);
       uint32_t bits = w < w1 ? bitmap[w] : 0u;
       const int n = __popc(bits), incl = warp_inclusive_sum(n);
-      for (int c = at + incl - n; bits != 0u; bits &= bits - 1u, ++c) {
-        const int pos = first_pos + w * 32 + __ffs(bits) - 1;
-        if (c < k) out[c] = slot_id(ids[pos / kBlockSize], pos % kBlockSize);
-      }
+      const int word_pos = first_pos + w * 32;
+      const int32_t block = bits != 0u ? ids[word_pos / kBlockSize] : 0;
+      for (int c = at + incl - n; bits != 0u; bits &= bits - 1u, ++c)
+        if (c < k) out[c] = slot_id(block, word_pos % kBlockSize + __ffs(bits) - 1);
       at += __shfl_sync(0xffffffffu, incl, 31);
     }
   }
@@ -563,8 +565,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   __shared__ int warp_sums[kW];
   __shared__ int bcast[2];
   __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
-  __shared__ int warp_counts[kW];
-  static_assert(kCluster <= kW, "warp_counts holds the cluster's candidate counts too");
+  static_assert(kCluster <= kW, "warp_sums holds the cluster's candidate counts too");
   __shared__ int n_cand;
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
@@ -572,7 +573,18 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   // written: nothing is read before the wait. Then an update launched beside this kernel
   // (UpdateParams::beside_previous) may start: it reads the same logits and writes nothing
   // this kernel reads; waiting first keeps it behind the logits too. Below about 64 rows this
-  // kernel's CTAs leave most SMs idle.
+  // kernel's CTAs leave most SMs idle. The shared counters are zeroed before the wait (they
+  // depend on nothing written before), while the kernel before may still be running.
+  // The share's bitmap comes after its keys when cached; without room for it (huge shares) the
+  // warps write the taken entries themselves (C).
+  const int64_t share_cap = share_slots(p.m_cap, kCluster);
+  uint32_t* const bitmap = cached + (kCached ? share_cap : 0);
+  const bool marks = static_cast<int64_t>(dynamic_smem_bytes()) >=
+                     (kCached ? share_cap * 4 : 0) + bitmap_bytes(share_cap);
+  for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
+  if (marks)
+    for (int w = threadIdx.x; w < bitmap_bytes(share_cap) / 4; w += kT) bitmap[w] = 0u;
+  if (threadIdx.x == 0) n_cand = 0;
   pdl_wait();
   pdl_launch_dependents();
   const int rank = kCluster > 1 ? cluster_rank() : 0;
@@ -587,20 +599,16 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   int32_t* out = p.out + static_cast<int64_t>(row_id) * p.k;
   const int32_t* ids = p.block_ids + b * p.ids_stride;
   // only slots of the selected blocks (and within the row's compact length, when given) with a
-  // finite score take part; segments stay whole 16-byte loads
+  // finite score take part; segments stay whole 16-byte loads, and CTAs take whole blocks
+  // (share_slots)
   const int limit = row_limit(p, row_id);
   const int scored = (limit + 3) & ~3;
-  const int cta_seg = (scored / 4 + kCluster - 1) / kCluster * 4;
+  const int cta_seg = ((scored + kBlockSize - 1) / kBlockSize + kCluster - 1) / kCluster *
+                      kBlockSize;
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
   const int seg = ((cta_end - cta_begin) / 4 + kW - 1) / kW * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
   const Row<kCached> row{z, cached, cta_begin, limit};
-  // the share's bitmap, after its keys when cached; without room for it (huge shares) the
-  // warps write the taken entries themselves (C)
-  const int64_t share_cap = share_slots(p.m_cap, kCluster);
-  uint32_t* const bitmap = cached + (kCached ? share_cap : 0);
-  const bool marks = static_cast<int64_t>(dynamic_smem_bytes()) >=
-                     (kCached ? share_cap * 4 : 0) + bitmap_bytes(share_cap);
   const int words = (cta_end - cta_begin + 31) / 32;
 
   // Sum of one value over the cluster's CTAs (every thread gets it); the value of this CTA is
@@ -629,11 +637,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   const int* merged = kCluster > 1 ? hist_all : hist;
   auto merge256 = [&] { merge_bins(256); };
 
-  for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
-  if (marks)
-    for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
-  if (threadIdx.x == 0) n_cand = 0;
-  __syncthreads();
+  __syncthreads();  // the counters are zeroed
 
   // A. histogram of the coarse digit, in the pass that caches the share's keys
   const Row<false> global_row{z, nullptr, 0, limit};
@@ -702,7 +706,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
       const int* positions = cand;
       if constexpr (kCluster > 1) {  // every CTA gathers the cluster's candidates
         cluster_barrier();
-        int* const peer_counts = warp_counts;  // free until C
+        int* const peer_counts = warp_sums;  // free after find_bin
         if (threadIdx.x < kCluster) peer_counts[threadIdx.x] = *cluster_peer(&n_cand, threadIdx.x);
         __syncthreads();
         if (threadIdx.x < in_bin) {
@@ -760,7 +764,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
     __syncthreads();
     const BitmapRun<kT> run(bitmap, words);
     int cta_count;
-    const int at = run_offset(run, warp_counts, cta_count);
+    const int at = run_offset(run, warp_sums, cta_count);
     run.write(bitmap, cta_begin, at + cluster_offset(cta_count), p.k, out, ids);
   } else if (T > 0) {
     // The warps write what they take: per-warp counts, offsets, ordered writes. The share's
@@ -778,7 +782,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
               selected(pos + 3, k.w);
     });
     int cta_count;
-    const int before = block_exclusive_sum<kT>(mine, warp_counts, cta_count);
+    const int before = block_exclusive_sum<kT>(mine, warp_sums, cta_count);
     int at = __shfl_sync(0xffffffffu, before, 0) + cluster_offset(cta_count);
     walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
       const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
