@@ -19,10 +19,11 @@
 #   bash tests/gpu/device_check.sh                    both, one after the other
 # SANITIZE_PATHS="tests/test_ops_topk.py ..." (default tests/) narrows `sanitize` to those test
 # files: after a change to one kernel, its tests under every tool in one call, not the suite's.
-# With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call; while the kernels
-# are those of a7eb71c, tests/gpu/sanitizer_order/kernels.json) `sanitize` also lists, per tool,
-# the library's kernels that the tests it ran launched (coverage_TOOL.txt): every kernel instance
-# must show up under every tool (kernel_coverage.py calls a log of other kernels stale).
+# With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call; while the kernel
+# instances keep a7eb71c's names, tests/gpu/sanitizer_order/kernels.json) `sanitize` also lists,
+# per tool, the library's kernels that the tests it ran launched (coverage_TOOL.txt): every
+# kernel instance must show up under every tool (kernel_coverage.py calls a log of other kernels
+# stale).
 # Never run two steps at once: on 16 cores, plain beside 15 sanitizer processes finished 13 tests
 # in 390 s (alone: 312 tests in 371 s). Every test's seconds and outcome go to a .times file
 # (SPIN_TEST_TIMES) as it ends, so a step cut off at its limit still shows what it covered.
