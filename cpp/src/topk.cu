@@ -309,8 +309,8 @@ struct BitmapRun {
     for (int o = 16; o > 0; o >>= 1) marked += __shfl_xor_sync(0xffffffffu, marked, o);
   }
   // The run's positions (first_pos + bit) as slot ids into out[at, k), in order; every lane
-  // gives the same `at`. first_pos is a multiple of kBlockSize: a word's slots lie in one block,
-  // whose id is loaded once.
+  // gives the same `at`. first_pos is a multiple of kBlockSize (or the run is empty): a word's
+  // slots lie in one block, whose id is loaded once.
   __device__ void write(const uint32_t* bitmap, int first_pos, int at, int k, int32_t* out,
                         const int32_t* ids) const {
     static_assert(kBlockSize % 32 == 0, "a bitmap word within one block");
@@ -574,7 +574,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   // (UpdateParams::beside_previous) may start: it reads the same logits and writes nothing
   // this kernel reads; waiting first keeps it behind the logits too. Below about 64 rows this
   // kernel's CTAs leave most SMs idle. The shared counters are zeroed before the wait (they
-  // depend on nothing written before), while the kernel before may still be running.
+  // depend on nothing written before), while the kernel before may still be running; the
+  // bitmap whole, as the row's length is read only after the wait.
   // The share's bitmap comes after its keys when cached; without room for it (huge shares) the
   // warps write the taken entries themselves (C).
   const int64_t share_cap = share_slots(p.m_cap, kCluster);

@@ -6,12 +6,12 @@ dsa-lite engine tests left 3.3 GiB after one test (an H100, 2026-12-06, the code
 locals of finished `rope` frames that a frame of torch's reflected-operator wrapper kept alive,
 which no Python object refers to: the host backtrace the tool saves at each launch holds them.
 
-Measured (an H100, compute-sanitizer 2025.3.1, 2026-12-07, this script as at fb79d40, whose
-third column was --show-backtrace no): plain, rope, rpow and pow left 0 frames and 0.01 GiB, and
-kept its 200 frames (1.57 GiB) in every column; under memcheck rope left 400 frames (1.67 GiB)
-and rpow 200 (1.57 GiB), pow none; with --show-backtrace no, none. `compute-sanitizer --tool
+Measured (an H100, compute-sanitizer 2025.3.1, 2026-12-07), 200 calls each: unsanitized,
+rope, rpow and pow 0 frames, 0.01 GiB; under memcheck rope 400 frames (1.67 GiB), rpow 200
+(1.57 GiB), pow none; under memcheck --show-backtrace no (the same --kernel-name filter), none
+of the three; the kept control 200 frames (1.57 GiB) in every mode. `compute-sanitizer --tool
 memcheck --show-backtrace device python3 THIS --run rope`: 0 frames, 0.01 GiB (with `host`: 400,
-1.67 GiB). The other cases have not run with `device`.
+1.67 GiB). rpow, pow and kept have not run with `device`.
 
   case    what it loops (200 calls, each with an 8 MiB tensor as a local)
   rope    the dsa-lite model's rotary embedding (spin_trtllm/harness/model.py)
