@@ -13,12 +13,12 @@ SPIN_TEST_MEMORY_CAP=GIB with SPIN_TEST_RESTART=FILE (and SPIN_TEST_QUEUE): a pr
 holds more than GIB of GPU memory (torch's live tensors, those of the module fixtures the next
 test shares included) before a test it would claim leaves that test unclaimed, stops, and writes
 why to FILE, so that its caller starts a fresh process on the same queue (device_check.sh does).
-Every process runs at least one test, so a restarted run always gets on. Under
-compute-sanitizer the dsa-lite engine tests leave tensors alive that a plain run frees (on an
-H100, memcheck: 3.3 GiB after one engine test, 6.6 after two; without it 0.06): the tensors are
-locals of finished frames of the model's functions, which a reference that Python's collector
-cannot see keeps alive, so gc.collect() frees none of it. Six such processes ran an H100 out of
-memory. Only a new process gives that memory back.
+Every process runs at least one test, so a restarted run always gets on. A guard: under
+compute-sanitizer with host backtraces the dsa-lite engine tests left tensors alive that a plain
+run frees (on an H100, memcheck: 3.3 GiB after one engine test, 6.6 after two; without it 0.06),
+locals of Python frames that the saved backtraces hold, which gc.collect() cannot free
+(tests/gpu/sanitizer_frames_repro.py); device_check.sh now runs the tools with device backtraces
+only. Only a new process gives such memory back.
 """
 
 from __future__ import annotations
