@@ -507,8 +507,8 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
   // every thread read the same counts; lists that disagree with the histogram (never: the
   // passes bin the same keys) are not used
   if (n_cand > kFilterCap || n_above > T || T - n_above > n_cand) return false;
+  // the bitmap (the launcher sizes it for the whole row) was zeroed before the wait
   const int limit = row_limit(p, row_id), words = (limit + 31) / 32;
-  for (int w = threadIdx.x; w < words; w += kT) bitmap[w] = 0u;
   const int* const cand_pos = lists.cand_pos + static_cast<int64_t>(row_id) * kFilterCap;
   const uint32_t* const cand_key = lists.cand_key + static_cast<int64_t>(row_id) * kFilterCap;
   uint32_t thr_key = 0;    // candidates taken: key > thr_key, or key == thr_key at a position
@@ -529,7 +529,7 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
                       [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
     }
   }
-  __syncthreads();  // the bitmap is zeroed
+  __syncthreads();  // every thread's zeroing of the bitmap is done
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
   for (int i = threadIdx.x; i < n_above; i += kT)
     mark1(bitmap, above[i]);
