@@ -93,7 +93,7 @@ gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 
 # takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py). A guard: with
 # the host backtraces a sanitizer saves at each launch, the Python frames in them stay alive, and
 # with them the dsa-lite engine tests' activations, GiBs that only a process exit frees
-# (tests/gpu/sanitizer_frames_repro.py); the tools run with --show-backtrace device (below).
+# (tests/gpu/sanitizer_frames_repro.py); the tools but initcheck run with --show-backtrace device.
 # All four tools on an H100 (79 GiB, 10 processes): 3 GiB.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
@@ -222,20 +222,23 @@ for tool in "${tools[@]}"; do
   order=tests/gpu/sanitizer_order/$tool.times
   [ -f "$order" ] || order=tests/gpu/sanitizer_order/racecheck.times
   # initcheck instruments every kernel (above); its suppressions: graph launches' memcpy sources
-  tool_opts=("${opts[@]}")
-  [ "$tool" = initcheck ] && tool_opts=(--suppressions tests/gpu/initcheck_suppressions.xml)
+  # Device backtraces only: a saved host backtrace keeps the launching Python frames alive
+  # (sanitizer_frames_repro.py: 400 frames, 1.67 GiB after 200 calls of the model's rope
+  # under memcheck; none with `device`). initcheck keeps both: its suppressions match host
+  # frames (without them, 62 reports of graph-launch copies in the engine-loop tests; H100,
+  # 2026-12-07), and its brief schedules stay under the memory cap.
+  tool_opts=("${opts[@]}" --show-backtrace device)
+  [ "$tool" = initcheck ] && tool_opts=(--suppressions tests/gpu/initcheck_suppressions.xml
+    --show-backtrace yes)
   for ((i = 0; i < n; i++)); do
     (
-      # no launch timeout: a dozen processes starting at once take longer than its 10 s.
-      # Device backtraces only: a saved host backtrace keeps the launching Python frames alive
-      # (sanitizer_frames_repro.py: 400 frames, 1.67 GiB after 200 calls of the model's rope
-      # under memcheck; none with `device`)
+      # no launch timeout: a dozen processes starting at once take longer than its 10 s
       OMP_NUM_THREADS=$sanitizer_threads \
         SPIN_TEST_QUEUE="$queue_dir/$tool" SPIN_TEST_ORDER="${SANITIZER_ORDER-$order}" \
         SPIN_TEST_TIMES="$shard_dir/${tool}_$i.times" \
         run_queue "$end" "$shard_dir/${tool}_$i.log" "$cap" compute-sanitizer --tool "$tool" \
         --launch-timeout 0 --target-processes application-only --error-exitcode 9 \
-        --print-limit 20 --show-backtrace device "${tool_opts[@]}" \
+        --print-limit 20 "${tool_opts[@]}" \
         "${pytest[@]}" -m "$marks" ${SANITIZE_PATHS:-tests/}
       echo "$tool shard $i/$n: rc=$? (9: errors found, 124: over ${limit}s)" \
         >> "$shard_dir/${tool}_$i.log"
