@@ -1,10 +1,10 @@
 """What compute-sanitizer keeps alive in a Python process: after a loop of torch calls, the frames
 of the looped function still alive and the GPU memory torch still holds (after gc.collect()),
-unsanitized, under memcheck with its default backtraces, and under memcheck with
---show-backtrace device (as tests/gpu/device_check.sh runs every tool). Under memcheck the
-dsa-lite engine tests left 3.3 GiB after one test (an H100, 2026-12-06, the code of a7eb71c),
-locals of finished `rope` frames that a frame of torch's reflected-operator wrapper kept alive,
-which no Python object refers to: the host backtrace the tool saves at each launch holds them.
+unsanitized, under memcheck with its default backtraces, and under memcheck with --show-backtrace
+device (as tests/gpu/device_check.sh runs every tool but initcheck). Under memcheck the dsa-lite
+engine tests left 3.3 GiB after one test (an H100, 2026-12-06, the code of a7eb71c), locals of
+finished `rope` frames that a frame of torch's reflected-operator wrapper kept alive, which no
+Python object refers to: the host backtrace the tool saves at each launch holds them.
 
 Measured (an H100, compute-sanitizer 2025.3.1, 2026-12-07), 200 calls each: unsanitized,
 rope, rpow and pow 0 frames, 0.01 GiB; under memcheck rope 400 frames (1.67 GiB), rpow 200
