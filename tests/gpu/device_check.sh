@@ -17,6 +17,8 @@
 #       limit of SANITIZER_LIMIT seconds (default: what is left of CALL_LIMIT, 585 s from the
 #       script's start, after the builds, less 45 s for the summary; 480 in `all`)
 #   bash tests/gpu/device_check.sh                    both, one after the other
+# The whole suite under every tool takes three calls on an H100 (16 cores, 79 GiB):
+# `sanitize memcheck synccheck`, `sanitize racecheck`, `sanitize initcheck` (README's timings).
 # SANITIZE_PATHS="tests/test_ops_topk.py ..." (default tests/) narrows `sanitize` to those test
 # files: after a change to one kernel, its tests under every tool in one call, not the suite's.
 # With KERNEL_LOG=FILE (a plain run's kernels.json, carried to a later call; while the kernel
