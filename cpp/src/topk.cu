@@ -529,7 +529,7 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
                       [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
     }
   }
-  __syncthreads();  // every thread's zeroing of the bitmap is done
+  __syncthreads();  // the ranking's shared values are read (the pre-wait zeroing: find_bin's)
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
   for (int i = threadIdx.x; i < n_above; i += kT)
     mark1(bitmap, above[i]);

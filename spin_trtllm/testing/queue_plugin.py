@@ -17,7 +17,7 @@ Every process runs at least one test, so a restarted run always gets on. A guard
 compute-sanitizer with host backtraces the dsa-lite engine tests left tensors alive that a plain
 run frees (on an H100, memcheck: 3.3 GiB after one engine test, 6.6 after two; without it 0.06),
 locals of Python frames that the saved backtraces hold, which gc.collect() cannot free
-(tests/gpu/sanitizer_frames_repro.py); device_check.sh runs the tools but initcheck (whose
+(tests/gpu/sanitizer_frames_repro.py); device_check.sh runs every tool but initcheck (whose
 suppressions match host frames) with device backtraces only. Only a new process gives such
 memory back.
 """

@@ -95,7 +95,7 @@ gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 
 # takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py). A guard: with
 # the host backtraces a sanitizer saves at each launch, the Python frames in them stay alive, and
 # with them the dsa-lite engine tests' activations, GiBs that only a process exit frees
-# (tests/gpu/sanitizer_frames_repro.py); the tools but initcheck run with --show-backtrace device.
+# (tests/gpu/sanitizer_frames_repro.py); every tool but initcheck runs with --show-backtrace device.
 # All four tools on an H100 (79 GiB, 10 processes): 3 GiB.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
@@ -227,8 +227,8 @@ for tool in "${tools[@]}"; do
   # Device backtraces only: a saved host backtrace keeps the launching Python frames alive
   # (sanitizer_frames_repro.py: 400 frames, 1.67 GiB after 200 calls of the model's rope
   # under memcheck; none with `device`). initcheck keeps both: its suppressions match host
-  # frames (without them, 62 reports of graph-launch copies in the engine-loop tests; H100,
-  # 2026-12-07), and its brief schedules stay under the memory cap.
+  # frames (with device frames alone, 62 reports of graph-launch copies in the engine-loop
+  # tests; H100, 2026-12-07), and its brief schedules stay under the memory cap.
   tool_opts=("${opts[@]}" --show-backtrace device)
   [ "$tool" = initcheck ] && tool_opts=(--suppressions tests/gpu/initcheck_suppressions.xml
     --show-backtrace yes)
