@@ -258,8 +258,8 @@ def _split_marks(rows, blocks, kind):
                          (40, 300)]
     for kind in ["randn", "zeros", "few_ties"]])
 def test_gpu_topk_split_over_clusters_matches_reference(rows, blocks, kind):
-    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows; 48K-slot shares, just past
-    # the largest cached with its bitmap; 1507: 754 blocks, just inside; 300 blocks) CTAs per row;
+    # on 132 SMs: clusters of 8 (3 rows), 4 (20 rows), 2 (40 rows: 1536 blocks make shares of
+    # 768, just past the 754 cached with their bitmap; 1507 make 754, just inside; 300) CTAs a row;
     # ties and the whole-row fallback cross the CTAs' shares
     gen = torch.Generator().manual_seed(rows + blocks)
     z = _topk_rows(kind, rows, blocks * 64, gen)

@@ -529,7 +529,8 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
                       [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
     }
   }
-  __syncthreads();  // the ranking's shared values are read (the pre-wait zeroing: find_bin's)
+  __syncthreads();  // every thread has read the ranking's bcast (find_bin's barriers ordered
+                    // the pre-wait zeroing of the bitmap before any mark)
   const int* const above = lists.above + static_cast<int64_t>(row_id) * kFilterMaxK;
   for (int i = threadIdx.x; i < n_above; i += kT)
     mark1(bitmap, above[i]);
@@ -604,8 +605,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   // (share_slots)
   const int limit = row_limit(p, row_id);
   const int scored = (limit + 3) & ~3;
-  const int cta_seg = ((scored + kBlockSize - 1) / kBlockSize + kCluster - 1) / kCluster *
-                      kBlockSize;
+  const int blocks = (scored + kBlockSize - 1) / kBlockSize;
+  const int cta_seg = static_cast<int>(share_slots(blocks, kCluster));
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
   const int seg = ((cta_end - cta_begin) / 4 + kW - 1) / kW * 4;
   const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);

@@ -92,10 +92,8 @@ threads_each() {
 gpu_gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024 ))
 # GPU memory a test process may hold before its next test, for N processes: half a process's
 # share of the GPU (the other half for that test); past it the process stops and a fresh one
-# takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py). A guard: with
-# the host backtraces a sanitizer saves at each launch, the Python frames in them stay alive, and
-# with them the dsa-lite engine tests' activations, GiBs that only a process exit frees
-# (tests/gpu/sanitizer_frames_repro.py); every tool but initcheck runs with --show-backtrace device.
+# takes the queue on (SPIN_TEST_MEMORY_CAP, spin_trtllm/testing/queue_plugin.py). A guard
+# against memory the sanitizer holds (host backtraces: tool_opts below).
 # All four tools on an H100 (79 GiB, 10 processes): 3 GiB.
 memory_cap() {
   local cap=$(( gpu_gib / (2 * $1) ))
