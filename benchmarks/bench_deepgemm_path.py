@@ -19,6 +19,10 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
                 launched beside the top-K (IndexerOptions.overlap_update), so the top-K and
                 the update are timed together; with MTP (the update deferred to finish(), one
                 launch for every layer) it is spin (DG)
+  floor:        SPIN's logits alone (the faster of DG and native) over dense: the ratio if
+                select, top-K and update cost nothing
+  top-K bound:  each top-K's rows of fp32 scores read once at the copy bandwidth of the run
+                (target: within 2x), printed as time over bound for SPIN's rows and the dense ones
 It also checks that SPIN through DeepGEMM and through the native kernel select the same
 blocks and the same top-K sets, and times the update again right after the native masked logits
 and top-K, as a decode step runs it ("update in sequence": the difference of the two sequences;
@@ -68,7 +72,8 @@ def topk_by_backend(run, iters, sets) -> dict[str, float]:
     return times
 
 
-def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype, dg):
+def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype, dg,
+             copy_tbs):
     cfg, state, slot, req, step, acc, m_cap, ids, cnt, dense_ids, dense_cnt, z, top = \
         spin_case(n, batch, slots, next_n, k, rho, layers, state_dtype)
     pages, sets, q_pos = m_cap, len(inputs), n - 1
@@ -146,6 +151,11 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     spin_native_ms = per_layer_select + t_native + t_native_topk + t_update
     spin_dg_as_run_ms = per_layer_select + t_spin_dg + t_topk_update
     us = 1e3
+    # the top-K's bound: its rows' fp32 scores read once at the copy bandwidth of this run
+    # (SPIN's rows hold the selected blocks' slots, a ragged last block counted whole)
+    bound_us = lambda nbytes: nbytes / (copy_tbs * 1e12) * 1e6  # noqa: E731
+    spin_topk_bytes = 4 * next_n * selected * 64
+    dense_topk_bytes = 4 * int(n.sum())
     return {
         "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
         "state_dtype": state_dtype, "realized_sparsity": 1 - selected / (batch * pages),
@@ -165,6 +175,10 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "update_beside_topk": beside, "topk_update_us": us * t_topk_update,
         "spin_dg_as_run_us": us * spin_dg_as_run_ms,
         "spin_dg_as_run_over_dense": spin_dg_as_run_ms / dense_ms,
+        # what SPIN would cost if select, top-K and update were free: its logits alone
+        "logits_floor_over_dense": min(t_spin_dg, t_native) / dense_ms,
+        "spin_topk_bound_us": bound_us(spin_topk_bytes),
+        "dense_topk_bound_us": bound_us(dense_topk_bytes),
         "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
     }
 
@@ -241,12 +255,23 @@ def as_run_cells(row) -> str:
     return f"{row['topk_update_us']:.1f}{after} | {row['spin_dg_as_run_over_dense']:.2f}"
 
 
+def floor_cells(row) -> str:
+    """SPIN's logits alone over dense (the ratio with select, top-K and update free), and each
+    top-K over its bound (scores read once at the copy bandwidth); "-" in older rows."""
+    if "logits_floor_over_dense" not in row:
+        return "- | -"
+    return (f"{row['logits_floor_over_dense']:.2f} | "
+            f"{row['spin_topk_us'] / row['spin_topk_bound_us']:.1f}x / "
+            f"{row['dense_topk_us'] / row['dense_topk_bound_us']:.1f}x")
+
+
 def markdown(rows, copy_tbs) -> str:
     head = ("| batch | slots | next_n | target | realized | DG dense logits us (TB/s) | dense "
             "top-K us (the faster) | DG schedule us | SPIN via DG: select/L + compact+DG + top-K + update us "
             "| SPIN native us | SPIN(DG) / dense | SPIN(native) / dense | top-K + update "
             "beside us | SPIN(DG) as run / dense | top-K sets equal "
-            "| update in sequence us | (select/L + update in sequence) / DG dense logits |")
+            "| update in sequence us | (select/L + update in sequence) / DG dense logits "
+            "| SPIN's logits alone / dense | top-K over its bound, SPIN / dense |")
     lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s; times per indexer layer", "",
              head, "|" + "---|" * head.count(" |")]
     for r in rows:
@@ -260,7 +285,8 @@ def markdown(rows, copy_tbs) -> str:
             f"{r['spin_dg_us']:.1f} | {r['spin_native_us']:.1f} | {r['spin_dg_over_dense']:.2f} "
             f"| {r['spin_native_over_dense']:.2f} | {as_run_cells(r)} "
             f"| {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "
-            f"| {r['update_in_sequence_us']:.1f} | {100 * r['select_update_over_dense_logits']:.1f}% |")
+            f"| {r['update_in_sequence_us']:.1f} | {100 * r['select_update_over_dense_logits']:.1f}% "
+            f"| {floor_cells(r)} |")
     return "\n".join(lines)
 
 
@@ -298,7 +324,7 @@ def main() -> int:
             continue
         for k, rho in itertools.product(args.topk, args.sparsity):
             row = run_case(inputs, n, batch, slots, next_n, k, rho, args.layers, args.iters,
-                           args.state_dtype, dg)
+                           args.state_dtype, dg, copy_tbs)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json:

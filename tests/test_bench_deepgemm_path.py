@@ -52,3 +52,12 @@ def test_as_run_columns(bench):
     assert bench.as_run_cells(row(True)) == "66.0 | 0.64"
     assert bench.as_run_cells(row(False)) == "81.0 (after) | 0.67"
     assert bench.as_run_cells(row(None)) == "- | -"
+
+
+def test_floor_and_topk_bound_columns(bench):
+    r = dict(row(True), logits_floor_over_dense=225.0 / 480.0, spin_topk_bound_us=2.9,
+             dense_topk_bound_us=6.0)
+    assert bench.floor_cells(r) == "0.47 | 20.0x / 10.0x"
+    assert bench.floor_cells(row(True)) == "- | -"     # rows of older files
+    table = bench.markdown([r, row(None)], 3.9).splitlines()
+    assert table[4].endswith("| 0.47 | 20.0x / 10.0x |")
