@@ -109,6 +109,13 @@ def copy_bandwidth(iters: int) -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
+def bound_us(score_bytes: int, copy_tbs: float) -> float:
+    """Microseconds to read `score_bytes` once at `copy_tbs` TB/s."""
+    if copy_tbs <= 0:
+        raise ValueError(f"copy bandwidth must be > 0 TB/s, got {copy_tbs}")
+    return score_bytes / (copy_tbs * 1e12) * 1e6
+
+
 GPU_QUERY = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu",
              "clocks_event_reasons.active")
 

@@ -52,8 +52,8 @@ from spin_trtllm._outputs import write_output
 from spin_trtllm.logits import DeepGemmLogits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode_indexer import (PAGE_BYTES, cannot_run, copy_bandwidth,  # noqa: E402
-                                  gpu_clocks, make_inputs, spin_case, time_after_ms,
+from bench_decode_indexer import (PAGE_BYTES, bound_us, cannot_run,  # noqa: E402
+                                  copy_bandwidth, gpu_clocks, make_inputs, spin_case, time_after_ms,
                                   time_ms)
 
 
@@ -153,7 +153,6 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     us = 1e3
     # the top-K's bound: its rows' fp32 scores read once at the copy bandwidth of this run
     # (SPIN's rows hold the selected blocks' slots, a ragged last block counted whole)
-    us_per_byte = 1e6 / (copy_tbs * 1e12)
     spin_topk_bytes = 4 * next_n * selected * 64
     dense_topk_bytes = 4 * int(n.sum())
     return {
@@ -177,8 +176,8 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "spin_dg_as_run_over_dense": spin_dg_as_run_ms / dense_ms,
         # what SPIN would cost if select, top-K and update were free: its logits alone
         "logits_floor_over_dense": min(t_spin_dg, t_native) / dense_ms,
-        "spin_topk_bound_us": us_per_byte * spin_topk_bytes,
-        "dense_topk_bound_us": us_per_byte * dense_topk_bytes,
+        "spin_topk_bound_us": bound_us(spin_topk_bytes, copy_tbs),
+        "dense_topk_bound_us": bound_us(dense_topk_bytes, copy_tbs),
         "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
     }
 
@@ -285,7 +284,8 @@ def markdown(rows, copy_tbs) -> str:
             f"{r['spin_dg_us']:.1f} | {r['spin_native_us']:.1f} | {r['spin_dg_over_dense']:.2f} "
             f"| {r['spin_native_over_dense']:.2f} | {as_run_cells(r)} "
             f"| {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "
-            f"| {r['update_in_sequence_us']:.1f} | {100 * r['select_update_over_dense_logits']:.1f}% "
+            f"| {r['update_in_sequence_us']:.1f} "
+            f"| {100 * r['select_update_over_dense_logits']:.1f}% "
             f"| {floor_cells(r)} |")
     return "\n".join(lines)
 

@@ -78,6 +78,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from spin_trtllm._inputs import exit_code_of  # noqa: E402
 from spin_trtllm._outputs import write_output  # noqa: E402
+from bench_decode_indexer import bound_us  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -344,13 +345,6 @@ def run_case(fi, args, inputs, n, batch, slots, next_n, k, rho, errors, copy_tbs
     row["spin_over_bound"] = over(row["spin_us"], row["bound_us"])
     row["fi_over_bound"] = over(min(fi_best) if fi_best else None, row["bound_us"])
     return row
-
-
-def bound_us(score_bytes: int, copy_tbs: float) -> float:
-    """Microseconds to read `score_bytes` once at `copy_tbs` TB/s."""
-    if copy_tbs <= 0:
-        raise ValueError(f"copy bandwidth must be > 0 TB/s, got {copy_tbs}")
-    return score_bytes / (copy_tbs * 1e12) * 1e6
 
 
 def over(us, bound):
