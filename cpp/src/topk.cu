@@ -48,6 +48,18 @@ __device__ __forceinline__ void cluster_barrier() {
   __trap();
 #endif
 }
+// A cluster barrier split in two: arrive once this CTA's reads of peers are done, wait before
+// it leaves (peers may still read its shared memory), with the work between overlapping it.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
 template <typename T>
 __device__ __forceinline__ T* cluster_peer(T* ptr, int rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -568,6 +580,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   __shared__ uint32_t bin_keys[2];  // the threshold bin's keys: [bin_keys[0], bin_keys[1])
   static_assert(kCluster <= kW, "warp_sums holds the cluster's candidate counts too");
   __shared__ int n_cand;
+  __shared__ int n_above;  // this CTA's entries above the threshold bin (clusters)
+  __shared__ int n_above_before;  // the same, summed over the lower ranks
   __shared__ long long shared_value;  // this CTA's term of a cluster-wide sum
 
   // Launched beside its predecessor (launch_rows), the kernel may start before the logits are
@@ -586,7 +600,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
   if (marks)
     for (int w = threadIdx.x; w < bitmap_bytes(share_cap) / 4; w += kT) bitmap[w] = 0u;
-  if (threadIdx.x == 0) n_cand = 0;
+  if (threadIdx.x == 0) n_cand = 0, n_above = 0, n_above_before = 0;
   pdl_wait();
   pdl_launch_dependents();
   const int rank = kCluster > 1 ? cluster_rank() : 0;
@@ -660,6 +674,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   // B's candidates (n_cand of them in cand) with their keys in `hist` (kKeysKept), or read from
   // the row (kKeysInRow); none listed: the taken entries are marked by a pass after the search
   enum { kNotListed, kKeysKept, kKeysInRow } listed = kNotListed;
+  int offset_known = -1;  // this CTA's first output place, where the gather gave it
   const uint32_t* const cand_key = reinterpret_cast<const uint32_t*>(hist);
   if (T > 0 && T < finite) {
     const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
@@ -679,6 +694,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
     // all taken, are marked
     auto collect = [&](bool with_keys) {
       uint32_t* const keys_out = reinterpret_cast<uint32_t*>(hist);
+      int above_mine = 0;
       walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
@@ -689,6 +705,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
           above |= static_cast<uint32_t>(ks[e] >= bin_end) << e;  // k 0: never
         }
         if (marks) mark4(bitmap, pos - cta_begin, above);
+        if (kCluster > 1 && marks && with_keys) above_mine += __popc(above);
         if (mine) {
           int at = atomicAdd(&n_cand, mine);
 #pragma unroll
@@ -700,6 +717,10 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
         }
       });
       listed = with_keys ? kKeysKept : kKeysInRow;
+      if (kCluster > 1 && marks && with_keys) {  // read by higher ranks at the gather
+        for (int o = 16; o > 0; o >>= 1) above_mine += __shfl_xor_sync(0xffffffffu, above_mine, o);
+        if (lane == 0 && above_mine) atomicAdd(&n_above, above_mine);
+      }
       __syncthreads();
     };
     if (in_bin <= kRankCand) {
@@ -710,6 +731,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
         cluster_barrier();
         int* const peer_counts = warp_sums;  // free after find_bin
         if (threadIdx.x < kCluster) peer_counts[threadIdx.x] = *cluster_peer(&n_cand, threadIdx.x);
+        if (threadIdx.x < rank) atomicAdd(&n_above_before, *cluster_peer(&n_above, threadIdx.x));
         __syncthreads();
         if (threadIdx.x < in_bin) {
           int r = 0, i = threadIdx.x;
@@ -718,10 +740,19 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
           hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
         }
         __syncthreads();  // this CTA's lists are not written again: peers may still read them
+        // the arrive and the wait before leaving keep this CTA's lists alive for the peers
+        // (cluster_offset's last barrier did, where it ran)
+        if (marks) cluster_arrive();
         keys = reinterpret_cast<const uint32_t*>(hist_all);
         positions = hist_all + kRankCand;
       }
       rank_by_counting<kT>(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
+      if (kCluster > 1 && marks) {  // this CTA's offset: what the lower ranks take
+        const int i = threadIdx.x;
+        const bool before = i < in_bin && positions[i] < cta_begin &&
+                            (keys[i] > thr_key || (keys[i] == thr_key && positions[i] <= last_tie));
+        offset_known = __syncthreads_count(before) + n_above_before;
+      }
     } else if (in_bin <= kCandCap) {
       collect(false);
       auto cand_pos = [&](int i) { return cand[i]; };
@@ -767,7 +798,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
     const BitmapRun<kT> run(bitmap, words);
     int cta_count;
     const int at = run_offset(run, warp_sums, cta_count);
-    run.write(bitmap, cta_begin, at + cluster_offset(cta_count), p.k, out, ids);
+    run.write(bitmap, cta_begin,
+              at + (offset_known >= 0 ? offset_known : cluster_offset(cta_count)), p.k, out, ids);
   } else if (T > 0) {
     // The warps write what they take: per-warp counts, offsets, ordered writes. The share's
     // block ids go to shared memory first (hist_all, or cand without a cluster: peers may
@@ -806,6 +838,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   }
   if (rank == 0)
     for (int c = max(T, 0) + threadIdx.x; c < p.k; c += kT) out[c] = -1;
+  if (kCluster > 1 && offset_known >= 0) cluster_wait();
 }
 
 template <bool kCached, int kCluster, int kT = kThreads>
