@@ -225,6 +225,55 @@ def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filte
     _whole_rows_match_reference(z, ids, k)
 
 
+def _sampled_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows for the one-CTA kernel's sampled pass (A'), which reads one float4 in 8 (positions
+    whose pos // 4 is a multiple of 8) first; `sampled_high` and `between_samples` mislead it."""
+    sampled = (torch.arange(width) // 4) % 8 == 0
+    if kind == "sampled_high":       # only the sampled entries are large: too few listed
+        z = torch.randn(rows, width, generator=gen)
+        z[:, sampled] += 50.0
+        return z
+    if kind == "between_samples":    # many of the largest lie where no sample looks
+        z = torch.randn(rows, width, generator=gen)
+        hidden = (~sampled).nonzero().flatten()
+        for r in range(rows):
+            pick = hidden[torch.randperm(hidden.numel(), generator=gen)[:300]]
+            z[r, pick] = 20.0 + torch.rand(300, generator=gen)
+        return z
+    return _topk_rows(kind, rows, width, gen)
+
+
+# One CTA a row with K <= 512 and a row not cached in shared memory lists its candidates above a
+# threshold from a sample first, and starts over where that lists fewer than K or more than it
+# keeps (all-tied bins, ReLU-like rows, a misleading sample). On 132 SMs: 100 rows, one CTA of
+# 1024 threads a row; 140 rows, of 512 threads, two an SM; 200 blocks cached (no sample), 1100
+# not. Two rows a request, the second request's table half selected.
+_SAMPLED_RACECHECKED = ("randn", "few_ties", "sampled_high")  # listed, tied, started again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,blocks,k,kind", [
+    pytest.param(rows, blocks, k, kind, id=f"{rows}-{blocks}-{k}-{kind}",
+                 marks=[] if (rows, blocks) == (140, 400) and kind in _SAMPLED_RACECHECKED
+                 else _RACECHECK_SLOW if blocks > 200 or rows > 100 else [])
+    for rows, blocks in [(100, 200), (100, 1100), (140, 200), (140, 400), (140, 1100)]
+    for k, kind in [(512, "randn"), (512, "zeros"), (512, "narrow"), (512, "few_ties"),
+                    (512, "wide"), (512, "sampled_high"), (512, "between_samples"),
+                    (100, "randn"), (513, "randn")]])
+def test_gpu_topk_sampled_candidates_match_reference(rows, blocks, k, kind):
+    gen = torch.Generator().manual_seed(rows * blocks + k + len(kind))
+    R = 2
+    m_cap = blocks + 3
+    z = _sampled_rows(kind, rows, m_cap * 64, gen)
+    ids = torch.stack([torch.randperm(2 * m_cap, generator=gen)[:m_cap].sort().values
+                       for _ in range(rows // R)]).int()
+    cnt = torch.tensor([blocks if b % 2 == 0 else blocks // 2 for b in range(rows // R)],
+                       dtype=torch.int32)
+    want = ops.topk(z, ids, cnt, R, k)
+    got = ops.topk(z.cuda(), ids.cuda(), cnt.cuda(), R, k)
+    assert torch.equal(got.cpu(), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.racecheck_slow
 @pytest.mark.parametrize("kind", ["randn", "zeros"])

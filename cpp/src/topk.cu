@@ -6,7 +6,12 @@
 // contiguous share of whole blocks; with more rows than SMs, CTAs of 512 threads, two an SM,
 // where they fit), each warp owning a contiguous segment; a share up to 48K slots (47K in a
 // cluster, 22K for two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where
-// the device gives a CTA that much: sm_90) in the same pass as:
+// the device gives a CTA that much: sm_90) in the same pass as A below. One CTA a row whose
+// row is not cached (past 48K slots, 22K for two CTAs an SM), with K <= 512, tries a shorter way
+// first (A'): a sample of the row (one float4 in 8) gives a threshold with about 2K entries above
+// it, one pass lists those entries and their keys, radix passes rank them alone, and C writes
+// the taken ones; where the pass lists fewer than K entries or more than it keeps, the row
+// starts again at A.
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
@@ -79,6 +84,13 @@ constexpr int kCandCap = 4096;
 // instead of the radix passes' dozens (cluster barriers included), which cost more than the
 // counting with the few dozen candidates a row usually has.
 constexpr int kRankCand = 256;
+// A' (one CTA a row, not cached): one float4 in kSampleStride sampled, a threshold with about
+// kSampleAlpha K entries above it, candidates listed up to kSampleCap (positions, then keys, in
+// cand), for K up to kSampleMaxK and rows of at least kSampleMinSlots
+constexpr int kSampleStride = 8, kSampleAlpha = 2;
+constexpr int kSampleCap = kCandCap / 2;
+constexpr int kSampleMaxK = kSampleCap / 4;
+constexpr int kSampleMinSlots = 8192;
 static_assert(kRankCand <= kHalfThreads && 2 * kRankCand <= kBins,
               "a cluster's candidates are gathered one per thread into hist_all (keys, positions)");
 // shares up to 48K slots stay in shared memory where the share's bitmap (a 32nd of the keys)
@@ -655,113 +667,202 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
 
   __syncthreads();  // the counters are zeroed
 
-  // A. histogram of the coarse digit, in the pass that caches the share's keys
   const Row<false> global_row{z, nullptr, 0, limit};
-  walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
-    if (kCached && pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
-    const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (ks[e]) atomicAdd(&hist[coarse_digit(ks[e])], 1);
-  });
-  __syncthreads();
-  merge_bins(kBins);
-  const int finite = find_bin<kT>(merged, p.k, warp_sums, bcast);
-  const int T = min(p.k, finite);
-
+  int finite = 0, T = 0;   // the finite entries, and the entries taken: min(K, finite)
   uint32_t thr_key = 0;    // select key > thr_key, or key == thr_key at a position <= last_tie
   int last_tie = INT_MAX;
-  // B's candidates (n_cand of them in cand) with their keys in `hist` (kKeysKept), or read from
-  // the row (kKeysInRow); none listed: the taken entries are marked by a pass after the search
+  // the candidates (n_cand of them in cand) with their keys in `hist` (kKeysKept; A' keeps them
+  // in cand's second half), or read from the row (kKeysInRow); none listed: the taken entries
+  // are marked by a pass after the search
   enum { kNotListed, kKeysKept, kKeysInRow } listed = kNotListed;
   int offset_known = -1;  // this CTA's first output place, where the gather gave it
-  const uint32_t* const cand_key = reinterpret_cast<const uint32_t*>(hist);
-  if (T > 0 && T < finite) {
-    const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
-    if (warp < 2) {
-      const uint32_t key = first_key_of_digit(bin + warp);
-      if (lane == 0) bin_keys[warp] = key;
-    }
-    __syncthreads();  // hist (and hist_all) are reused below
-    const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
-    auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
-    auto exact = [&](int count, auto pos_of, auto key, auto eligible) {
-      exact_threshold<kT>(count, T_bin, pos_of, key, eligible, hist, merged, merge256, cluster_sum,
-                      bcast, scratch, thr_key, last_tie);
-    };
-    // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
-    // their keys in `hist` when they are to be ranked by counting); the entries of higher bins,
-    // all taken, are marked
-    auto collect = [&](bool with_keys) {
-      uint32_t* const keys_out = reinterpret_cast<uint32_t*>(hist);
-      int above_mine = 0;
-      walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+  const uint32_t* cand_key = reinterpret_cast<const uint32_t*>(hist);
+
+  // A'. One CTA a row not cached, K <= kSampleMaxK: the coarse-digit histogram of a sample
+  // (one float4 in kSampleStride) gives a threshold with about kSampleAlpha K entries of the row
+  // above it, and one pass lists those entries with their keys; radix passes rank them alone.
+  // Exact wherever the pass lists at least T entries and at most kSampleCap: every entry taken
+  // is listed. Else the row starts again at A (the sample missed: its top entries lie between
+  // the samples, or many entries tie at the threshold). Where the row is cached, A and B cost
+  // less than the sample's extra round trip and the radix passes (bench_topk, 96 x 32K).
+  bool sampled = false;
+  if constexpr (kCluster == 1) {
+    if (!kCached && marks && p.k <= kSampleMaxK && scored >= kSampleMinSlots) {
+      constexpr int kSpan = kSampleStride * 4;  // slots from one sampled float4 to the next
+      for (int j0 = threadIdx.x; j0 * kSpan < scored; j0 += 4 * kT) {
+        uint4 raw[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int pos = (j0 + u * kT) * kSpan;
+          raw[u] = pos < scored ? global_row.raw4(pos) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int pos = (j0 + u * kT) * kSpan;
+          const uint4 k = pos < scored ? global_row.keys4(pos, raw[u]) : make_uint4(0u, 0u, 0u, 0u);
+          const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (ks[e]) atomicAdd(&hist[coarse_digit(ks[e])], 1);
+        }
+      }
+      __syncthreads();
+      const int want = (kSampleAlpha * p.k + kSampleStride - 1) / kSampleStride;
+      uint32_t from = 1u;  // every finite entry, where the sample holds no more than `want`
+      if (want < find_bin<kT>(hist, want, warp_sums, bcast)) {
+        if (warp == 0) {
+          const uint32_t key = first_key_of_digit(bcast[0]);
+          if (lane == 0) bin_keys[0] = key;
+        }
+        __syncthreads();
+        from = bin_keys[0];
+      }
+      int* const keys_out = cand + kSampleCap;
+      int finite_mine = 0;
+      walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
         const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
         int mine = 0;
-        uint32_t above = 0;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          mine += in_the_bin(ks[e]);
-          above |= static_cast<uint32_t>(ks[e] >= bin_end) << e;  // k 0: never
+          finite_mine += ks[e] != 0u;
+          mine += ks[e] >= from;  // k 0: never (from >= 1)
         }
-        if (marks) mark4(bitmap, pos - cta_begin, above);
-        if (kCluster > 1 && marks && with_keys) above_mine += __popc(above);
         if (mine) {
           int at = atomicAdd(&n_cand, mine);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (in_the_bin(ks[e])) {
-              if (with_keys) keys_out[at] = ks[e];
-              cand[at++] = pos + e;
+            if (ks[e] >= from) {
+              if (at < kSampleCap) {
+                cand[at] = pos + e;
+                keys_out[at] = static_cast<int>(ks[e]);
+              }
+              ++at;
             }
         }
       });
-      listed = with_keys ? kKeysKept : kKeysInRow;
-      if (kCluster > 1 && marks && with_keys) {  // read by higher ranks at the gather
-        for (int o = 16; o > 0; o >>= 1) above_mine += __shfl_xor_sync(0xffffffffu, above_mine, o);
-        if (lane == 0 && above_mine) atomicAdd(&n_above, above_mine);
-      }
-      __syncthreads();
-    };
-    if (in_bin <= kRankCand) {
-      collect(true);
-      const uint32_t* keys = cand_key;
-      const int* positions = cand;
-      if constexpr (kCluster > 1) {  // every CTA gathers the cluster's candidates
-        cluster_barrier();
-        int* const peer_counts = warp_sums;  // free after find_bin
-        if (threadIdx.x < kCluster) peer_counts[threadIdx.x] = *cluster_peer(&n_cand, threadIdx.x);
-        if (threadIdx.x < rank) atomicAdd(&n_above_before, *cluster_peer(&n_above, threadIdx.x));
+      finite = static_cast<int>(block_sum<kT>(finite_mine, scratch));  // its barriers order the
+      T = min(p.k, finite);                                             // appends before n_cand
+      const int listed_n = n_cand;
+      sampled = listed_n >= T && listed_n <= kSampleCap;
+      if (sampled) {
+        listed = kKeysKept;
+        cand_key = reinterpret_cast<const uint32_t*>(keys_out);
+        if (T > 0 && listed_n > T)
+          exact_threshold<kT>(listed_n, T, [&](int i) { return cand[i]; },
+                              [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist,
+                              hist, [] {}, [](long long v) { return v; }, bcast, scratch, thr_key,
+                              last_tie);
+      } else {
+        __syncthreads();  // every thread has read n_cand
+        for (int d = threadIdx.x; d < kBins; d += kT) hist[d] = 0;
+        if (threadIdx.x == 0) n_cand = 0;
         __syncthreads();
-        if (threadIdx.x < in_bin) {
-          int r = 0, i = threadIdx.x;
-          for (; r < kCluster - 1 && i >= peer_counts[r]; ++r) i -= peer_counts[r];
-          hist_all[threadIdx.x] = static_cast<int>(cluster_peer(cand_key, r)[i]);
-          hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
+      }
+    }
+  }
+  if (!sampled) {
+    // A. histogram of the coarse digit, in the pass that caches the share's keys
+    walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
+      if (kCached && pos < seg_end) *reinterpret_cast<uint4*>(cached + (pos - cta_begin)) = k;
+      const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (ks[e]) atomicAdd(&hist[coarse_digit(ks[e])], 1);
+    });
+    __syncthreads();
+    merge_bins(kBins);
+    finite = find_bin<kT>(merged, p.k, warp_sums, bcast);
+    T = min(p.k, finite);
+    if (T > 0 && T < finite) {
+      const int bin = bcast[0], in_bin = merged[bin], T_bin = T - bcast[1];
+      if (warp < 2) {
+        const uint32_t key = first_key_of_digit(bin + warp);
+        if (lane == 0) bin_keys[warp] = key;
+      }
+      __syncthreads();  // hist (and hist_all) are reused below
+      const uint32_t bin_lo = bin_keys[0], bin_end = bin_keys[1];
+      auto in_the_bin = [&](uint32_t k) { return k >= bin_lo && k < bin_end; };  // k 0: never
+      auto exact = [&](int count, auto pos_of, auto key, auto eligible) {
+        exact_threshold<kT>(count, T_bin, pos_of, key, eligible, hist, merged, merge256,
+                            cluster_sum, bcast, scratch, thr_key, last_tie);
+      };
+      // B. candidates: the entries of the threshold bin (each CTA keeps those of its share, with
+      // their keys in `hist` when they are to be ranked by counting); the entries of higher bins,
+      // all taken, are marked
+      auto collect = [&](bool with_keys) {
+        uint32_t* const keys_out = reinterpret_cast<uint32_t*>(hist);
+        int above_mine = 0;
+        walk_segment(row, seg_begin, seg_end, [&](int pos, uint4 k) {
+          const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
+          int mine = 0;
+          uint32_t above = 0;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            mine += in_the_bin(ks[e]);
+            above |= static_cast<uint32_t>(ks[e] >= bin_end) << e;  // k 0: never
+          }
+          if (marks) mark4(bitmap, pos - cta_begin, above);
+          if (kCluster > 1 && marks && with_keys) above_mine += __popc(above);
+          if (mine) {
+            int at = atomicAdd(&n_cand, mine);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (in_the_bin(ks[e])) {
+                if (with_keys) keys_out[at] = ks[e];
+                cand[at++] = pos + e;
+              }
+          }
+        });
+        listed = with_keys ? kKeysKept : kKeysInRow;
+        if (kCluster > 1 && marks && with_keys) {  // read by higher ranks at the gather
+          for (int o = 16; o > 0; o >>= 1)
+            above_mine += __shfl_xor_sync(0xffffffffu, above_mine, o);
+          if (lane == 0 && above_mine) atomicAdd(&n_above, above_mine);
         }
-        __syncthreads();  // this CTA's lists are not written again: peers may still read them
-        // the arrive and the wait before leaving keep this CTA's lists alive for the peers
-        // (cluster_offset's last barrier did, where it ran)
-        if (marks) cluster_arrive();
-        keys = reinterpret_cast<const uint32_t*>(hist_all);
-        positions = hist_all + kRankCand;
+        __syncthreads();
+      };
+      if (in_bin <= kRankCand) {
+        collect(true);
+        const uint32_t* keys = cand_key;
+        const int* positions = cand;
+        if constexpr (kCluster > 1) {  // every CTA gathers the cluster's candidates
+          cluster_barrier();
+          int* const peer_counts = warp_sums;  // free after find_bin
+          if (threadIdx.x < kCluster)
+            peer_counts[threadIdx.x] = *cluster_peer(&n_cand, threadIdx.x);
+          if (threadIdx.x < rank) atomicAdd(&n_above_before, *cluster_peer(&n_above, threadIdx.x));
+          __syncthreads();
+          if (threadIdx.x < in_bin) {
+            int r = 0, i = threadIdx.x;
+            for (; r < kCluster - 1 && i >= peer_counts[r]; ++r) i -= peer_counts[r];
+            hist_all[threadIdx.x] = static_cast<int>(cluster_peer(cand_key, r)[i]);
+            hist_all[kRankCand + threadIdx.x] = cluster_peer(cand, r)[i];
+          }
+          __syncthreads();  // this CTA's lists are not written again: peers may still read them
+          // the arrive and the wait before leaving keep this CTA's lists alive for the peers
+          // (cluster_offset's last barrier did, where it ran)
+          if (marks) cluster_arrive();
+          keys = reinterpret_cast<const uint32_t*>(hist_all);
+          positions = hist_all + kRankCand;
+        }
+        rank_by_counting<kT>(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
+        if (kCluster > 1 && marks) {  // this CTA's offset: what the lower ranks take
+          const int i = threadIdx.x;
+          const bool before =
+              i < in_bin && positions[i] < cta_begin &&
+              (keys[i] > thr_key || (keys[i] == thr_key && positions[i] <= last_tie));
+          offset_known = __syncthreads_count(before) + n_above_before;
+        }
+      } else if (in_bin <= kCandCap) {
+        collect(false);
+        auto cand_pos = [&](int i) { return cand[i]; };
+        exact(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); }, [](int) { return true; });
+      } else {
+        // too many in one bin (many equal values): the exact search over the whole row
+        auto row_pos = [&](int i) { return cta_begin + i; };
+        exact(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
+              [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
       }
-      rank_by_counting<kT>(keys, positions, in_bin, T_bin, bcast, thr_key, last_tie);
-      if (kCluster > 1 && marks) {  // this CTA's offset: what the lower ranks take
-        const int i = threadIdx.x;
-        const bool before = i < in_bin && positions[i] < cta_begin &&
-                            (keys[i] > thr_key || (keys[i] == thr_key && positions[i] <= last_tie));
-        offset_known = __syncthreads_count(before) + n_above_before;
-      }
-    } else if (in_bin <= kCandCap) {
-      collect(false);
-      auto cand_pos = [&](int i) { return cand[i]; };
-      exact(n_cand, cand_pos, [&](int i) { return row.key(cand[i]); }, [](int) { return true; });
-    } else {
-      // too many in one bin (many equal values): the exact search over the whole row
-      auto row_pos = [&](int i) { return cta_begin + i; };
-      exact(cta_end - cta_begin, row_pos, [&](int i) { return row.key(cta_begin + i); },
-            [&](int i) { return in_the_bin(row.key(cta_begin + i)); });
     }
   }
   // This CTA's first output place: the counts of the cluster's CTAs before it (rank order).
