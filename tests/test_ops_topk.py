@@ -227,13 +227,14 @@ def test_gpu_topk_dense_windows_match_reference(monkeypatch, rows, blocks, filte
 
 def _sampled_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
     """Rows for the one-CTA kernel's sampled pass (A'), which reads one float4 in 8 (positions
-    whose pos // 4 is a multiple of 8) first; `sampled_high` and `between_samples` mislead it."""
+    whose pos // 4 is a multiple of 8) first: `sampled_high` makes the sample overestimate the
+    threshold, `between_samples` puts taken entries where no sample looks."""
     sampled = (torch.arange(width) // 4) % 8 == 0
-    if kind == "sampled_high":       # only the sampled entries are large: too few listed
+    if kind == "sampled_high":    # only the sampled entries are large: too few listed (full rows)
         z = torch.randn(rows, width, generator=gen)
         z[:, sampled] += 50.0
         return z
-    if kind == "between_samples":    # many of the largest lie where no sample looks
+    if kind == "between_samples":  # 300 of the largest where no sample looks: listed all the same
         z = torch.randn(rows, width, generator=gen)
         hidden = (~sampled).nonzero().flatten()
         for r in range(rows):
@@ -244,10 +245,11 @@ def _sampled_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> tor
 
 
 # One CTA a row with K <= 512 and a row not cached in shared memory lists its candidates above a
-# threshold from a sample first, and starts over where that lists fewer than K or more than it
-# keeps (all-tied bins, ReLU-like rows, a misleading sample). On 132 SMs: 100 rows, one CTA of
-# 1024 threads a row; 140 rows, of 512 threads, two an SM; 200 blocks cached (no sample), 1100
-# not. Two rows a request, the second request's table half selected.
+# threshold from a sample first, and starts over where that lists fewer than min(K, finite) or
+# more than it keeps (ReLU-like, narrow and wide rows: too many; sampled_high's full rows: too
+# few). On 132 SMs: 100 rows, one CTA of 1024 threads a row; 140 rows, of 512 threads, two an
+# SM; 200 blocks cached (no sample), 1100 not. Two rows a request, the second request's table
+# half selected.
 _SAMPLED_RACECHECKED = ("randn", "few_ties", "sampled_high")  # listed, tied, started again
 
 

@@ -8,10 +8,10 @@
 // cluster, 22K for two CTAs an SM; on sm_90) is copied to shared memory as ordered keys (where
 // the device gives a CTA that much: sm_90) in the same pass as A below. One CTA a row whose
 // row is not cached (past 48K slots, 22K for two CTAs an SM), with K <= 512, tries a shorter way
-// first (A'): a sample of the row (one float4 in 8) gives a threshold with about 2K entries above
-// it, one pass lists those entries and their keys, radix passes rank them alone, and C writes
-// the taken ones; where the pass lists fewer than K entries or more than it keeps, the row
-// starts again at A.
+// first (A'): a sample of the row (one float4 in 8) gives a threshold with about 2 K entries
+// above it, one pass lists those entries and their keys, radix passes rank them alone, and C
+// writes the taken ones; where the pass lists fewer than min(K, finite entries) or more than it
+// keeps, the row starts again at A.
 //   A. a 2048-bin histogram of a coarse digit (the top 11 bits of the fp16-rounded value, which
 //      is monotone in the value), whose scan gives the finite count and the bin holding the
 //      K-th value;
@@ -635,7 +635,8 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   const int cta_seg = static_cast<int>(share_slots(blocks, kCluster));
   const int cta_begin = min(rank * cta_seg, scored), cta_end = min(cta_begin + cta_seg, scored);
   const int seg = ((cta_end - cta_begin) / 4 + kW - 1) / kW * 4;
-  const int seg_begin = min(cta_begin + warp * seg, cta_end), seg_end = min(seg_begin + seg, cta_end);
+  const int seg_begin = min(cta_begin + warp * seg, cta_end);
+  const int seg_end = min(seg_begin + seg, cta_end);
   const Row<kCached> row{z, cached, cta_begin, limit};
   const int words = (cta_end - cta_begin + 31) / 32;
 
@@ -678,13 +679,10 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   int offset_known = -1;  // this CTA's first output place, where the gather gave it
   const uint32_t* cand_key = reinterpret_cast<const uint32_t*>(hist);
 
-  // A'. One CTA a row not cached, K <= kSampleMaxK: the coarse-digit histogram of a sample
-  // (one float4 in kSampleStride) gives a threshold with about kSampleAlpha K entries of the row
-  // above it, and one pass lists those entries with their keys; radix passes rank them alone.
-  // Exact wherever the pass lists at least T entries and at most kSampleCap: every entry taken
-  // is listed. Else the row starts again at A (the sample missed: its top entries lie between
-  // the samples, or many entries tie at the threshold). Where the row is cached, A and B cost
-  // less than the sample's extra round trip and the radix passes (bench_topk, 96 x 32K).
+  // A' (see the top). Exact wherever the pass lists at least T entries and at most kSampleCap:
+  // every entry taken is listed. Too few: the sampled positions held the larger values; too
+  // many: many entries tie near the threshold (ReLU-like or narrow rows). Cached rows skip it:
+  // there A and B cost less than the sample's extra round trip and the radix passes.
   bool sampled = false;
   if constexpr (kCluster == 1) {
     if (!kCached && marks && p.k <= kSampleMaxK && scored >= kSampleMinSlots) {
@@ -740,8 +738,9 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
             }
         }
       });
-      finite = static_cast<int>(block_sum<kT>(finite_mine, scratch));  // its barriers order the
-      T = min(p.k, finite);                                             // appends before n_cand
+      // block_sum's barriers order every append before n_cand is read
+      finite = static_cast<int>(block_sum<kT>(finite_mine, scratch));
+      T = min(p.k, finite);
       const int listed_n = n_cand;
       sampled = listed_n >= T && listed_n <= kSampleCap;
       if (sampled) {
@@ -840,7 +839,6 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
           }
           __syncthreads();  // this CTA's lists are not written again: peers may still read them
           // the arrive and the wait before leaving keep this CTA's lists alive for the peers
-          // (cluster_offset's last barrier did, where it ran)
           if (marks) cluster_arrive();
           keys = reinterpret_cast<const uint32_t*>(hist_all);
           positions = hist_all + kRankCand;
@@ -1029,7 +1027,8 @@ cudaError_t launch_one_cta_a_row(const TopKParams& p, int smem_optin, cudaStream
   const int64_t share = share_slots(p.m_cap, 1);
   const size_t keys = static_cast<size_t>(share) * sizeof(uint32_t);
   const size_t bitmap = static_cast<size_t>(bitmap_bytes(share));
-  if (keys <= kMaxCachedBytes && two_ctas_an_sm(p, topk_kernel<true, 1, kHalfThreads>, keys + bitmap))
+  if (keys <= kMaxCachedBytes &&
+      two_ctas_an_sm(p, topk_kernel<true, 1, kHalfThreads>, keys + bitmap))
     return launch_rows<true, 1, kHalfThreads>(p, keys + bitmap, stream);
   if (two_ctas_an_sm(p, topk_kernel<false, 1, kHalfThreads>, bitmap))
     return launch_rows<false, 1, kHalfThreads>(p, bitmap, stream);
