@@ -318,6 +318,14 @@ __device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, Eli
   }
 }
 
+// The same within one CTA, every entry taking part (a CTA's listed candidates).
+template <int kT, typename PosOf, typename Key>
+__device__ void exact_threshold(int count, int T_bin, PosOf pos_of, Key key, int* hist,
+                                int* bcast, long long* scratch, uint32_t& thr_key, int& last_tie) {
+  exact_threshold<kT>(count, T_bin, pos_of, key, [](int) { return true; }, hist, hist, [] {},
+                      [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
+}
+
 // This warp's run [w0, w1) of a bitmap's `words` words (contiguous, in warp order) and the bits
 // set in it (every lane has the count). Its lanes take 32 words at a time, so no lane writes
 // more than 32 positions in a row where the taken slots are dense (a window of recent slots).
@@ -549,8 +557,8 @@ __device__ bool rank_filtered(const TopKParams& p, int row_id, int* hist, int* c
       rank_by_counting<kT>(keys, cand, n_cand, T_bin, bcast, thr_key, last_tie);
     } else {
       exact_threshold<kT>(n_cand, T_bin, [&](int i) { return cand_pos[i]; },
-                      [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist, hist,
-                      [] {}, [](long long v) { return v; }, bcast, scratch, thr_key, last_tie);
+                          [&](int i) { return cand_key[i]; }, hist, bcast, scratch, thr_key,
+                          last_tie);
     }
   }
   __syncthreads();  // every thread has read the ranking's bcast (find_bin's barriers ordered
@@ -748,8 +756,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
         cand_key = reinterpret_cast<const uint32_t*>(keys_out);
         if (T > 0 && listed_n > T)
           exact_threshold<kT>(listed_n, T, [&](int i) { return cand[i]; },
-                              [&](int i) { return cand_key[i]; }, [](int) { return true; }, hist,
-                              hist, [] {}, [](long long v) { return v; }, bcast, scratch, thr_key,
+                              [&](int i) { return cand_key[i]; }, hist, bcast, scratch, thr_key,
                               last_tie);
       } else {
         __syncthreads();  // every thread has read n_cand
