@@ -241,6 +241,12 @@ def _sampled_rows(kind: str, rows: int, width: int, gen: torch.Generator) -> tor
             pick = hidden[torch.randperm(hidden.numel(), generator=gen)[:300]]
             z[r, pick] = 20.0 + torch.rand(300, generator=gen)
         return z
+    if kind.startswith("finite_"):   # -inf but for N finite entries: the sample finds few
+        n = int(kind.split("_")[1])
+        z = torch.full((rows, width), float("-inf"))
+        for r in range(rows):
+            z[r, torch.randperm(width, generator=gen)[:n]] = torch.randn(n, generator=gen)
+        return z
     return _topk_rows(kind, rows, width, gen)
 
 
@@ -265,7 +271,8 @@ def _sampled_marks(rows, blocks, kind):
     for rows, blocks in [(100, 200), (100, 1100), (140, 200), (140, 400), (140, 1100)]
     for k, kind in [(512, "randn"), (512, "zeros"), (512, "narrow"), (512, "few_ties"),
                     (512, "wide"), (512, "sampled_high"), (512, "between_samples"),
-                    (100, "randn"), (513, "randn")]])
+                    (512, "finite_300"), (512, "finite_900"), (100, "randn"),
+                    (513, "randn")]])
 def test_gpu_topk_sampled_candidates_match_reference(rows, blocks, k, kind):
     gen = torch.Generator().manual_seed(rows * blocks + k + len(kind))
     R = 2

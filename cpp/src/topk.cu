@@ -693,7 +693,9 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
   // there A and B cost less than the sample's extra round trip and the radix passes.
   bool sampled = false;
   if constexpr (kCluster == 1) {
-    if (!kCached && marks && p.k <= kSampleMaxK && scored >= kSampleMinSlots) {
+    // not after the filter gave up (its bin held more than A' keeps); K 0 takes nothing
+    if (!kCached && marks && p.workspace == nullptr && p.k >= 1 && p.k <= kSampleMaxK &&
+        scored >= kSampleMinSlots) {
       constexpr int kSpan = kSampleStride * 4;  // slots from one sampled float4 to the next
       for (int j0 = threadIdx.x; j0 * kSpan < scored; j0 += 4 * kT) {
         uint4 raw[4];
@@ -723,34 +725,55 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
         __syncthreads();
         from = bin_keys[0];
       }
+      // The pass compares raw floats with the threshold's value (finite floats order as their
+      // keys; NaN never passes, -inf is below -FLT_MAX, +inf is dropped) and makes keys of the
+      // listed entries alone. It counts no finite entries: T is K where K or more are listed,
+      // and the listed count where the threshold let every finite entry through.
+      const bool every_finite = from == 1u;
+      const uint32_t from_key = max(from, kMinFiniteKey);
+      const float from_value = __uint_as_float((from_key & 0x80000000u) ? (from_key & 0x7FFFFFFFu)
+                                                                        : ~from_key);
       int* const keys_out = cand + kSampleCap;
-      int finite_mine = 0;
-      walk_segment(global_row, seg_begin, seg_end, [&](int pos, uint4 k) {
-        const uint32_t ks[4] = {k.x, k.y, k.z, k.w};
-        int mine = 0;
+      for (int base = seg_begin; base < seg_end; base += kWarpStep) {
+        // past kSampleCap the row starts again at A: stop listing (no barrier in this loop)
+        if (__any_sync(0xffffffffu, *reinterpret_cast<volatile int*>(&n_cand) > kSampleCap))
+          break;
+        float4 v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          finite_mine += ks[e] != 0u;
-          mine += ks[e] >= from;  // k 0: never (from >= 1)
+        for (int u = 0; u < 4; ++u) {
+          const int pos = base + u * 128 + lane * 4;
+          v[u] = pos < seg_end ? __ldg(reinterpret_cast<const float4*>(z + pos))
+                               : make_float4(-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F,
+                                             -CUDART_INF_F);
         }
-        if (mine) {
-          int at = atomicAdd(&n_cand, mine);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float vs[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+          if (!(vs[0] >= from_value || vs[1] >= from_value || vs[2] >= from_value ||
+                vs[3] >= from_value))
+            continue;
+          const int pos = base + u * 128 + lane * 4;
+          bool take[4];
+          int mine = 0;
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (ks[e] >= from) {
+            mine += take[e] = vs[e] >= from_value && vs[e] < CUDART_INF_F && pos + e < limit;
+          int at = mine ? atomicAdd(&n_cand, mine) : 0;  // one atomic a float4
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (take[e]) {
               if (at < kSampleCap) {
                 cand[at] = pos + e;
-                keys_out[at] = static_cast<int>(ks[e]);
+                keys_out[at] = static_cast<int>(ordered_key(vs[e]));
               }
               ++at;
             }
         }
-      });
-      // block_sum's barriers order every append before n_cand is read
-      finite = static_cast<int>(block_sum<kT>(finite_mine, scratch));
-      T = min(p.k, finite);
+      }
+      __syncthreads();  // every append before n_cand is read
       const int listed_n = n_cand;
-      sampled = listed_n >= T && listed_n <= kSampleCap;
+      sampled = listed_n <= kSampleCap && (listed_n >= p.k || every_finite);
+      T = min(p.k, listed_n);
       if (sampled) {
         listed = kKeysKept;
         cand_key = reinterpret_cast<const uint32_t*>(keys_out);
