@@ -12,13 +12,17 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
                 the schedule metadata is listed apart (upstream builds it once per step in
                 prepare)
   spin (DG):    select / layers + compact + schedule + DeepGEMM logits on the compacted table +
-                top-K + update (compact and schedule are also timed alone: what a select that
-                wrote the compacted table itself would save)
+                top-K + update, a compact and a schedule kernel a layer (each also timed alone)
   spin (native): select / layers + spin's masked logits + top-K + update
-  as run:       spin (DG) as SpinIndexer runs it by default: without MTP on sm_90 the update is
-                launched beside the top-K (IndexerOptions.overlap_update), so the top-K and
-                the update are timed together; with MTP (the update deferred to finish(), one
-                launch for every layer) it is spin (DG)
+  as run:       spin (DG) as SpinIndexer runs it by default: every layer's compacted table,
+                lengths and DeepGEMM schedule from one ops.compact a step (StepCompaction; /
+                layers here), then DeepGEMM's logits alone a layer; without MTP on sm_90 the
+                update is launched beside the top-K (IndexerOptions.overlap_update), so the
+                top-K and the update are timed together; with MTP (the update deferred to
+                finish(), one launch for every layer) they add. Where DeepGEMM's schedule
+                function differs from ops.compact's, as run keeps a compact and a schedule a
+                layer. One layer's compact with its schedule (the probe's path, whose select
+                is per layer) is timed too
   floor:        SPIN's logits alone (the faster of DG and native) over dense: the ratio if
                 select, top-K and update cost nothing
   top-K bound:  each top-K's rows of fp32 scores read once at the copy bandwidth of the run
@@ -50,6 +54,7 @@ from spin_trtllm import ops
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import write_output
 from spin_trtllm.logits import DeepGemmLogits
+from spin_trtllm.logits.deepgemm import LayerInputs, schedule_matches
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_decode_indexer import (PAGE_BYTES, bound_us, cannot_run,  # noqa: E402
@@ -131,6 +136,17 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
 
     t_topk_update = time_ms(topk_update_beside, iters, sets) if beside \
         else t_spin_topk + t_update
+    stepwide = step_compaction(inputs, dg, n, ids, cnt, iters, sets)
+    if stepwide is not None:
+        prepared, t_step_compact, t_one_layer = stepwide
+        t_dg_prepared = time_ms(lambda i: dg.run(inputs[i][2], inputs[i][0], inputs[i][3], n,
+                                                 inputs[i][1], ids[:, 0], cnt[:, 0],
+                                                 prepared=prepared[i]), iters, sets)
+        logits_p, lens_p = dg.run(inputs[0][2], inputs[0][0], inputs[0][3], n, inputs[0][1],
+                                  ids[:, 0], cnt[:, 0], prepared=prepared[0])
+        top_p = torch.empty_like(top)
+        ops.topk(logits_p, ids[:, 0], cnt[:, 0], next_n, k, top_p, row_lens=lens_p)
+        agree_step = same_sets(top_dg, top_p)
     t_native = time_ms(spin_native, iters, sets)
     t_native_topk = time_ms(lambda i: ops.topk(z, ids[:, 0], cnt[:, 0], next_n, k, top),
                             iters, sets)
@@ -149,7 +165,9 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     per_layer_select = t_select / layers
     spin_dg_ms = per_layer_select + t_spin_dg + t_spin_topk + t_update
     spin_native_ms = per_layer_select + t_native + t_native_topk + t_update
-    spin_dg_as_run_ms = per_layer_select + t_spin_dg + t_topk_update
+    per_layer_compact_as_run_ms = per_layer_select + t_spin_dg + t_topk_update
+    spin_dg_as_run_ms = per_layer_compact_as_run_ms if stepwide is None else \
+        per_layer_select + t_step_compact / layers + t_dg_prepared + t_topk_update
     us = 1e3
     # the top-K's bound: its rows' fp32 scores read once at the copy bandwidth of this run
     # (SPIN's rows hold the selected blocks' slots, a ragged last block counted whole)
@@ -174,12 +192,43 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "update_beside_topk": beside, "topk_update_us": us * t_topk_update,
         "spin_dg_as_run_us": us * spin_dg_as_run_ms,
         "spin_dg_as_run_over_dense": spin_dg_as_run_ms / dense_ms,
+        "schedule_from_compact": stepwide is not None,
+        "step_compact_us": None if stepwide is None else us * t_step_compact,
+        "compact_one_layer_us": None if stepwide is None else us * t_one_layer,
+        "spin_dg_prepared_logits_us": None if stepwide is None else us * t_dg_prepared,
+        "topk_sets_equal_step_vs_per_layer": None if stepwide is None else agree_step,
+        "per_layer_compact_as_run_us": us * per_layer_compact_as_run_ms,
+        "per_layer_compact_as_run_over_dense": per_layer_compact_as_run_ms / dense_ms,
         # what SPIN would cost if select, top-K and update were free: its logits alone
         "logits_floor_over_dense": min(t_spin_dg, t_native) / dense_ms,
         "spin_topk_bound_us": bound_us(spin_topk_bytes, copy_tbs),
         "dense_topk_bound_us": bound_us(dense_topk_bytes, copy_tbs),
         "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
     }
+
+
+def step_compaction(inputs, dg, n, ids, cnt, iters, sets):
+    """Per input set, layer 0's inputs from one ops.compact over every layer with DeepGEMM's
+    schedule; ms of that launch (a step's) and of one layer's compact with its schedule. None
+    where DeepGEMM's schedule function differs from the one compact writes."""
+    source = dg.schedule_source(n)
+    if source is None or not schedule_matches(source, n.shape[1], n.device):
+        print("DeepGEMM's schedule differs from ops.compact's: as run keeps a compact and a "
+              "schedule a layer", file=sys.stderr)
+        return None
+    L = ids.shape[1]
+    work = torch.zeros(L, dtype=torch.int32, device="cuda")
+    made = []
+    for cache, table, q, w in inputs:
+        sched = torch.empty(L, source.num_sms + 1, 2, dtype=torch.int32, device="cuda")
+        tables, lens = ops.compact(ids, cnt, n, table, 64, schedule=sched, workspace=work)
+        made.append((tables, lens, sched))
+    prepared = [LayerInputs(t[0], l[0], s[0]) for t, l, s in made]
+    t_step = time_ms(lambda i: ops.compact(ids, cnt, n, inputs[i][1], 64, *made[i], work),
+                     iters, sets)
+    t_one = time_ms(lambda i: ops.compact(ids[:, 0], cnt[:, 0], n, inputs[i][1], 64,
+                                          *prepared[i], work[:1]), iters, sets)
+    return prepared, t_step, t_one
 
 
 def logits_case(inputs, n, batch, slots, next_n, iters, dg):
@@ -239,10 +288,15 @@ def topk_cell(row) -> str:
 
 
 def compact_cell(row) -> str:
-    """compact's and the schedule's share of compact+DG, timed alone ("" in older rows)."""
+    """compact's and the schedule's share of compact+DG, timed alone, and DeepGEMM's logits
+    after one compact a step for every layer ("" in older rows)."""
     if "compact_us" not in row:
         return ""
-    return f" (compact {row['compact_us']:.1f}, schedule {row['spin_dg_schedule_us']:.1f})"
+    cell = f" (compact {row['compact_us']:.1f}, schedule {row['spin_dg_schedule_us']:.1f}"
+    if row.get("step_compact_us") is not None:
+        cell += (f"; DG alone {row['spin_dg_prepared_logits_us']:.1f} after one compact of "
+                 f"every layer, {row['step_compact_us']:.1f} a step")
+    return cell + ")"
 
 
 def as_run_cells(row) -> str:
@@ -251,7 +305,11 @@ def as_run_cells(row) -> str:
     if "spin_dg_as_run_over_dense" not in row:
         return "- | -"
     after = "" if row["update_beside_topk"] else " (after)"
-    return f"{row['topk_update_us']:.1f}{after} | {row['spin_dg_as_run_over_dense']:.2f}"
+    per_layer = row.get("per_layer_compact_as_run_over_dense")
+    before = f" ({per_layer:.2f} compacting a layer at a time)" \
+        if per_layer is not None and row.get("schedule_from_compact") else ""
+    return (f"{row['topk_update_us']:.1f}{after} | {row['spin_dg_as_run_over_dense']:.2f}"
+            f"{before}")
 
 
 def floor_cells(row) -> str:

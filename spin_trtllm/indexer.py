@@ -229,6 +229,12 @@ class SpinIndexer:
         self._no_logits = torch.zeros(1, 1, 4, device=dev)
         self.batch = 0
         self.keep_all = False
+        # every layer's blocks chosen by select() (not layer by layer): a DeepGEMM-style
+        # backend then gets every layer's compacted inputs from one launch a step, else one a
+        # layer (StepCompaction)
+        self._all_selected = False
+        self._step_inputs = logits_backends.StepCompaction(L, max_batch, next_n, self.m_cap,
+                                                           page_slots, dev)
         # probe: layer -> uint8 [num_pages, 144] summary table of that layer's K cache, and the
         # cache it belongs to; the block scores of one layer
         self.summaries: dict[int, torch.Tensor] = {}
@@ -339,6 +345,8 @@ class SpinIndexer:
         or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all
         (a host flag: a graph captured with it replays that choice)."""
         self.keep_all = keep_all
+        self._all_selected = False
+        self._step_inputs.clear()
         if self.query_aware and not keep_all:
             return
         cfg = self.cfg.with_overrides(target_sparsity=0.0, exploration=0.0) if keep_all \
@@ -348,6 +356,7 @@ class SpinIndexer:
             flat = self.block_scores[:B * R].zero_().view(B, R, self.m_cap)
             for layer in range(self.block_ids.shape[1]):
                 self._select(cfg, layer, block_scores=flat)
+            self._all_selected = True
             return
         if self.select_beside:
             self._select_cfg = cfg
@@ -356,6 +365,7 @@ class SpinIndexer:
             self._select_layer(0)
             return
         self._select(cfg)
+        self._all_selected = True
 
     def _select(self, cfg: SpinConfig, layer: Optional[int] = None, **options) -> None:
         """ops.select on this step's batch into the indexer's buffers (options: block_scores,
@@ -393,9 +403,15 @@ class SpinIndexer:
             self._selected[layer], self._used[layer] = False, True
         out = self.logits[layer if self._keeps_logits else 0, :B * R] \
             if self.logits is not None else None
-        return (backend or self.backend).run(q, kv_cache, weights, self.context_lens[:B],
-                                             self.block_table[:B], self.block_ids[:B, layer],
-                                             self.counts[:B, layer], out)
+        backend = backend or self.backend
+        args = (q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
+                self.block_ids[:B, layer], self.counts[:B, layer], out)
+        source = getattr(backend, "schedule_source", None)
+        source = source(self.context_lens[:B]) if source is not None else None
+        prepared = None if source is None else self._step_inputs.layer(
+            layer, source, self.block_ids[:B], self.counts[:B], self.context_lens[:B],
+            self.block_table[:B], every_layer=self._all_selected)
+        return backend.run(*args) if prepared is None else backend.run(*args, prepared=prepared)
 
     def _probe_select(self, layer: int, q, weights: torch.Tensor, kv_cache: torch.Tensor) -> None:
         """Summaries of this step's newest pages (written by this layer's forward just before;

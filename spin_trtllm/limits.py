@@ -38,6 +38,9 @@ TOPK_FILTER_AUTO_MIN_SLOTS = 16 * TOPK_FILTER_SLICE_SLOTS
 MAX_HYBRID_BLOCKS = 8192  # select(merge_history=True) sorts a row's blocks in shared memory
 MAX_M_CAP = 33550335      # m_cap * 64, plus update's next pass (2^18 slots), fits the kernels' int
 MAX_LAUNCH_BATCH = 65535  # requests of one launch: the CUDA grid's y dimension
+# DeepGEMM's SM90 paged-logits schedule (get_paged_mqa_logits_metadata) splits a request's
+# slots into runs of this many; ops.compact writes that schedule for every layer at once
+DEEPGEMM_SPLIT_KV = 256
 INT32_MAX = 2**31 - 1     # the kernels' sizes and indices are int32: no tensor dim may pass it
 
 # Enum values as the kernels read them.

@@ -10,7 +10,8 @@ same comparison runs against the real kernel.
 import pytest
 import torch
 
-from spin_trtllm import SpinConfig, SpinError, logits
+from spin_trtllm import SpinConfig, SpinError, logits, ops
+from spin_trtllm import reference as ref
 from spin_trtllm.indexer import DenseIndexer, SpinIndexer
 from spin_trtllm.logits import DeepGemmLogits
 from spin_trtllm.options import LOGITS_BACKENDS, IndexerOptions
@@ -97,6 +98,55 @@ def test_deepgemm_on_compacted_tables_equals_native(R):
     native = drive("native", 64, R)
     assert_same(native, drive(DeepGemmLogits(dg, 64), 64, R))        # R 3: one request per row
     assert_same(native, drive(DeepGemmLogits(dg, 32), 32, R))        # a SPIN block = 2 pages
+
+
+class RealSchedule(Sm90Like):
+    """DeepGEMM's own schedule format (reference.paged_logits_schedule, which the GPU tests hold
+    to DeepGEMM's function): its logits call requires exactly the schedule DeepGEMM would build
+    for the lengths it gets, then scores with the stand-in (given the stand-in's own plan)."""
+
+    def __init__(self, dg):
+        super().__init__(dg)
+        self.schedules = 0
+        self.get_paged_mqa_logits_metadata = self.schedule
+
+    def schedule(self, lens, block_kv, num_sms):
+        self.schedules += 1
+        return ref.paged_logits_schedule(lens, num_sms)
+
+    def fp8_paged_mqa_logits(self, q, kv, w, lens, table, schedule, *rest):
+        assert torch.equal(schedule, ref.paged_logits_schedule(lens, self.get_num_sms()))
+        own = self.dg.get_paged_mqa_logits_metadata(lens, kv.shape[1], self.get_num_sms())
+        return super().fp8_paged_mqa_logits(q, kv, w, lens, table, own, *rest)
+
+
+@pytest.mark.parametrize("R", [1, 2, 3])
+def test_deepgemm_inputs_of_every_layer_in_one_launch(R, monkeypatch):
+    """With DeepGEMM's schedule format every layer's table, lengths and schedule come from one
+    ops.compact a step (none from the module's schedule function once it is checked); the
+    stand-in's own plan, or next_n 3 (one request per row), keep a compact and a schedule per
+    layer. The top-K sets equal the native path's either way."""
+    calls = []
+    compact = ops.compact
+    monkeypatch.setattr(ops, "compact", lambda *a, **k: calls.append(a[0].dim()) or
+                        compact(*a, **k))
+    native = drive("native", 64, R)
+    steps = len(native) // L
+    real = RealSchedule(standin_deep_gemm())
+    assert_same(native, drive(DeepGemmLogits(real, 64), 64, R))
+    per_step = R > 2
+    assert calls == ([2] * L * steps if per_step else [3] * steps)
+    checked = real.schedules
+    calls.clear()
+    assert_same(native, drive(DeepGemmLogits(real, 64), 64, R))     # checked already
+    assert calls == ([2] * L * steps if per_step else [3] * steps)
+    assert real.schedules - checked == (L * steps if per_step else 0)
+    calls.clear()
+    assert_same(native, drive(DeepGemmLogits(real, 32), 32, R))     # a SPIN block = 2 pages
+    assert calls == ([2] * L * steps if per_step else [3] * steps)
+    calls.clear()
+    assert_same(native, drive(DeepGemmLogits(Sm90Like(standin_deep_gemm()), 64), 64, R))
+    assert calls == [2] * L * steps
 
 
 def test_dense_indexer_through_deepgemm_equals_native():

@@ -633,3 +633,153 @@ def test_gpu_topk_row_lens_match_reference(blocks, B, R):
     got = ops.topk(_strided(z, 4, 7.0).cuda()[:, :z.shape[1]], ids.cuda(), cnt.cuda(), R, 2048,
                    row_lens=lens.cuda())
     assert torch.equal(got.cpu(), want)
+
+
+# ---- every layer in one launch, with DeepGEMM's schedule ----------------------------------------
+def brute_schedule(lens, num_sms):
+    """DeepGEMM's SM90 paged-logits schedule by enumeration: every (request pair, run) in order,
+    request b holding ceil(lens[b, R-1] / 256) runs for each of ceil(R / 2) pairs (1 for one
+    row); SM s starts at item s * q + max(0, s - (num_sms - total % num_sms)); past the last
+    item, and for the closing entry, (B * pairs, 0)."""
+    B, R = lens.shape
+    pairs = (R + 1) // 2 if R >= 2 else 1
+    items = [(b * pairs + a, k) for b in range(B) for a in range(pairs)
+             for k in range(-(-int(lens[b, -1]) // 256))]
+    q, pivot = len(items) // num_sms, num_sms - len(items) % num_sms
+    out = []
+    for s in range(num_sms):
+        at = s * q + max(0, s - pivot)
+        out.append(list(items[at]) if at < len(items) else [B * pairs, 0])
+    return torch.tensor(out + [[B * pairs, 0]], dtype=torch.int32)
+
+
+def _schedule_lens(seed, B, R, longest):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, longest + 1, (B, R), generator=gen, dtype=torch.int32)
+    lens[::3, -1] = 0                                # requests without a run
+    lens[1::4, -1] = 256 * (lens[1::4, -1] // 256)   # runs ending on a split boundary
+    return lens
+
+
+@pytest.mark.parametrize("B,R,longest,num_sms", [
+    (0, 1, 0, 4), (1, 1, 0, 4), (1, 2, 100, 132), (3, 1, 700, 2), (5, 3, 3000, 7),
+    (17, 4, 9000, 132), (40, 2, 70000, 132), (300, 1, 2000, 16), (9, 8, 600, 5)])
+def test_paged_logits_schedule_matches_enumeration(B, R, longest, num_sms):
+    for seed in range(3):
+        lens = _schedule_lens(seed, B, R, longest)
+        assert torch.equal(ref.paged_logits_schedule(lens, num_sms),
+                           brute_schedule(lens, num_sms))
+
+
+@pytest.mark.parametrize("page_slots", [64, 32])
+@pytest.mark.parametrize("seed", range(6))
+def test_layered_compact_equals_each_layer_and_writes_schedules(seed, page_slots):
+    ids, counts, ctx, table = random_case(seed, page_slots, layers=3)
+    B, L = counts.shape
+    sms = 1 + seed * 5
+    schedule = torch.full((L, sms + 1, 2), 7, dtype=torch.int32)
+    workspace = torch.zeros(L, dtype=torch.int32)
+    tables, lens = ops.compact(ids, counts, ctx, table, page_slots, schedule=schedule,
+                               workspace=workspace)
+    for l in range(L):
+        want_t, want_l = ops.compact(ids[:, l], counts[:, l], ctx, table, page_slots)
+        assert torch.equal(tables[l], want_t) and torch.equal(lens[l], want_l)
+        assert torch.equal(schedule[l], brute_schedule(want_l, sms))
+    assert not workspace.any()
+
+
+def test_compact_schedule_arguments_are_checked():
+    ids, counts, ctx, table = random_case(3, 64, B=2, R=2, m_cap=4, layers=2)
+    sched = torch.zeros(2, 9, 2, dtype=torch.int32)
+    work = torch.zeros(2, dtype=torch.int32)
+    tables, lens = torch.zeros(2, 2, 4, dtype=torch.int32), torch.zeros(2, 2, 2, dtype=torch.int32)
+    with pytest.raises(SpinError, match="schedule needs a workspace"):
+        torch.ops.spin.compact(ids, counts, ctx, table, 64, tables, lens, sched)
+    cases = [
+        (dict(workspace=work), "pass schedule with it"),
+        (dict(schedule=sched[0], workspace=work), "schedule must have 3 dims"),
+        (dict(schedule=torch.zeros(2, 1, 2, dtype=torch.int32), workspace=work),
+         "num_sms >= 1"),
+        (dict(schedule=sched.long(), workspace=work), "schedule must be int32"),
+        (dict(schedule=sched, workspace=work[:1]), "workspace must have shape"),
+        (dict(schedule=sched, workspace=torch.ones(2, dtype=torch.int32)),
+         "workspace must be zero"),
+    ]
+    for kwargs, needle in cases:
+        with pytest.raises(SpinError, match=f"spin::compact: .*{needle}"):
+            ops.compact(ids, counts, ctx, table, 64, **kwargs)
+    with pytest.raises(SpinError, match=r"compact_table must have shape \[2, 2, m_cap"):
+        ops.compact(ids, counts, ctx, table, 64, torch.zeros(3, 2, 4, dtype=torch.int32))
+    flat = torch.zeros(2 * 4, dtype=torch.int32)
+    with pytest.raises(SpinError, match="compact_table rows overlap"):
+        ops.compact(ids, counts, ctx, table, 64, flat.as_strided((2, 2, 4), (4, 0, 1)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,R,m_cap,sms", [
+    (1, 1, 1, 132), (3, 2, 40, 132), (40, 1, 700, 132), (300, 2, 30, 16), (257, 1, 5, 1),
+    (6, 3, 200, 8), (2, 8, 9, 132)])
+def test_gpu_layered_compact_and_schedule_match_reference(B, R, m_cap, sms):
+    ids, counts, ctx, table = random_case(B * 7 + m_cap, 64, B=B, R=R, m_cap=m_cap, layers=3)
+    L = counts.shape[1]
+    want_s = torch.zeros(L, sms + 1, 2, dtype=torch.int32)
+    want_t, want_l = ops.compact(ids, counts, ctx, table, 64, schedule=want_s)
+    got_s = torch.full((L, sms + 1, 2), -5, dtype=torch.int32, device="cuda")
+    work = torch.zeros(L, dtype=torch.int32, device="cuda")
+    for _ in range(2):                       # the workspace is left zero for the next launch
+        got_t, got_l = ops.compact(ids.cuda(), counts.cuda(), ctx.cuda(), table.cuda(), 64,
+                                   schedule=got_s, workspace=work)
+        assert torch.equal(got_t.cpu(), want_t) and torch.equal(got_l.cpu(), want_l)
+        assert torch.equal(got_s.cpu(), want_s)
+        assert not work.any()
+
+
+@pytest.mark.gpu
+def test_gpu_compact_schedule_of_no_request_and_graph_replay():
+    empty = torch.zeros(0, 2, 4, dtype=torch.int32, device="cuda")
+    sched = torch.full((2, 5, 2), 3, dtype=torch.int32, device="cuda")
+    ops.compact(empty, torch.zeros(0, 2, dtype=torch.int32, device="cuda"),
+                torch.zeros(0, 1, dtype=torch.int32, device="cuda"),
+                torch.zeros(0, 4, dtype=torch.int32, device="cuda"), 64, schedule=sched)
+    assert not sched.any()
+    B, R, m_cap, sms = 5, 2, 30, 132
+    bufs = [t.cuda() for t in random_case(70, 64, B=B, R=R, m_cap=m_cap, layers=2)]
+    tables = torch.empty(2, B, m_cap, dtype=torch.int32, device="cuda")
+    lens = torch.empty(2, B, R, dtype=torch.int32, device="cuda")
+    sched = torch.empty(2, sms + 1, 2, dtype=torch.int32, device="cuda")
+    work = torch.zeros(2, dtype=torch.int32, device="cuda")
+    step = lambda: ops.compact(*bufs, 64, tables, lens, sched, work)  # noqa: E731
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for t in range(3):
+        new = random_case(80 + t, 64, B=B, R=R, m_cap=m_cap, layers=2)
+        for dst, src in zip(bufs, new):
+            dst.zero_()[tuple(slice(0, n) for n in src.shape)].copy_(src)
+        graph.replay()
+        want_s = torch.zeros(2, sms + 1, 2, dtype=torch.int32)
+        want_t, want_l = ops.compact(*(b.cpu() for b in bufs), 64, schedule=want_s)
+        torch.cuda.synchronize()
+        assert torch.equal(tables.cpu(), want_t) and torch.equal(lens.cpu(), want_l)
+        assert torch.equal(sched.cpu(), want_s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,R", [(1, 1), (5, 2), (29, 1), (32, 2), (96, 1), (300, 2)])
+def test_gpu_compact_schedule_equals_deepgemm(B, R):
+    """The schedule ops.compact writes against DeepGEMM's own get_paged_mqa_logits_metadata
+    (skips where deep_gemm is not importable: tests/gpu/deepgemm_env.sh builds it)."""
+    from spin_trtllm.logits.deepgemm import find_module
+    dg, why = find_module()
+    if dg is None:
+        pytest.skip(f"DeepGEMM: {why}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ids, counts, ctx, table = random_case(B + R, 64, B=B, R=R, m_cap=1200, layers=1)
+    ctx = torch.where(torch.arange(B).view(-1, 1) % 4 == 1, 0, ctx * 50).int()
+    sched = torch.empty(1, sms + 1, 2, dtype=torch.int32, device="cuda")
+    _, lens = ops.compact(ids.cuda(), counts.cuda(), ctx.cuda(), table.cuda(), 64,
+                          schedule=sched)
+    want = dg.get_paged_mqa_logits_metadata(lens[0].contiguous(), 64, sms)
+    assert torch.equal(sched[0].cpu(), want.cpu())

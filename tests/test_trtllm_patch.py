@@ -8,6 +8,7 @@ top-K of exactly those slots, computed by upstream's own (stand-in) DeepGEMM cal
 compacted block table.
 """
 
+import importlib
 import logging
 import subprocess
 import sys
@@ -437,3 +438,39 @@ def test_cute_dsl_paged_logits_layers_stay_dense(env, monkeypatch, caplog):
     layers = [l.self_attn.indexer for l in model.model.layers[:2]]
     assert all(ix.use_cute_dsl_paged_mqa_logits and ix._spin is None for ix in layers)
     assert not patch._LAYERS and "CuTe DSL paged logits" in caplog.text
+
+
+@pytest.mark.parametrize("predictor", ["spin", "probe"])
+@pytest.mark.parametrize("v4,tpb,fp4,next_n,graph", [SCENARIOS[0], SCENARIOS[1], SCENARIOS[4]])
+@pytest.mark.slow
+def test_compact_writes_the_schedule_where_it_is_deepgemms(env, monkeypatch, v4, tpb, fp4,
+                                                          next_n, graph, predictor):
+    """The stand-in's schedule is its own plan, so each layer's call compacts, then schedules.
+    With DeepGEMM's format (reference.paged_logits_schedule, which the GPU tests hold to
+    DeepGEMM's function) compact writes the schedule too: for every layer in one launch where
+    select() chose every layer's blocks (spin), one launch a layer where each layer's call
+    chooses its own (probe, TensorRT-LLM's default). The rows are still the top-K of the
+    selected blocks."""
+    trt, patch = env
+    ref = importlib.import_module("spin_trtllm.reference")
+    ops = importlib.import_module("spin_trtllm.ops")
+    # the module whose schedule function the patch calls (the Indexer's)
+    indexer_module = imp("tensorrt_llm._torch.attention.backends.sparse.dsa.indexer")
+    monkeypatch.setattr(indexer_module, "get_paged_mqa_logits_metadata",
+                        lambda lens, block_kv, num_sms, indices=None:
+                        ref.paged_logits_schedule(lens.cpu(), num_sms).to(lens.device))
+    calls = []
+    compact = ops.compact
+    monkeypatch.setattr(ops, "compact", lambda *a, **k: calls.append(
+        (a[0].dim(), len(a) > 7 and a[7] is not None)) or compact(*a, **k))
+    ckpt = dict(V4_CKPT, index_topk=24) if v4 else V32_CKPT
+    _, model, manager, md = build(trt, ckpt, sparse_config(v4, fp4, spin={"predictor": predictor}),
+                                  tpb, next_n, cuda_graph=graph, max_seq_len=2048,
+                                  max_num_tokens=4096)
+    prompts = (1300, 900) if v4 else (700, 450)
+    pruned = decode(patch, model, manager, md, fp4, 4 if v4 else 1, prompts, steps=3,
+                    next_n=next_n, dummy=2 if graph else 0, accepted=next_n - 1)
+    assert pruned > 0, "SPIN never dropped a block: the check would prove nothing"
+    layers = len(getattr(manager, patch._RUNTIME_ATTR).layer_index)
+    every_layer = predictor == "spin"
+    assert calls == [(3 if every_layer else 2, True)] * (3 if every_layer else 3 * layers)

@@ -1,11 +1,13 @@
 // spin::compact and spin::remap: drive an external paged indexer-logits kernel (DeepGEMM's
 // fp8_paged_mqa_logits, as TensorRT-LLM uses it) over SPIN's selected blocks only.
 //
-// compact: one CTA per request writes the compacted block table (the pages of the selected
-// blocks in compact order, 0 elsewhere) and, per MTP row, the number of visible slots in
+// compact: one CTA per request and layer writes the compacted block table (the pages of the
+// selected blocks in compact order, 0 elsewhere) and, per MTP row, the number of visible slots in
 // compact order. Ids are ascending, so a row's visible slots are a prefix of the compact order
 // and (table, lens) given to the external kernel as (block table, context lengths) yield SPIN's
-// compact masked logits.
+// compact masked logits. Every layer in one launch (grid y), and with a schedule DeepGEMM's
+// schedule of each layer's lens (its last CTA writes it), so the step's one launch replaces the
+// compact and schedule kernels of each layer's call.
 // remap: compact positions of a top-K over those logits -> request-local slot ids, one thread
 // per element (in place allowed); ascending: one CTA per row sorts the row's ids (CUB block
 // radix sort), so a peer's unordered top-K (flashinfer's) becomes spin::topk's output in one
@@ -22,18 +24,98 @@ constexpr int kCompactWarps = kCompactThreads / 32;
 constexpr int kRemapThreads = 256;
 static_assert(16 * kRemapThreads == kMaxSortedK, "remap_sorted_kernel<16> covers kMaxSortedK");
 
+// Inclusive prefix sum of one value per thread of a compact CTA; *total: the CTA's sum.
+// `totals` holds one value per warp.
+__device__ __forceinline__ uint32_t cta_inclusive_sum(uint32_t v, uint32_t* totals,
+                                                      uint32_t* total) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  v = static_cast<uint32_t>(warp_inclusive_sum(static_cast<int>(v)));  // mod 2^32 either way
+  __syncthreads();  // totals free
+  if (lane == 31) totals[warp] = v;
+  __syncthreads();
+  uint32_t before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kCompactWarps; ++w) {
+    before += w < warp ? totals[w] : 0u;
+    all += totals[w];
+  }
+  *total = all;
+  return v + before;
+}
+
+// Runs of kDeepGemmSplitKv slots that request b's last MTP row reads (0 past the batch).
+__device__ __forceinline__ uint32_t splits_of(const int32_t* lens, int b, int batch, int rows) {
+  if (b >= batch) return 0u;
+  const int64_t at = static_cast<int64_t>(b) * rows + rows - 1;
+  const uint32_t n = static_cast<uint32_t>(__ldcg(lens + at));  // other CTAs wrote it: not L1
+  return (n + kDeepGemmSplitKv - 1) / kDeepGemmSplitKv;
+}
+
+// DeepGEMM's SM90 paged-logits schedule of one layer's lens [batch, rows] (what
+// get_paged_mqa_logits_metadata returns for them; unsigned arithmetic as there): request b is
+// splits_of(b) runs for each of its `pairs` row pairs (ceil(rows / 2), 1 for one row), dealt
+// out in request order to num_sms SMs, each q = total / num_sms runs and the last r = total %
+// num_sms one more. meta[s] = (first request pair, first run) of SM s; meta[num_sms] = (batch *
+// pairs, 0), as is every SM's entry when there is no run at all.
+__device__ void write_schedule(const int32_t* lens, int batch, int rows, int num_sms,
+                               int32_t* meta) {
+  __shared__ uint32_t totals[kCompactWarps];
+  __shared__ uint32_t prefix[kCompactThreads];
+  const uint32_t pairs = rows >= 2 ? (rows + 1) / 2 : 1;
+  uint32_t runs = 0;
+  for (int c = 0; c < batch; c += kCompactThreads) {
+    uint32_t chunk;
+    cta_inclusive_sum(splits_of(lens, c + threadIdx.x, batch, rows), totals, &chunk);
+    runs += chunk;
+  }
+  const uint32_t total = runs * pairs, sms = static_cast<uint32_t>(num_sms);
+  const uint32_t q = total / sms, pivot = sms - total % sms;
+  // SM s starts at run `seg` of the whole order: in the request whose prefix first passes it
+  uint32_t base = 0;
+  for (int c = 0; c < batch; c += kCompactThreads) {
+    uint32_t chunk;
+    prefix[threadIdx.x] =
+        cta_inclusive_sum(splits_of(lens, c + threadIdx.x, batch, rows), totals, &chunk);
+    __syncthreads();
+    const int n = min(kCompactThreads, batch - c);
+    for (uint32_t s = threadIdx.x; s < sms; s += kCompactThreads) {
+      const uint32_t seg = s * q + (s > pivot ? s - pivot : 0u);
+      if (seg < base * pairs || seg >= (base + chunk) * pairs) continue;
+      int lo = 0, hi = n;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if ((base + prefix[mid]) * pairs <= seg) lo = mid + 1;
+        else hi = mid;
+      }
+      const uint32_t before = lo ? prefix[lo - 1] : 0u;
+      const uint32_t own = prefix[lo] - before, offset = seg - (base + before) * pairs;
+      meta[2 * s] = static_cast<int32_t>((c + lo) * pairs + offset / own);
+      meta[2 * s + 1] = static_cast<int32_t>(offset % own);
+    }
+    base += chunk;
+    __syncthreads();  // prefix is rewritten next
+  }
+  for (uint32_t s = threadIdx.x; s <= sms; s += kCompactThreads)
+    if (s == sms || total == 0) {
+      meta[2 * s] = static_cast<int32_t>(static_cast<uint32_t>(batch) * pairs);
+      meta[2 * s + 1] = 0;
+    }
+}
+
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams p) {
   __shared__ long long partial[kMaxNextN][kCompactWarps];
-  const int b = blockIdx.x;
+  __shared__ bool last;
+  const int b = blockIdx.x, layer = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int32_t* ids = p.block_ids + b * p.ids_stride;
+  const int32_t* ids = p.block_ids + b * p.ids_stride + layer * p.ids_layer_stride;
   const int32_t* table = p.block_table + b * p.table_stride;
-  const int count = max(min(p.counts[b * p.counts_stride], p.m_cap), 0);
+  const int count =
+      max(min(p.counts[b * p.counts_stride + layer * p.counts_layer_stride], p.m_cap), 0);
   const int shift = p.page_slots == kBlockSize ? 0 : 1;  // log2 of pages per block
   const int ppb_mask = (1 << shift) - 1;
 
   // the table: entry e is page e % ppb of compact block e / ppb
-  int32_t* out = p.compact_table + b * p.compact_stride;
+  int32_t* out = p.compact_table + layer * p.compact_layer_stride + b * p.compact_stride;
   for (int e = threadIdx.x; e < p.width; e += kCompactThreads) {
     const int k = e >> shift;
     int32_t page = 0;
@@ -68,12 +150,24 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(CompactParams 
     if (lane == 0) partial[r][warp] = v;
   }
   __syncthreads();
+  int32_t* layer_lens = p.compact_lens + static_cast<int64_t>(layer) * p.batch * p.rows;
   if (threadIdx.x < p.rows) {
     long long total = 0;
 #pragma unroll
     for (int w = 0; w < kCompactWarps; ++w) total += partial[threadIdx.x][w];
-    p.compact_lens[b * p.rows + threadIdx.x] = static_cast<int32_t>(total);
+    layer_lens[b * p.rows + threadIdx.x] = static_cast<int32_t>(total);
+    if (p.schedule != nullptr) __threadfence();  // before this CTA counts as done
   }
+  if (p.schedule == nullptr) return;
+  // the layer's last CTA to finish writes its schedule, from every request's lens
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.done + layer, 1) == p.batch - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  write_schedule(layer_lens, p.batch, p.rows, p.num_sms,
+                 p.schedule + static_cast<int64_t>(layer) * (p.num_sms + 1) * 2);
+  if (threadIdx.x == 0) p.done[layer] = 0;  // the next launch counts from zero
 }
 
 // The slot id of element col of row, or -1 (past the scored blocks, a padded id, a slot id past
@@ -125,10 +219,17 @@ __global__ void __launch_bounds__(kRemapThreads) remap_sorted_kernel(RemapParams
 }  // namespace
 
 cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream) {
-  if (p.batch == 0) return cudaSuccess;
-  if (p.rows < 1 || p.rows > kMaxNextN || (p.page_slots != 32 && p.page_slots != kBlockSize))
+  if (p.batch == 0)  // no request: every schedule entry is (0, 0)
+    return p.schedule == nullptr ? cudaSuccess
+                                 : cudaMemsetAsync(p.schedule, 0,
+                                                   sizeof(int32_t) * 2 * (p.num_sms + 1) *
+                                                       static_cast<size_t>(p.layers),
+                                                   stream);
+  if (p.rows < 1 || p.rows > kMaxNextN || (p.page_slots != 32 && p.page_slots != kBlockSize) ||
+      p.layers < 1 || p.layers > kMaxGridYZ ||
+      (p.schedule != nullptr && (p.num_sms < 1 || p.done == nullptr)))
     return cudaErrorInvalidValue;
-  compact_kernel<<<p.batch, kCompactThreads, 0, stream>>>(p);
+  compact_kernel<<<dim3(p.batch, p.layers), kCompactThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

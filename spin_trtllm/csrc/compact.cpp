@@ -6,8 +6,10 @@ namespace {
 
 void spin_compact(at::Tensor block_ids, at::Tensor counts, at::Tensor context_lens,
                   at::Tensor block_table, int64_t page_slots, at::Tensor compact_table,
-                  at::Tensor compact_lens) {
+                  at::Tensor compact_lens, const c10::optional<at::Tensor>& schedule,
+                  const c10::optional<at::Tensor>& workspace) {
   const c10::cuda::CUDAGuard guard(block_ids.device());
+  const bool layered = block_ids.dim() == 3;  // [B, L, m_cap]: every layer at once
   spin::CompactParams p;
   spin_native::set_selection(p, block_ids, counts);
   p.context_lens = context_lens.data_ptr<int32_t>();
@@ -18,9 +20,20 @@ void spin_compact(at::Tensor block_ids, at::Tensor counts, at::Tensor context_le
   p.page_slots = static_cast<int>(page_slots);
   p.table_stride = block_table.stride(0);
   p.compact_table = compact_table.data_ptr<int32_t>();
-  p.compact_stride = compact_table.stride(0);
-  p.width = static_cast<int>(compact_table.size(1));
+  p.compact_stride = compact_table.stride(-2);
+  p.width = static_cast<int>(compact_table.size(-1));
   p.compact_lens = compact_lens.data_ptr<int32_t>();
+  if (layered) {
+    p.layers = static_cast<int>(block_ids.size(1));
+    p.ids_layer_stride = block_ids.stride(1);
+    p.counts_layer_stride = counts.stride(1);
+    p.compact_layer_stride = compact_table.stride(0);
+  }
+  if (schedule) {
+    p.schedule = schedule->data_ptr<int32_t>();
+    p.num_sms = static_cast<int>(schedule->size(-2)) - 1;
+    p.done = workspace->data_ptr<int32_t>();
+  }
   spin_native::check(spin::launch_compact(p, c10::cuda::getCurrentCUDAStream()), "compact");
 }
 
@@ -48,7 +61,8 @@ void spin_remap(at::Tensor positions, at::Tensor block_ids, at::Tensor counts, i
 
 TORCH_LIBRARY_FRAGMENT(spin_native, m) {
   m.def("compact(Tensor block_ids, Tensor counts, Tensor context_lens, Tensor block_table, "
-        "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens) -> ()");
+        "int page_slots, Tensor(a!) compact_table, Tensor(b!) compact_lens, "
+        "Tensor(c!)? schedule=None, Tensor(d!)? workspace=None) -> ()");
   m.def("remap(Tensor positions, Tensor block_ids, Tensor counts, int next_n, Tensor(a!) out, "
         "Tensor? values=None, bool ascending=False, Tensor? scores=None) -> ()");
 }

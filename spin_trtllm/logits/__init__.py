@@ -25,7 +25,7 @@ from typing import Callable, Optional, Protocol
 import torch
 
 from ..errors import SpinError
-from .deepgemm import DeepGemmLogits
+from .deepgemm import DeepGemmLogits, StepCompaction
 from .native import NativeLogits
 from .reference import ReferenceLogits
 
@@ -70,4 +70,4 @@ def resolve(name: str, device: torch.device | str, page_slots: int = 64) -> Logi
 
 
 __all__ = ["BACKENDS", "LogitsBackend", "available", "resolve", "NativeLogits",
-           "DeepGemmLogits", "ReferenceLogits"]
+           "DeepGemmLogits", "ReferenceLogits", "StepCompaction"]

@@ -502,6 +502,6 @@ def block_list(mask: torch.Tensor, m_cap: int,
 # the specification of the ops that read the paged FP8 K cache
 from .paged import (FP8_MAX, MAX_SLOT_ID, block_scores, compact_block_table,  # noqa: E402,F401
                     dequantize_pages, dequantize_summaries, e4m3_query_of_mxfp4, gauss_scores,
-                    masked_indexer_logits, newest_pages, page_layout, probe_scores,
-                    remap_positions, summarize_pages, summarize_pages_gauss, table_pages,
-                    topk_slots)
+                    masked_indexer_logits, newest_pages, page_layout, paged_logits_schedule,
+                    probe_scores, remap_positions, summarize_pages, summarize_pages_gauss,
+                    table_pages, topk_slots)

@@ -6,14 +6,15 @@ UE8M0 exponents: DeepSeek-V4's format on SM100)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Optional
 
 import torch
 
 from ..errors import SpinError
-from ..limits import (BLOCK_SLOTS, FP4_BLOCK, FP4_SLOT_BYTES, HEAD_DIM, KEY_BYTES, PAGE_SIZES,
-                      SLOT_BYTES)
+from ..limits import (BLOCK_SLOTS, DEEPGEMM_SPLIT_KV, FP4_BLOCK, FP4_SLOT_BYTES, HEAD_DIM,
+                      KEY_BYTES, PAGE_SIZES, SLOT_BYTES)
 from ..limits import SUMMARY_BYTES as SUMMARY_ROW
 
 
@@ -357,6 +358,32 @@ def compact_block_table(block_ids: torch.Tensor, counts: torch.Tensor, context_l
     seen = (context_lens.to(torch.int64)[:, :, None] - first).clamp(0, BLOCK_SLOTS)
     lens = (seen * used[:, None, :]).sum(-1)
     return table, lens.to(torch.int32)
+
+
+def paged_logits_schedule(lens: torch.Tensor, num_sms: int) -> torch.Tensor:
+    """int32 [num_sms + 1, 2]: DeepGEMM's SM90 paged-logits schedule of lens int32 [B, R] (what
+    its get_paged_mqa_logits_metadata returns for 2D lengths, as of HEAD 54e22612).
+
+    Request b is ceil(lens[b, R-1] / DEEPGEMM_SPLIT_KV) runs for each of its row pairs
+    (ceil(R / 2), 1 for one row), the runs taken in request order and dealt out to num_sms SMs:
+    q = total // num_sms each, the last total % num_sms one more. Entry s is (request pair,
+    run) where SM s starts; entry num_sms is (B * pairs, 0), as is every entry when there are
+    no runs. (DeepGEMM sums in 32 bits: totals past 2^32 are not modelled.)"""
+    B, R = lens.shape
+    pairs = (R + 1) // 2 if R >= 2 else 1
+    runs = (lens[:, -1].to(torch.int64) + DEEPGEMM_SPLIT_KV - 1) // DEEPGEMM_SPLIT_KV
+    prefix = runs.cumsum(0).tolist()
+    total = prefix[-1] * pairs if B else 0
+    q, pivot = total // num_sms, num_sms - total % num_sms
+    meta = [[B * pairs, 0] for _ in range(num_sms + 1)]
+    starts = [p * pairs for p in prefix]
+    for s in range(num_sms if total else 0):
+        seg = s * q + (s - pivot if s > pivot else 0)
+        b = bisect.bisect_right(starts, seg)        # the first request whose runs pass seg
+        before = prefix[b - 1] if b else 0
+        offset, own = seg - before * pairs, prefix[b] - before
+        meta[s] = [b * pairs + offset // own, offset % own]
+    return torch.tensor(meta, dtype=torch.int32, device=lens.device)
 
 
 def remap_positions(positions: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor,

@@ -29,6 +29,9 @@ constexpr int kTopKLoadStep = 4 * 128;  // positions a top-K warp loads in one s
 constexpr int kIndexSlack = 2 * 64 * 256 * 8;
 constexpr int kMaxMCap = (2147483647 - kIndexSlack) / kBlockSize;  // [MAX_M_CAP]
 constexpr int kMaxGridYZ = 65535;       // grid y/z: launch batch, update layers [MAX_LAUNCH_BATCH]
+// DeepGEMM's SM90 paged-logits schedule splits a request's slots into runs of this many
+// (compact.cu writes that schedule) [DEEPGEMM_SPLIT_KV]
+constexpr int kDeepGemmSplitKv = 256;
 constexpr int kMaxIndexTopK = 1 << 20;  // K: topk's -1 fill loops to it in int32 [MAX_INDEX_TOPK]
 // The top-K's filter (topk.cu): a row ranked through it is more than one pass CTA's slice of
 // table slots (m_cap * 64) wide, at most kFilterMaxSlots (its bitmap: 64 KB of shared memory),
@@ -243,7 +246,12 @@ cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 // fp8_paged_mqa_logits): entry k*ppb + p = block_table[b, ids[k]*ppb + p] (ppb = 64 /
 // page_slots pages per SPIN block) for the used k < min(count, m_cap) with ids[k] >= 0 and that
 // column < max_pages, else 0 (also columns >= m_cap*ppb); lens[b, j] = sum over used k of
-// clamp(context_lens[b, j] - ids[k]*64, 0, 64). One CTA per request.
+// clamp(context_lens[b, j] - ids[k]*64, 0, 64). One CTA per request and layer (grid y: layers,
+// each layer's ids, counts, table and lens at its layer stride; lens of layer l at
+// compact_lens + l * batch * rows).
+// With schedule, each layer's last CTA also writes DeepGEMM's SM90 paged-logits schedule of
+// that layer's lens (what get_paged_mqa_logits_metadata returns for them): so one launch
+// prepares every layer's DeepGEMM call, where a call per layer would launch two kernels.
 struct CompactParams {
   const int32_t* block_ids;    // [B, ids_stride] ascending, -1 padded (m_cap used)
   const int32_t* counts;       // [B] with counts_stride
@@ -255,6 +263,11 @@ struct CompactParams {
   int64_t compact_stride;
   int width;                   // T >= m_cap * ppb
   int32_t* compact_lens;       // [B, R]
+  int layers = 1;
+  int64_t ids_layer_stride = 0, counts_layer_stride = 0, compact_layer_stride = 0;
+  int32_t* schedule = nullptr; // [layers, num_sms + 1, 2] or null
+  int num_sms = 0;
+  int32_t* done = nullptr;     // [layers] CTAs finished: zero on entry, left zero (with schedule)
 };
 cudaError_t launch_compact(const CompactParams& p, cudaStream_t stream);
 

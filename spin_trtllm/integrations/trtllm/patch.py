@@ -52,7 +52,8 @@ except ImportError as err:  # one clear error instead of an AttributeError later
 
 from ...config import SpinConfig
 from ...errors import SpinError
-from ...logits.deepgemm import SCHEDULE_FN, compact_paged_logits
+from ...logits.deepgemm import (SCHEDULE_FN, LayerInputs, ScheduleSource,
+                                 compact_paged_logits)
 from ...predictors import ENGINE_PREDICTORS, TRTLLM_DEFAULT_PREDICTOR
 from .runtime import (_BASE_LAYERS, _LAYERS, _RUNTIME_ATTR, _SPEC_WORKERS, SPEC_MODULES,  # noqa: F401
                       _Runtime, _runtime, _warn_once)
@@ -163,11 +164,20 @@ class _KernelCall:
         self.one_dim_lens, self.extra, self.kwargs = one_dim_lens, extra, kwargs
         self.name, self.needs_out = "tensorrt_llm", False
 
-    def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out=None):
+    def schedule_source(self, context_lens: torch.Tensor) -> Optional[ScheduleSource]:
+        """The schedule this call builds per layer, or None where StepCompaction cannot stand
+        in (one request per MTP row, or one length a request)."""
+        if self.expanded or self.one_dim_lens:
+            return None
+        return ScheduleSource(self.schedule_fn, self.block_kv, self.num_sms)
+
+    def run(self, q, kv_cache, weights, context_lens, block_table, block_ids, counts, out=None,
+            prepared: Optional[LayerInputs] = None):
         return compact_paged_logits(
             functools.partial(self.fn, **self.kwargs), self.schedule_fn, self.num_sms,
             self.block_kv, self.q, kv_cache, weights, context_lens, block_table, block_ids,
-            counts, self.page_slots, self.expanded, *self.extra, one_dim_lens=self.one_dim_lens)
+            counts, self.page_slots, self.expanded, *self.extra, one_dim_lens=self.one_dim_lens,
+            prepared=prepared)
 
 
 class _LayerCall:
