@@ -5,10 +5,10 @@ top-K back to slot ids.
 compact: block_ids [B, m_cap] and counts [B] as select writes them (a strided layer view is
 fine; the first min(count, m_cap) ids are used), or every layer at once ([B, L, m_cap] and
 [B, L] -> compact_table [L, B, T] and compact_lens [L, B, R], one launch), context_lens
-[B, R], block_table int32 [B, max_pages] of pages of page_slots = 64 or 32 slots (ppb = 64 / page_slots pages per block)
--> compact_table int32 [B, T >= m_cap*ppb]: entry k*ppb + p = block_table[b, ids[k]*ppb + p]
-for each used k with ids[k] >= 0 and that column < max_pages, 0 elsewhere (keeps a reader
-inside the cache); compact_lens int32 [B, R]: row j = sum over used k of
+[B, R], block_table int32 [B, max_pages] of pages of page_slots = 64 or 32 slots (ppb = 64 /
+page_slots pages per block) -> compact_table int32 [B, T >= m_cap*ppb]: entry k*ppb + p =
+block_table[b, ids[k]*ppb + p] for each used k with ids[k] >= 0 and that column < max_pages, 0
+elsewhere (keeps a reader inside the cache); compact_lens int32 [B, R]: row j = sum over used k of
 clamp(context_lens[b, j] - 64 ids[k], 0, 64). Ids ascend, so a row's visible slots are a prefix
 of the compact order: a kernel given (compact_table, compact_lens) as (block table, context
 lengths) computes indexer_logits' compact masked logits. schedule int32 [num_sms + 1, 2] ([L,
