@@ -280,6 +280,8 @@ class SpinIndexer:
                           query_pos=query_pos,
                           request=[int(r) & ((1 << 63) - 1) for r in request_ids])
         _copy_table(self.block_table, block_table, B)
+        self._all_selected = False      # until select(): last step's compacted tables are stale
+        self._step_inputs.clear()
         if self.next_n > 1:
             self.ran_counts[:B] = 0
 

@@ -149,6 +149,30 @@ def test_deepgemm_inputs_of_every_layer_in_one_launch(R, monkeypatch):
     assert calls == [2] * L * steps
 
 
+def test_a_step_without_select_compacts_each_layer_again():
+    """The step's compacted tables belong to its select(): a prepare() without one (a caller
+    that selects elsewhere) must not hand the previous step's tables to DeepGEMM."""
+    real = RealSchedule(standin_deep_gemm())
+    cfg = SpinConfig(index_topk=40, target_sparsity=0.5, exploration=0.1, warmup_steps=1)
+    pool = StatePool(L, 2, cfg, "cpu", initial_capacity=PAGES * 64 + 8)
+    ix = SpinIndexer(cfg, pool, 2, 1, PAGES * 64, IndexerOptions(),
+                     logits_backend=DeepGemmLogits(real, 64))
+    kv, table, _ = caches(2, "cpu", 5)
+    for r in range(2):
+        pool.admit(r)
+    q = torch.randn(2, 64, 128).to(torch.float8_e4m3fn)
+    w = torch.randn(2, 64) * 0.1
+    n = torch.tensor([[500], [611]], dtype=torch.int32)
+    ix.prepare([0, 1], n, n - 1, [0, 0], table)
+    ix.select()
+    ix.layer(0, q, w, kv[0][0])
+    first_lens = ix.layer_logits(0, q, w, kv[0][0])[1].clone()
+    ix.prepare([0, 1], n + 70, n + 69, [1, 1], table)    # no select(): the same blocks
+    _, lens = ix.layer_logits(0, q, w, kv[0][0])
+    want = ops.compact(ix.block_ids[:2, 0], ix.counts[:2, 0], n + 70, table, 64)[1]
+    assert torch.equal(lens, want) and not torch.equal(lens, first_lens)
+
+
 def test_dense_indexer_through_deepgemm_equals_native():
     dg = Sm90Like(standin_deep_gemm())
     kv, table, _ = caches(2, "cpu", 3)

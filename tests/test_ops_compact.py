@@ -713,6 +713,19 @@ def test_compact_schedule_arguments_are_checked():
     flat = torch.zeros(2 * 4, dtype=torch.int32)
     with pytest.raises(SpinError, match="compact_table rows overlap"):
         ops.compact(ids, counts, ctx, table, 64, flat.as_strided((2, 2, 4), (4, 0, 1)))
+    with pytest.raises(SpinError, match="0 layers; one launch takes 1 to"):
+        ops.compact(ids[:, :0].contiguous(), counts[:, :0].contiguous(), ctx, table, 64)
+    # with several layers some CTAs read while others write: no output may share an input
+    inputs = {"block_table": table, "block_ids": ids, "counts": counts, "context_lens": ctx}
+    for name, read in inputs.items():
+        alias = read.view(-1)
+        outs = [("workspace", lambda: dict(schedule=sched, workspace=alias[:2]))]
+        if alias.numel() >= 8:
+            outs += [("schedule", lambda: dict(schedule=alias[:8].view(2, 2, 2), workspace=work)),
+                     ("compact_lens", lambda: dict(compact_lens=alias[:8].view(2, 2, 2)))]
+        for out_name, kwargs in outs:
+            with pytest.raises(SpinError, match=f"{out_name} must not overlap {name}"):
+                ops.compact(ids, counts, ctx, table, 64, **kwargs())
 
 
 @pytest.mark.gpu

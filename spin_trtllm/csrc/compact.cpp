@@ -30,6 +30,7 @@ void spin_compact(at::Tensor block_ids, at::Tensor counts, at::Tensor context_le
     p.compact_layer_stride = compact_table.stride(0);
   }
   if (schedule) {
+    TORCH_CHECK(workspace.has_value(), "spin_native::compact: a schedule needs a workspace");
     p.schedule = schedule->data_ptr<int32_t>();
     p.num_sms = static_cast<int>(schedule->size(-2)) - 1;
     p.done = workspace->data_ptr<int32_t>();

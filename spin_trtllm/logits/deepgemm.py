@@ -184,8 +184,9 @@ class StepCompaction:
                 else None
         if not schedule_matches(source, R, self.device):
             return None
+        if captured and (self._tables is None or source.num_sms not in self._schedules):
+            return None     # buffers (and their zeroed counters) are made outside capture
         if self._tables is None:
-            # made outside capture: schedule_matches returned True, so no graph is captured
             self._tables = torch.zeros(L * max_batch * width, dtype=torch.int32,
                                        device=self.device)
             self._lens = torch.zeros(L * max_batch * R, dtype=torch.int32, device=self.device)

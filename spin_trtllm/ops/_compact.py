@@ -54,8 +54,8 @@ def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_
     layered = isinstance(block_ids, torch.Tensor) and block_ids.dim() == 3
     m_cap = check_selection(op, dev, block_ids, counts, B, layered=layered)
     L = block_ids.shape[1] if layered else 1
-    if L > MAX_LAUNCH_BATCH:
-        fail(op, f"{L} layers; one launch takes at most {MAX_LAUNCH_BATCH}")
+    if not 1 <= L <= MAX_LAUNCH_BATCH:
+        fail(op, f"{L} layers; one launch takes 1 to {MAX_LAUNCH_BATCH}")
     lead = (L,) if layered else ()
     check_tensor(op, "block_table", block_table, I32, 2, dev, inner_contiguous=True)
     if block_table.shape[0] != B:
@@ -80,11 +80,16 @@ def _validate(block_ids, counts, context_lens, block_table, page_slots, compact_
     if not (rows_apart and layers_apart):
         fail(op, f"compact_table rows overlap (strides {list(compact_table.stride())}, shape "
                  f"{list(compact_table.shape)}): each row needs its own memory")
-    for name, read in (("block_table", block_table), ("block_ids", block_ids),
-                       ("counts", counts), ("context_lens", context_lens)):
-        if overlaps(compact_table, read):
-            fail(op, f"compact_table must not overlap {name}: the kernel reads it while it "
-                     f"writes the table")
+    # every output apart from every input: with several layers (or a schedule) some CTAs still
+    # read the inputs while others write
+    inputs = (("block_table", block_table), ("block_ids", block_ids), ("counts", counts),
+              ("context_lens", context_lens))
+    for out_name, out in (("compact_table", compact_table), ("compact_lens", compact_lens),
+                          ("schedule", schedule), ("workspace", workspace)):
+        for name, read in inputs if out is not None else ():
+            if overlaps(out, read):
+                fail(op, f"{out_name} must not overlap {name}: the kernel reads it while it "
+                         f"writes {out_name}")
     if overlaps(compact_lens, compact_table):
         fail(op, "compact_lens must not overlap compact_table")
     if schedule is None:

@@ -253,10 +253,11 @@ cudaError_t launch_update(const UpdateParams& p, cudaStream_t stream);
 // that layer's lens (what get_paged_mqa_logits_metadata returns for them): so one launch
 // prepares every layer's DeepGEMM call, where a call per layer would launch two kernels.
 struct CompactParams {
+  // a layer's rows; layer l's at + l * its layer stride (lens: + l * batch * rows)
   const int32_t* block_ids;    // [B, ids_stride] ascending, -1 padded (m_cap used)
   const int32_t* counts;       // [B] with counts_stride
-  const int32_t* context_lens; // [B, R]
-  const int32_t* block_table;  // [B, table_stride], max_pages valid columns
+  const int32_t* context_lens; // [B, R], every layer's
+  const int32_t* block_table;  // [B, table_stride], max_pages valid columns, every layer's
   int batch, rows, m_cap, max_pages, page_slots;  // page_slots 64 or 32
   int64_t ids_stride, counts_stride, table_stride;
   int32_t* compact_table;      // [B, compact_stride], width columns written
