@@ -16,7 +16,8 @@ labelled "probe 0.5 (native)"). Columns:
                reading what this row's logits read could reach at most: "kept" if its indexer
                cost the kept share (1 - realized sparsity) of the all-keep indexer, select and
                update free; "HBM" if its logits read this row's scored K-cache bytes at the
-               GPU's peak bandwidth (--peak-tbs) and nothing else cost time. A target above the
+               GPU's peak bandwidth (--peak-tbs; default by the GPU's name) and nothing else
+               cost time. A target above the
                HBM ceiling cannot be met at that sparsity by any indexer around this model.
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
 (null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians
@@ -89,7 +90,14 @@ def merge_runs(runs: list[dict]) -> dict:
     return row
 
 
-PEAK_TBS = 4.8   # H200's HBM3e, the default of --peak-tbs
+# peak HBM bandwidth (TB/s) by a GPU name's part, most specific first: --peak-tbs's default
+PEAK_TBS = {"H200": 4.8, "H100 NVL": 3.9, "H100 PCIe": 2.0, "H100": 3.35}
+FALLBACK_PEAK_TBS = PEAK_TBS["H200"]
+
+
+def peak_tbs_of(name: str) -> float | None:
+    """The peak memory bandwidth of the GPU called `name`, where PEAK_TBS knows it."""
+    return next((tbs for part, tbs in PEAK_TBS.items() if part in name), None)
 
 
 def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
@@ -129,7 +137,8 @@ def speedup_range(r: dict) -> str:
 
 
 def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], context: int,
-           batch: int, mtp: int, seconds: float, peak_tbs: float = PEAK_TBS) -> dict | None:
+           batch: int, mtp: int, seconds: float,
+           peak_tbs: float = FALLBACK_PEAK_TBS) -> dict | None:
     """Derive r's indexer time and speedups (against the null row and the fastest all-keep row
     so far), keep it in `rows`, print it. Returns the null row."""
     if r["indexer"] == "null":
@@ -200,9 +209,9 @@ def main(argv=None) -> int:
                          "layer in one launch at the step's start")
     ap.add_argument("--predictor", nargs="+", choices=ENGINE_PREDICTORS, default=["spin"],
                     help="block predictors of the SPIN/auto rows (default: spin)")
-    ap.add_argument("--peak-tbs", type=float, default=PEAK_TBS,
+    ap.add_argument("--peak-tbs", type=float,
                     help="the GPU's peak memory bandwidth in TB/s for the HBM ceiling "
-                         f"(default {PEAK_TBS}: H200's HBM3e)")
+                         f"(default: by the GPU's name, {PEAK_TBS})")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every engine, each in a fresh process; times are medians")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -211,7 +220,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.peak_tbs <= 0:
+    if args.peak_tbs is not None and args.peak_tbs <= 0:
         ap.error(f"--peak-tbs must be > 0, got {args.peak_tbs}")
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
@@ -219,6 +228,16 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return 0
+    if args.peak_tbs is None:
+        try:
+            name = torch.cuda.get_device_name()
+        except (RuntimeError, AssertionError):
+            name = "this GPU"
+        args.peak_tbs = peak_tbs_of(name)
+        if args.peak_tbs is None:
+            args.peak_tbs = FALLBACK_PEAK_TBS
+            print(f"bench_dsa_lite: the peak bandwidth of {name} is not known here: HBM ceilings "
+                  f"at {FALLBACK_PEAK_TBS} TB/s (the H200's); pass --peak-tbs", file=sys.stderr)
     check_plan([(flag, path) for flag, path in (("--json", args.json),
                                                  ("--markdown", args.markdown)) if path])
     backends = args.backends or backends_here()

@@ -177,3 +177,21 @@ def test_ceilings_bound_the_speedup_by_the_kept_share_and_by_peak_bandwidth(monk
     with pytest.raises(SystemExit):
         mod.main(ARGS + ["--peak-tbs", "-1"])
     assert "--peak-tbs must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,tbs,note", [("NVIDIA H100 80GB HBM3", 3.35, False),
+                                           ("NVIDIA H200", 4.8, False),
+                                           ("NVIDIA H100 NVL", 3.9, False),
+                                           ("a GPU", 4.8, True)])
+def test_peak_bandwidth_follows_the_gpu(monkeypatch, tmp_path, capsys, name, tbs, note):
+    """Without --peak-tbs the HBM ceiling takes the GPU's own peak, by its name; an unknown GPU
+    gets the H200's, said on stderr."""
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(22.0, 12.5)]}, [])
+    monkeypatch.setattr(mod.torch.cuda, "get_device_name", lambda: name)
+    out, md = tmp_path / "rows.jsonl", tmp_path / "rows.md"
+    assert mod.main(ARGS + ["--json", str(out), "--markdown", str(md)]) == 0
+    spin = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    assert spin["ceiling_hbm"] == pytest.approx(14.0 / (10.0 + 4.0 / tbs))
+    assert f"{tbs} TB/s peak" in md.read_text()
+    assert ("not known here" in capsys.readouterr().err) is note
