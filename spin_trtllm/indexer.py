@@ -229,10 +229,8 @@ class SpinIndexer:
         self._no_logits = torch.zeros(1, 1, 4, device=dev)
         self.batch = 0
         self.keep_all = False
-        # every layer's blocks chosen by select() (not layer by layer): a DeepGEMM-style
-        # backend then gets every layer's compacted inputs from one launch a step, else one a
-        # layer (StepCompaction)
-        self._all_selected = False
+        # a DeepGEMM-style backend's compacted inputs: every layer's from one launch a step where
+        # select() chose every layer's blocks, else one launch a layer
         self._step_inputs = logits_backends.StepCompaction(L, max_batch, next_n, self.m_cap,
                                                            page_slots, dev)
         # probe: layer -> uint8 [num_pages, 144] summary table of that layer's K cache, and the
@@ -280,8 +278,7 @@ class SpinIndexer:
                           query_pos=query_pos,
                           request=[int(r) & ((1 << 63) - 1) for r in request_ids])
         _copy_table(self.block_table, block_table, B)
-        self._all_selected = False      # until select(): last step's compacted tables are stale
-        self._step_inputs.clear()
+        self._step_inputs.clear()       # until select(): last step's compacted tables are stale
         if self.next_n > 1:
             self.ran_counts[:B] = 0
 
@@ -347,7 +344,6 @@ class SpinIndexer:
         or "hybrid" each layer() selects its own layer, so this does nothing unless keep_all
         (a host flag: a graph captured with it replays that choice)."""
         self.keep_all = keep_all
-        self._all_selected = False
         self._step_inputs.clear()
         if self.query_aware and not keep_all:
             return
@@ -358,7 +354,7 @@ class SpinIndexer:
             flat = self.block_scores[:B * R].zero_().view(B, R, self.m_cap)
             for layer in range(self.block_ids.shape[1]):
                 self._select(cfg, layer, block_scores=flat)
-            self._all_selected = True
+            self._step_inputs.clear(every_layer=True)
             return
         if self.select_beside:
             self._select_cfg = cfg
@@ -367,7 +363,7 @@ class SpinIndexer:
             self._select_layer(0)
             return
         self._select(cfg)
-        self._all_selected = True
+        self._step_inputs.clear(every_layer=True)
 
     def _select(self, cfg: SpinConfig, layer: Optional[int] = None, **options) -> None:
         """ops.select on this step's batch into the indexer's buffers (options: block_scores,
@@ -408,11 +404,11 @@ class SpinIndexer:
         backend = backend or self.backend
         args = (q, kv_cache, weights, self.context_lens[:B], self.block_table[:B],
                 self.block_ids[:B, layer], self.counts[:B, layer], out)
-        source = getattr(backend, "schedule_source", None)
-        source = source(self.context_lens[:B]) if source is not None else None
+        source_of = getattr(backend, "schedule_source", None)
+        source = source_of(self.context_lens[:B]) if source_of is not None else None
         prepared = None if source is None else self._step_inputs.layer(
             layer, source, self.block_ids[:B], self.counts[:B], self.context_lens[:B],
-            self.block_table[:B], every_layer=self._all_selected)
+            self.block_table[:B])
         return backend.run(*args) if prepared is None else backend.run(*args, prepared=prepared)
 
     def _probe_select(self, layer: int, q, weights: torch.Tensor, kv_cache: torch.Tensor) -> None:

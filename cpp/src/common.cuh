@@ -79,6 +79,11 @@ __device__ __forceinline__ uint32_t ordered_key(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// The float whose ordered_key is `key` (0.0f for the key of +-0.0).
+__device__ __forceinline__ float value_of_key(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
 // ordered_key on 16 bits for a value fp16 holds exactly (fp16 or fp8 state and its max
 // pooling): the same order and ties, in half the radix passes.
 __device__ __forceinline__ uint32_t ordered_key16(float x) {
@@ -274,6 +279,25 @@ __device__ __forceinline__ int warp_inclusive_sum(int v) {
     if (lane >= o) v += n;
   }
   return v;
+}
+
+// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
+// (kT / 32 ints) is free at the call and read until the next barrier.
+template <int kT>
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
+  constexpr int kW = kT / 32;
+  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int incl = warp_inclusive_sum(v);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
+    if (lane < kW) warp_sums[lane] = s;
+  }
+  __syncthreads();
+  total = warp_sums[kW - 1];
+  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
 }
 
 // Block-wide sum of one value per thread; every thread gets the total. `scratch` holds

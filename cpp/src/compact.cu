@@ -24,25 +24,6 @@ constexpr int kCompactWarps = kCompactThreads / 32;
 constexpr int kRemapThreads = 256;
 static_assert(16 * kRemapThreads == kMaxSortedK, "remap_sorted_kernel<16> covers kMaxSortedK");
 
-// Inclusive prefix sum of one value per thread of a compact CTA; *total: the CTA's sum.
-// `totals` holds one value per warp.
-__device__ __forceinline__ uint32_t cta_inclusive_sum(uint32_t v, uint32_t* totals,
-                                                      uint32_t* total) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  v = static_cast<uint32_t>(warp_inclusive_sum(static_cast<int>(v)));  // mod 2^32 either way
-  __syncthreads();  // totals free
-  if (lane == 31) totals[warp] = v;
-  __syncthreads();
-  uint32_t before = 0, all = 0;
-#pragma unroll
-  for (int w = 0; w < kCompactWarps; ++w) {
-    before += w < warp ? totals[w] : 0u;
-    all += totals[w];
-  }
-  *total = all;
-  return v + before;
-}
-
 // Runs of kDeepGemmSplitKv slots that request b's last MTP row reads (0 past the batch).
 __device__ __forceinline__ uint32_t splits_of(const int32_t* lens, int b, int batch, int rows) {
   if (b >= batch) return 0u;
@@ -59,14 +40,24 @@ __device__ __forceinline__ uint32_t splits_of(const int32_t* lens, int b, int ba
 // pairs, 0), as is every SM's entry when there is no run at all.
 __device__ void write_schedule(const int32_t* lens, int batch, int rows, int num_sms,
                                int32_t* meta) {
-  __shared__ uint32_t totals[kCompactWarps];
+  __shared__ int warp_sums[kCompactWarps];
   __shared__ uint32_t prefix[kCompactThreads];
+  // inclusive prefix of a chunk of kCompactThreads requests' runs; `chunk` their sum (int sums
+  // wrap as DeepGEMM's unsigned ones do)
+  auto chunk_prefix = [&](int c, uint32_t& chunk) {
+    const int v = static_cast<int>(splits_of(lens, c + threadIdx.x, batch, rows));
+    int sum;
+    const int before = block_exclusive_sum<kCompactThreads>(v, warp_sums, sum);
+    chunk = static_cast<uint32_t>(sum);
+    return static_cast<uint32_t>(before + v);
+  };
   const uint32_t pairs = rows >= 2 ? (rows + 1) / 2 : 1;
   uint32_t runs = 0;
   for (int c = 0; c < batch; c += kCompactThreads) {
     uint32_t chunk;
-    cta_inclusive_sum(splits_of(lens, c + threadIdx.x, batch, rows), totals, &chunk);
+    chunk_prefix(c, chunk);
     runs += chunk;
+    __syncthreads();  // warp_sums is written again
   }
   const uint32_t total = runs * pairs, sms = static_cast<uint32_t>(num_sms);
   const uint32_t q = total / sms, pivot = sms - total % sms;
@@ -74,8 +65,7 @@ __device__ void write_schedule(const int32_t* lens, int batch, int rows, int num
   uint32_t base = 0;
   for (int c = 0; c < batch; c += kCompactThreads) {
     uint32_t chunk;
-    prefix[threadIdx.x] =
-        cta_inclusive_sum(splits_of(lens, c + threadIdx.x, batch, rows), totals, &chunk);
+    prefix[threadIdx.x] = chunk_prefix(c, chunk);
     __syncthreads();
     const int n = min(kCompactThreads, batch - c);
     for (uint32_t s = threadIdx.x; s < sms; s += kCompactThreads) {

@@ -212,25 +212,6 @@ __device__ __forceinline__ void walk_segment(const Row<kCached>& row, int begin,
   }
 }
 
-// Exclusive prefix sum of v over the CTA's threads; the CTA's total in `total`. warp_sums
-// (kT / 32 ints) is free at the call and read until the next barrier.
-template <int kT>
-__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
-  constexpr int kW = kT / 32;
-  static_assert(kW <= 32, "the warps' sums are scanned in one warp");
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int incl = warp_inclusive_sum(v);
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int s = warp_inclusive_sum(lane < kW ? warp_sums[lane] : 0);
-    if (lane < kW) warp_sums[lane] = s;
-  }
-  __syncthreads();
-  total = warp_sums[kW - 1];
-  return (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
-}
-
 // The entries counted in hist (kBins bins; returned), and for T = min(k, that) below it the
 // bin holding the T-th largest entry (bins scanned from the top) and how many entries lie in
 // higher bins, in bcast[0] and bcast[1]. Each of the THREADS threads scans kBins / THREADS bins.
@@ -730,9 +711,7 @@ __global__ void __launch_bounds__(kT, kThreads / kT) topk_kernel(TopKParams p) {
       // listed entries alone. It counts no finite entries: T is K where K or more are listed,
       // and the listed count where the threshold let every finite entry through.
       const bool every_finite = from == 1u;
-      const uint32_t from_key = max(from, kMinFiniteKey);
-      const float from_value = __uint_as_float((from_key & 0x80000000u) ? (from_key & 0x7FFFFFFFu)
-                                                                        : ~from_key);
+      const float from_value = value_of_key(max(from, kMinFiniteKey));
       int* const keys_out = cand + kSampleCap;
       for (int base = seg_begin; base < seg_end; base += kWarpStep) {
         // past kSampleCap the row starts again at A: stop listing (no barrier in this loop)

@@ -160,17 +160,19 @@ class StepCompaction:
         self._schedules: dict[int, torch.Tensor] = {}
         self._workspace: Optional[torch.Tensor] = None
         self._made: Optional[tuple] = None     # (source, batch, captured) of the step's launch
+        self.every_layer = False
 
-    def clear(self) -> None:
-        """A new selection (select()): the next layer call makes the step's inputs again."""
-        self._made = None
+    def clear(self, every_layer: bool = False) -> None:
+        """A new step or selection: the next layer call makes the inputs again. every_layer:
+        every layer's blocks are selected (made for all by the step's first call), else each
+        layer's are selected at its call (made for it then)."""
+        self._made, self.every_layer = None, every_layer
 
     def layer(self, layer: int, source: ScheduleSource, block_ids: torch.Tensor,
-              counts: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor,
-              every_layer: bool) -> Optional[LayerInputs]:
-        """Layer `layer`'s inputs, from block_ids [B, L, m_cap] and counts [B, L]. every_layer:
-        every layer's blocks are selected (made for all by the step's first call), else this
-        layer's alone are (made for it now). None where the call must build its own: the
+              counts: torch.Tensor, context_lens: torch.Tensor,
+              block_table: torch.Tensor) -> Optional[LayerInputs]:
+        """Layer `layer`'s inputs, from block_ids [B, L, m_cap] and counts [B, L]. None where
+        the call must build its own: the
         schedule function differs from ops.compact's or is not checked yet (first met inside
         a CUDA-graph capture), or the step's inputs were made for another schedule source or
         batch."""
@@ -179,7 +181,7 @@ class StepCompaction:
         # made in a graph's capture and called eagerly (or the other way round) with no
         # select() between: make them again here, where this call's kernels run
         captured = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if every_layer and self._made is not None and self._made[2] == captured:
+        if self.every_layer and self._made is not None and self._made[2] == captured:
             return self._slice(layer, source.num_sms, B) if self._made == (source, B, captured) \
                 else None
         if not schedule_matches(source, R, self.device):
@@ -195,7 +197,7 @@ class StepCompaction:
             self._schedules[source.num_sms] = torch.zeros(L, source.num_sms + 1, 2,
                                                           dtype=torch.int32, device=self.device)
         mine = self._slice(layer, source.num_sms, B)
-        if every_layer:
+        if self.every_layer:
             ops.compact(block_ids, counts, context_lens, block_table, self.page_slots,
                         self._tables[:L * B * width].view(L, B, width),
                         self._lens[:L * B * R].view(L, B, R), self._schedules[source.num_sms],
