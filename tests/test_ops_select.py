@@ -176,6 +176,80 @@ def test_gpu_select_kernels_of_many_and_few_ctas_match_reference(state_dtype):
     assert (cnt_1[:, 0] == 0).all() and (ids_1[:, 2] == -1).all()
 
 
+def _select_both(p_cpu, p_gpu, cfg):
+    args = lambda p: (p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap,  # noqa: E731
+                      p.max_ctx)
+    ids_c, cnt_c = ops.select(*args(p_cpu))
+    ids_g, cnt_g = ops.select(*args(p_gpu))
+    assert torch.equal(cnt_g.cpu(), cnt_c)
+    assert torch.equal(ids_g.cpu(), ids_c)
+    return cnt_c
+
+
+# 16 requests whose newest query q0 = len - 1 takes every residue mod 16: every skew of the D
+# window against the state's 8- and 16-entry vectors; fp8 rows go together from tables of
+# 1,024 blocks (select.cu's kRowsTogetherMinBlocksFp8)
+SKEW_LENS = tuple(2000 + 67 * i for i in range(16))
+FP8_SKEW_LENS = tuple(66_000 + 67 * i for i in range(16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype,cap_pad", [("float16", 0), ("float16", 4),
+                                                 ("float8_e4m3fn", 0), ("float8_e4m3fn", 8)])
+@pytest.mark.parametrize("R", [2, 4, 8])
+@pytest.mark.parametrize("L", [1, 5])
+def test_gpu_mtp_rows_scored_together_match_reference(state_dtype, cap_pad, R, L):
+    """MTP rows at consecutive queries score their blocks from one read of V and D (each row's
+    D window masked out of the shared loads): every row's blocks as the reference's, on random
+    state, at every skew, with 16-byte vectors and narrower ones (a state capacity that is not
+    a multiple of 16 bytes' entries), on the kernel of few CTAs (L 1) and of many (L 5: more
+    CTAs than half the SMs)."""
+    cfg = SpinConfig(index_topk=256, target_sparsity=0.5, exploration=0.1,
+                     state_dtype=state_dtype)
+    lens = FP8_SKEW_LENS if state_dtype == "float8_e4m3fn" else SKEW_LENS
+    cap = 64 * math.ceil((max(lens) + R + 64) / 64) + cap_pad
+    p_cpu, p_gpu = problem_pair(B=16, R=R, L=L, lens=lens, cap=cap, cfg=cfg, seed=R + L)
+    cnt = _select_both(p_cpu, p_gpu, cfg)
+    assert int(cnt.min()) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype,lens,R,together", [
+    ("float16", SKEW_LENS, 1, False), ("float16", SKEW_LENS, 2, True),
+    ("float8_e4m3fn", SKEW_LENS, 2, False), ("float8_e4m3fn", FP8_SKEW_LENS, 2, True)])
+def test_gpu_mtp_rows_together_run_their_own_kernel(state_dtype, lens, R, together):
+    """The rows-together instance runs where the tests above expect it (fp16 MTP rows; fp8 MTP
+    rows of long tables), the one-row kernel elsewhere."""
+    from torch.profiler import ProfilerActivity, profile
+    cfg = SpinConfig(index_topk=256, target_sparsity=0.5, state_dtype=state_dtype)
+    cap = 64 * math.ceil((max(lens[:4]) + R + 64) / 64)   # whole blocks: 16-byte vectors
+    p = Problem(B=4, R=R, L=2, lens=lens[:4], cap=cap, cfg=cfg, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ops.select(p.state, p.slot, p.n, p.q, p.request, p.step, cfg, p.m_cap, p.max_ctx)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "select_kernel" in e.name]
+    assert names and all(n.endswith(f"{str(together).lower()}>(spin::SelectParams)")
+                         for n in names), names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["queries_not_consecutive", "past_the_shared_memory"])
+def test_gpu_mtp_rows_scored_one_at_a_time_match_reference(case):
+    """Rows whose queries are not q0 + r (each scored from its own read), and rows too many
+    for their score buffers to fit (launched on the one-row kernel) pick the reference's
+    blocks."""
+    cfg = SpinConfig(index_topk=256, target_sparsity=0.5, exploration=0.1,
+                     state_dtype="float16")
+    if case == "queries_not_consecutive":
+        p_cpu, p_gpu = problem_pair(B=16, R=4, L=2, lens=SKEW_LENS, cap=64 * 64, cfg=cfg,
+                                    seed=3)
+        for p in (p_cpu, p_gpu):   # rows 1.. query three slots past their newest
+            p.q[:, 1:] += 3
+    else:  # 8 rows x 1,720 blocks: (8 x 4 + 2) B a block is past kRowsTogetherSmem
+        p_cpu, p_gpu = problem_pair(B=2, R=8, L=1, lens=(110_000, 70_001), cfg=cfg, seed=4)
+    _select_both(p_cpu, p_gpu, cfg)
+
+
 @pytest.mark.gpu
 def test_gpu_select_overflow_truncates_like_reference():
     p_cpu, p_gpu = problem_pair(B=2, R=2, L=1, lens=(1500, 300), warm=(True,))

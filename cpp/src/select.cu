@@ -1,11 +1,11 @@
 // spin::select: per (request, layer) stream, the blocks each MTP row attends to. Block scores
-// come from the V/D history (select_scores.cuh) or are given (one layer; merge_history: the max
-// of both rank shares), then budget, forced sink/newest blocks, exploration and the union over
-// the rows. One CTA of kThreads per stream (kGivenThreads with given scores alone), grid
-// (layers, requests) or (1, requests) for one layer; the top-m blocks come from 8-bit radix
-// passes over the score keys (16-bit keys when the scores are pooled fp16 or fp8 state, 32-bit
-// otherwise), ties to the lower block id, and each warp flags and compacts one contiguous range
-// of blocks.
+// come from the V/D history (select_scores.cuh; MTP rows at consecutive queries from one read of
+// the state, on fp16 and fp8 state) or are given (one layer; merge_history: the max of both rank
+// shares), then budget, forced sink/newest blocks, exploration and the union over the rows.
+// One CTA of kThreads per stream (kGivenThreads with given scores alone), grid (layers,
+// requests) or (1, requests) for one layer; the top-m blocks come from 8-bit radix passes over
+// the score keys (16-bit keys when the scores are pooled fp16 or fp8 state, 32-bit otherwise),
+// ties to the lower block id, and each warp flags and compacts one contiguous range of blocks.
 #include <cfloat>
 #include <type_traits>
 
@@ -115,20 +115,26 @@ __device__ void merge_by_rank(float* score, const float* given, int width, int B
 // kGiven: the scores are given and no V/D is read (the query-aware predictors' one-layer
 // launch); its CTAs of kGivenThreads have an SM each, so the radix passes over the row's blocks
 // run on four times the warps.
-template <int kType, int kVec, int kPer, bool kGiven = false>
+// kRows: MTP rows at consecutive queries are scored together (score_rows_together), into
+// score buffers of max_blocks floats for rows 1.. after the others in shared memory; an
+// instance of its own, so that the kernel of one row keeps its registers.
+template <int kType, int kVec, int kPer, bool kGiven = false, bool kRows = false>
 __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
                                   kGiven || kPer > kMaxPerStep ? 1 : 4)
     select_kernel(SelectParams p) {
   constexpr int kCta = kGiven ? kGivenThreads : kThreads;
   extern __shared__ unsigned char smem[];
-  float* score = reinterpret_cast<float*>(smem);
-  uint8_t* row_flag = reinterpret_cast<uint8_t*>(score + p.max_blocks);
+  float* score0 = reinterpret_cast<float*>(smem);
+  uint8_t* row_flag = reinterpret_cast<uint8_t*>(score0 + p.max_blocks);
   uint8_t* union_flag = row_flag + p.max_blocks;
   // merge_history only: two sort buffers of pow2 >= max_blocks keys, after the flags
   uint32_t* sorted_s = reinterpret_cast<uint32_t*>(
       smem + static_cast<size_t>(p.max_blocks) * 4 +
       (static_cast<size_t>(p.max_blocks) * 2 + 3) / 4 * 4);
   uint32_t* sorted_p = sorted_s + sort_capacity(p.max_blocks);
+  // kRows only: rows 1..'s scores, after the sort buffers where they are
+  float* more_scores = reinterpret_cast<float*>(
+      p.merge_history ? sorted_p + sort_capacity(p.max_blocks) : sorted_s);
   __shared__ float fscratch[kCta / 32];
   __shared__ int hist[256];
   __shared__ int bcast[3];
@@ -160,6 +166,29 @@ __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
   }
   for (int j = threadIdx.x; j < nb_all; j += kCta) union_flag[j] = 0;
   const int nb0 = min((clamp_n(0) + kBlockSize - 1) / kBlockSize, p.max_blocks);
+  const bool history = !kGiven && (p.block_scores == nullptr || p.merge_history);
+
+  // MTP rows at consecutive queries: every row's V/D scores from one read of the state
+  bool together = false;
+  if constexpr (kRows) {
+    static_assert(!kGiven && kVec > 0 && kType != kStateF32, "the lean path's state");
+    together = history && !dense && p.mtp_union && p.rows > 1;
+    for (int r = 1; together && r < p.rows; ++r)
+      together = p.q[b * p.rows + r] == p.q[b * p.rows] + r;
+    if (together) {
+      __shared__ int rows_n[kMaxNextN], rows_blocks[kMaxNextN];
+      if (threadIdx.x < p.rows) {
+        rows_n[threadIdx.x] = clamp_n(threadIdx.x);
+        rows_blocks[threadIdx.x] =
+            min((rows_n[threadIdx.x] + kBlockSize - 1) / kBlockSize, p.max_blocks);
+      }
+      __syncthreads();
+      // half the blocks in flight: each carries every row's max (registers, not spills)
+      score_rows_together<kType, kVec, kPer / 2>(s, base, p.rows, rows_n, rows_blocks,
+                                                 p.q[b * p.rows], score0, more_scores,
+                                                 p.max_blocks);
+    }
+  }
 
   for (int r = 0; r < p.rows; ++r) {
     const int n = clamp_n(r);
@@ -175,11 +204,12 @@ __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
       for (int j = threadIdx.x; j < B; j += kCta) union_flag[j] = 1;
       continue;
     }
-    const bool history = !kGiven && (p.block_scores == nullptr || p.merge_history);
+    // this row's scores (scored already where the rows go together)
+    float* score = together && r > 0 ? more_scores + (r - 1) * p.max_blocks : score0;
     if constexpr (!kGiven) {  // the V/D history's scores
       constexpr int kWarps = kCta / 32, kPerStep = 4;
       if constexpr (kVec > 0) {
-        if (history) score_blocks<kType, kVec, kPer>(s, base, B, n, q, score);
+        if (history && !together) score_blocks<kType, kVec, kPer>(s, base, B, n, q, score);
       }
       // 4 blocks per warp per step, all loads issued first: the pass is bound by load latency
       for (int j0 = warp; kVec == 0 && history && j0 < B; j0 += kPerStep * kWarps) {
@@ -323,9 +353,25 @@ __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
 
 }  // namespace
 
-template <int kType, int kVec, int kPer = kMaxPerStep, bool kGiven = false>
+// Shared memory up to which MTP rows are scored together: the extra rows' score buffers keep
+// four CTAs an SM (227 KB) on the kernel of many CTAs; past it rows are scored one at a time.
+constexpr size_t kRowsTogetherSmem = 56 * 1024;
+// fp8 rows go together from tables of this many blocks: below, a request's state is a few KB,
+// the per-row masks cost more than the reads they save (H100, bench_select_rows.py: next_n 2 at
+// 32K slots 0.90-0.95x, at 128K 1.17-1.20x)
+constexpr int kRowsTogetherMinBlocksFp8 = 1024;
+
+template <int kType, int kVec, int kPer = kMaxPerStep, bool kGiven = false, bool kRows = false>
 cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t stream) {
-  auto* kernel = select_kernel<kType, kVec, kPer, kGiven>;
+  if constexpr (!kGiven && kVec > 0 && kType != kStateF32 && !kRows) {
+    // the buffers start 4-byte aligned after the others (select_kernel's more_scores)
+    const size_t at = (smem + 3) / 4 * 4;
+    const size_t extra = static_cast<size_t>(p.rows - 1) * p.max_blocks * sizeof(float);
+    if (p.rows > 1 && p.mtp_union && at + extra <= kRowsTogetherSmem &&
+        (kType != kStateE4M3 || p.max_blocks >= kRowsTogetherMinBlocksFp8))
+      return launch_select_as<kType, kVec, kPer, false, true>(p, at + extra, stream);
+  }
+  auto* kernel = select_kernel<kType, kVec, kPer, kGiven, kRows>;
   cudaError_t err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};

@@ -150,6 +150,39 @@ __device__ void score_blocks_max(const StateView& s, int64_t base, int B, int n,
   }
 }
 
+// The entries of one 32-bit word of fp16 or fp8 state as a packed fp16 pair whose max is
+// theirs (exact: fp8 converts to fp16 exactly).
+template <int kType>
+__device__ __forceinline__ __half2 word_max2(uint32_t w) {
+  if constexpr (kType == kStateF16) return *reinterpret_cast<const __half2*>(&w);
+  else return __hmax2(e4m3x2_to_half2(w), e4m3x2_to_half2(w >> 16));
+}
+
+// The lean path's loads of the interior blocks jw + kPerWarp * u * kWarps + group (u < kPer)
+// below j_end: lane h of a block's group its V vector kGroup j + h and D vector
+// dvec0 - kGroup j + h, and where `tail`, the D vector kGroup further (its tail; t is zero
+// elsewhere).
+template <int kType, int kVec, int kPer>
+__device__ __forceinline__ void load_interior(const void* V_row, const void* D_row, int jw,
+                                              int j_end, int dvec0, bool tail,
+                                              StateVec<kType, kVec> (&v)[kPer],
+                                              StateVec<kType, kVec> (&d)[kPer],
+                                              StateVec<kType, kVec> (&t)[kPer]) {
+  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup, kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31, group = lane / kGroup, h = lane % kGroup;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int j = jw + kPerWarp * u * kWarps + group;
+#pragma unroll
+    for (int k = 0; k < StateVec<kType, kVec>::kWords; ++k) t[u].w[k] = 0u;
+    if (j < j_end) {
+      v[u].load_vec(V_row, kGroup * j + h);
+      d[u].load_vec(D_row, dvec0 - kGroup * j + h);
+      if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup + h);
+    }
+  }
+}
+
 // The interior blocks [j_lo, j_end) of a row of fp16 or fp8 state (see MaxBlockWindow): the
 // same loads and the same max as score_blocks_max, on 32-bit vector indices from the row's base
 // (a row's positions fit 32 bits), with no per-block window arithmetic: V vector kGroup*j + h,
@@ -184,17 +217,7 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 #pragma unroll 1
   for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
     Vec v[kPer], d[kPer], t[kPer];
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int j = jw + kPerWarp * u * kWarps + group;
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) t[u].w[k] = 0u;
-      if (j < j_end) {
-        v[u].load_vec(V_row, kGroup * j + h);
-        d[u].load_vec(D_row, dvec0 - kGroup * j + h);
-        if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup);
-      }
-    }
+    load_interior<kType, kVec, kPer>(V_row, D_row, jw, j_end, dvec0, tail, v, d, t);
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int j = jw + kPerWarp * u * kWarps + group;
@@ -204,14 +227,7 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
 #pragma unroll
         for (int k = 0; k < kWords; ++k) {
           const uint32_t dw = (t[u].w[k] & from_tail[k]) | (d[u].w[k] & ~from_tail[k]);
-          if constexpr (kType == kStateF16) {
-            acc = __hmax2(acc, __hmax2(*reinterpret_cast<const __half2*>(&v[u].w[k]),
-                                       *reinterpret_cast<const __half2*>(&dw)));
-          } else {  // fp8: the max of the exact fp16 images
-            acc = __hmax2(acc, __hmax2(__hmax2(e4m3x2_to_half2(v[u].w[k]),
-                                               e4m3x2_to_half2(v[u].w[k] >> 16)),
-                                       __hmax2(e4m3x2_to_half2(dw), e4m3x2_to_half2(dw >> 16))));
-          }
+          acc = __hmax2(acc, __hmax2(word_max2<kType>(v[u].w[k]), word_max2<kType>(dw)));
         }
         m = fmaxf(__low2float(acc), __high2float(acc));
       }
@@ -246,6 +262,88 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
     // the few other blocks one at a time (fewer registers beside the lean path's)
     score_blocks_max<kType, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
   }
+}
+
+// Max-pooled scores of the MTP rows r < R of one request whose queries are q0 + r, on fp16 or
+// fp8 state, from one read of V and D: row r's scores into score(r)[0, B_r). A block interior to
+// every row (see MaxBlockWindow) has the same 64 V entries in each, and row r's D window
+// [q0 + r - 64j - 63, q0 + r - 64j] is row 0's moved up by r. So the lean path's loads, the
+// V vector and the aligned D vectors of lane h, serve every row: with skew = (q0 - 63) % kVec,
+// row r leaves out the first c = clamp(skew + r - kVec h, 0, kVec) entries of lane h's D vector
+// and takes the first c of the vector kGroup further (its tail), which lane h loads where any
+// row needs it. With R = 1 this is score_interior_blocks' row. The other blocks of each row go
+// one at a time on the general path. Row 0's scores go to score0, row r's to
+// more_scores + (r - 1) * stride.
+template <int kType, int kVec, int kPer>
+__device__ void score_rows_together(const StateView& s, int64_t base, int R,
+                                    const int* n, const int* B, int q0, float* score0,
+                                    float* more_scores, int stride) {
+  auto score = [&](int r) { return r == 0 ? score0 : more_scores + (r - 1) * stride; };
+  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
+  constexpr int kWarps = kThreads / 32;
+  using Vec = StateVec<kType, kVec>;
+  constexpr int kWords = Vec::kWords;
+  constexpr int kPerWord = kVec / kWords;
+  constexpr int kBits = 32 / kPerWord;
+  // blocks interior to every row: the intersection of each row's range (score_blocks)
+  int j_lo = 0, j_end = B[0];
+  for (int r = 0; r < R; ++r) {
+    const int64_t q = static_cast<int64_t>(q0) + r;
+    const int64_t visible = min(static_cast<int64_t>(n[r]), s.cap);
+    const int64_t hi = min(min(visible / kBlockSize, (q + 1) / kBlockSize),
+                           static_cast<int64_t>(B[r]));
+    const int64_t below = q - s.cap + 1;
+    const int64_t lo = below <= 0 ? 0 : (below + kBlockSize - 1) / kBlockSize;
+    j_lo = static_cast<int>(max(static_cast<int64_t>(j_lo), min(lo, static_cast<int64_t>(B[r]))));
+    j_end = static_cast<int>(min(static_cast<int64_t>(j_end), hi));
+  }
+  j_end = max(j_end, j_lo);
+  const void* V_row = static_cast<const char*>(s.V) + base * state_bytes(kType);
+  const void* D_row = static_cast<const char*>(s.D) + base * state_bytes(kType);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  const int h = lane % kGroup;
+  const int dvec0 = (q0 - (kBlockSize - 1)) / kVec, skew = (q0 - (kBlockSize - 1)) & (kVec - 1);
+  // entries of lane h's D vector that row r takes from the tail instead
+  auto from_tail_count = [&](int r) { return min(max(skew + r - kVec * h, 0), kVec); };
+  const bool tail = from_tail_count(R - 1) > 0;
+#pragma unroll 1
+  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
+    Vec v[kPer], d[kPer], t[kPer];
+    load_interior<kType, kVec, kPer>(V_row, D_row, jw, j_end, dvec0, tail, v, d, t);
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
+      __half2 vmax = __float2half2_rn(-CUDART_INF_F);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) vmax = __hmax2(vmax, word_max2<kType>(v[u].w[k]));
+      auto row_max = [&](int r) {  // this lane's max of row r (-inf past the rows)
+        const int c = from_tail_count(r);
+        __half2 acc = r < R ? vmax : __float2half2_rn(-CUDART_INF_F);
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) {
+          const int taken = min(max(c - kPerWord * k, 0), kPerWord);
+          const uint32_t mask = taken == kPerWord ? 0xFFFFFFFFu : (1u << (kBits * taken)) - 1u;
+          if (r < R)
+            acc = __hmax2(acc, word_max2<kType>((t[u].w[k] & mask) | (d[u].w[k] & ~mask)));
+        }
+        return __hmax(__low2half(acc), __high2half(acc));
+      };
+      // two rows a shuffle: the maxima are fp16 values, so a packed pair holds them exactly
+#pragma unroll 1
+      for (int r = 0; r < R; r += 2) {  // warp-uniform: the shuffles below run in every lane
+        __half2 m = j < j_end ? __halves2half2(row_max(r), row_max(r + 1))
+                              : __float2half2_rn(-CUDART_INF_F);
+        for (int o = kGroup / 2; o > 0; o >>= 1)
+          m = __hmax2(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (h == 0 && j < j_end) {
+          score(r)[j] = __low2float(m);
+          if (r + 1 < R) score(r + 1)[j] = __high2float(m);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    score_blocks_max<kType, kVec, 1, false>(s, base, B[r], n[r], q0 + r, score(r), j_lo, j_end);
 }
 
 // Pool one block's values across the warp.
