@@ -27,6 +27,11 @@ the same inputs (times per indexer layer, CUDA-graph replays, medians):
                 select, top-K and update cost nothing
   top-K bound:  each top-K's rows of fp32 scores read once at the copy bandwidth of the run
                 (target: within 2x), printed as time over bound for SPIN's rows and the dense ones
+  bytes moved:  each path's HBM traffic as separate kernels move it at the least
+                (costs.traffic_bytes: K cache pages, the fp32 logits written and read once, and
+                SPIN's state, select's V/D reads and the update's), SPIN's over dense's: the
+                as-run ratio if both ran at one bandwidth; and each path's time over its bytes
+                at the run's copy bandwidth (1.00x: at the copy's speed)
 It also checks that SPIN through DeepGEMM and through the native kernel select the same
 blocks and the same top-K sets, and times the update again right after the native masked logits
 and top-K, as a decode step runs it ("update in sequence": the difference of the two sequences;
@@ -53,6 +58,7 @@ import torch
 from spin_trtllm import ops
 from spin_trtllm._inputs import exit_code_of
 from spin_trtllm._outputs import write_output
+from spin_trtllm.costs import traffic_bytes
 from spin_trtllm.logits import DeepGemmLogits
 from spin_trtllm.logits.deepgemm import LayerInputs, schedule_matches
 
@@ -173,6 +179,10 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
     # (SPIN's rows hold the selected blocks' slots, a ragged last block counted whole)
     spin_topk_bytes = 4 * next_n * selected * 64
     dense_topk_bytes = 4 * int(n.sum())
+    # each path's bytes moved (K cache, logits written and read, SPIN's state) at that bandwidth
+    visible = int(((n.max(1).values + 63) // 64).sum())
+    spin_traffic = traffic_bytes(selected, visible, next_n, state_dtype)
+    dense_traffic = traffic_bytes(visible, visible, next_n)
     return {
         "batch": batch, "slots": slots, "next_n": next_n, "k": k, "target_sparsity": rho,
         "state_dtype": state_dtype, "realized_sparsity": 1 - selected / (batch * pages),
@@ -203,6 +213,9 @@ def run_case(inputs, n, batch, slots, next_n, k, rho, layers, iters, state_dtype
         "logits_floor_over_dense": min(t_spin_dg, t_native) / dense_ms,
         "spin_topk_bound_us": bound_us(spin_topk_bytes, copy_tbs),
         "dense_topk_bound_us": bound_us(dense_topk_bytes, copy_tbs),
+        "spin_traffic_mb": spin_traffic / 1e6, "dense_traffic_mb": dense_traffic / 1e6,
+        "traffic_floor_spin_us": bound_us(spin_traffic, copy_tbs),
+        "traffic_floor_dense_us": bound_us(dense_traffic, copy_tbs),
         "topk_sets_equal_native_vs_dg": agree, "gpu_after_case": gpu_clocks(),
     }
 
@@ -322,13 +335,25 @@ def floor_cells(row) -> str:
             f"{row['dense_topk_us'] / row['dense_topk_bound_us']:.1f}x")
 
 
+def traffic_cells(row) -> str:
+    """SPIN's bytes over dense's (costs.traffic_bytes: the as-run ratio if both ran at one
+    bandwidth), and SPIN as run and dense over their bytes at the copy bandwidth ("-" in older
+    rows)."""
+    if "spin_traffic_mb" not in row:
+        return "- | -"
+    return (f"{row['spin_traffic_mb'] / row['dense_traffic_mb']:.3f} | "
+            f"{row['spin_dg_as_run_us'] / row['traffic_floor_spin_us']:.2f}x / "
+            f"{row['dense_us'] / row['traffic_floor_dense_us']:.2f}x")
+
+
 def markdown(rows, copy_tbs) -> str:
     head = ("| batch | slots | next_n | target | realized | DG dense logits us (TB/s) | dense "
             "top-K us (the faster) | DG schedule us | SPIN via DG: select/L + compact+DG + top-K + update us "
             "| SPIN native us | SPIN(DG) / dense | SPIN(native) / dense | top-K + update "
             "beside us | SPIN(DG) as run / dense | top-K sets equal "
             "| update in sequence us | (select/L + update in sequence) / DG dense logits "
-            "| SPIN's logits alone / dense | top-K over its bound, SPIN / dense |")
+            "| SPIN's logits alone / dense | top-K over its bound, SPIN / dense "
+            "| bytes moved, SPIN / dense | time over bytes at copy bandwidth, as run / dense |")
     lines = [f"Copy bandwidth in this run: {copy_tbs:.2f} TB/s; times per indexer layer", "",
              head, "|" + "---|" * head.count(" |")]
     for r in rows:
@@ -344,7 +369,7 @@ def markdown(rows, copy_tbs) -> str:
             f"| {100 * r['topk_sets_equal_native_vs_dg']:.1f}% "
             f"| {r['update_in_sequence_us']:.1f} "
             f"| {100 * r['select_update_over_dense_logits']:.1f}% "
-            f"| {floor_cells(r)} |")
+            f"| {floor_cells(r)} | {traffic_cells(r)} |")
     return "\n".join(lines)
 
 

@@ -17,8 +17,13 @@ labelled "probe 0.5 (native)"). Columns:
                cost the kept share (1 - realized sparsity) of the all-keep indexer, select and
                update free; "HBM" if its logits read this row's scored K-cache bytes at the
                GPU's peak bandwidth (--peak-tbs; default by the GPU's name) and nothing else
-               cost time. A target above the
+               cost time; "traffic" if its indexer took all-keep's time per byte moved, its
+               bytes counted as costs.traffic_bytes counts them (K cache, the logits written
+               and read once, SPIN's state: select's reads and the update's): the most that
+               SPIN's kernels, unfused, can gain at all-keep's efficiency. A target above the
                HBM ceiling cannot be met at that sparsity by any indexer around this model.
+  sync ms      of the step's wall time after the forward (verification, finish, drafting, the
+               final sync), the final sync's wait for the GPU (after_ms holds it)
 With --repeats N every engine of a case runs N times, each in a fresh process, round-robin
 (null, all-keep, SPIN, ..., then again), and each time is the median of the N runs' medians
 (printed with the runs' range):
@@ -72,7 +77,7 @@ def in_fresh_process(spec: dict) -> dict:
 
 
 # the times a repeated engine reports as the median over its runs
-TIMES = ("step_ms", "forward_ms", "prepare_ms", "launch_ms", "wait_ms", "after_ms")
+TIMES = ("step_ms", "forward_ms", "prepare_ms", "launch_ms", "wait_ms", "after_ms", "sync_ms")
 
 
 def merge_runs(runs: list[dict]) -> dict:
@@ -83,7 +88,8 @@ def merge_runs(runs: list[dict]) -> dict:
         raise ValueError("merge_runs: no runs")
     row = dict(runs[0])
     for key in TIMES:
-        row[key] = statistics.median(r[key] for r in runs)
+        if all(key in r for r in runs):     # rows of older runs lack sync_ms
+            row[key] = statistics.median(r[key] for r in runs)
     row["step_ms_runs"] = [r["step_ms"] for r in runs]
     row["forward_ms_runs"] = [r["forward_ms"] for r in runs]
     row["repeats"] = len(runs)
@@ -106,9 +112,13 @@ def ceilings(r: dict, null: dict, best: dict, peak_tbs: float) -> dict:
     if peak_tbs <= 0:
         raise ValueError(f"peak_tbs must be > 0, got {peak_tbs}")
     kept = 1 - r["realized_sparsity"]
-    return {"ceiling_kept": best["forward_ms"] / (null["forward_ms"] + kept * best["indexer_ms"]),
-            # GB / (TB/s) = ms
-            "ceiling_hbm": best["forward_ms"] / (null["forward_ms"] + r["scored_gb"] / peak_tbs)}
+    out = {"ceiling_kept": best["forward_ms"] / (null["forward_ms"] + kept * best["indexer_ms"]),
+           # GB / (TB/s) = ms
+           "ceiling_hbm": best["forward_ms"] / (null["forward_ms"] + r["scored_gb"] / peak_tbs)}
+    if r.get("traffic_gb") and best.get("traffic_gb"):   # rows of older files lack it
+        out["ceiling_traffic"] = best["forward_ms"] / (
+            null["forward_ms"] + r["traffic_gb"] / best["traffic_gb"] * best["indexer_ms"])
+    return out
 
 
 def wall_against_gpu(r: dict, best: dict) -> dict:
@@ -164,6 +174,7 @@ def report(r: dict, null: dict | None, dense: list[dict], rows: list[dict], cont
           f"{r['realized_sparsity']:.3f}  SPIN steps {r['spin_steps']}/{r['steps']}"
           f"  x{r.get('step_speedup', 1):.3f}" + (
               f"  ceilings x{r['ceiling_kept']:.3f} kept x{r['ceiling_hbm']:.3f} HBM"
+              + (f" x{r['ceiling_traffic']:.3f} traffic" if "ceiling_traffic" in r else "")
               if "ceiling_hbm" in r else "") + (
               f"  wall x{speedup_range(r)} "
               f"{'holds' if r['wall_agrees_with_gpu'] else 'misses'} GPU "
@@ -315,8 +326,9 @@ def markdown(rows: list[dict], args) -> str:
            "| context tokens (slots) | batch | next_n | indexer | step ms (runs' range) | "
            "forward ms (range) | "
            "indexer ms | realized sparsity | SPIN steps | step speedup | forward "
-           "speedup | ceiling kept / HBM | step speedup per round (holds GPU's?) |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
+           "speedup | ceiling kept / HBM / traffic | step speedup per round (holds GPU's?) "
+           "| after the forward ms (its final sync) |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
     for r in rows:
         out.append(f"| {r['context_tokens']} ({r['indexer_slots']}) | {r['batch']} | "
                    f"{r['next_n']} | {label(r)} | {with_spread(r, 'step_ms')} | "
@@ -325,10 +337,13 @@ def markdown(rows: list[dict], args) -> str:
                    f"{r['spin_steps']}/{r['steps']} | {r.get('step_speedup', 1):.3f} | "
                    f"{r.get('forward_speedup', 1):.3f} | " + (
                        f"{r['ceiling_kept']:.3f} / {r['ceiling_hbm']:.3f}"
+                       + (f" / {r['ceiling_traffic']:.3f}" if "ceiling_traffic" in r else "")
                        if "ceiling_hbm" in r else "") + " | " + (
                        f"{speedup_range(r)} "
                        f"({'yes' if r['wall_agrees_with_gpu'] else 'no'})"
-                       if "step_speedup_range" in r else "") + " |\n")
+                       if "step_speedup_range" in r else "") + " | " + (
+                       f"{r['after_ms']:.2f} ({r['sync_ms']:.2f})" if "sync_ms" in r
+                       else "") + " |\n")
     return "".join(out)
 
 

@@ -47,6 +47,7 @@ from .predictors import ENGINE_PREDICTORS, REGISTRY
 from .reference import floor_blocks
 
 LAST_SEEN_BYTES = torch.iinfo(torch.int64).bits // 8   # state.last_seen: one int64 step a block
+SCORE_BYTES = torch.finfo(torch.float32).bits // 8     # one logit, as the top-K ranks it
 
 
 class _Requests(NamedTuple):
@@ -261,3 +262,18 @@ def indexer_bytes(selected_blocks: int, visible_blocks: int, state_dtype: str | 
         return k_cache, selected_blocks * LAST_SEEN_BYTES
     return k_cache, (selected_blocks * BLOCK_SLOTS * (4 * s + 4)
                      + visible_blocks * BLOCK_SLOTS * 2 * s)
+
+
+def traffic_bytes(selected_blocks: int, visible_blocks: int, rows: int,
+                  state_dtype: str | None = None, predictor: str = "spin") -> int:
+    """The fewest bytes a decode indexer of separate kernels (logits, top-K, select, update)
+    moves in HBM for these blocks (summed over requests and layers; all-keep: selected =
+    visible, no state): indexer_bytes' K cache and state, plus the fp32 logits of `rows` rows
+    (a request's MTP rows) over every slot of each scored block, written once by the logits
+    kernel and read once by the top-K. At one copy bandwidth this is the time floor that SPIN
+    and all-keep are compared by: only fusing kernels (the top-K or the update into the
+    logits) moves fewer bytes."""
+    if rows < 1:
+        raise ValueError(f"traffic_bytes: rows must be >= 1, got {rows}")
+    k_cache, state = indexer_bytes(selected_blocks, visible_blocks, state_dtype, predictor)
+    return k_cache + state + 2 * SCORE_BYTES * rows * selected_blocks * BLOCK_SLOTS

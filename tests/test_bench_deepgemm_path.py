@@ -60,4 +60,15 @@ def test_floor_and_topk_bound_columns(bench):
     assert bench.floor_cells(r) == "0.47 | 20.0x / 10.0x"
     assert bench.floor_cells(row(True)) == "- | -"     # rows of older files
     table = bench.markdown([r, row(None)], 3.9).splitlines()
-    assert table[4].endswith("| 0.47 | 20.0x / 10.0x |")
+    assert table[4].endswith("| 0.47 | 20.0x / 10.0x | - | - |")
+
+
+def test_traffic_columns(bench):
+    r = dict(row(True), spin_traffic_mb=1000.0, dense_traffic_mb=1750.0,
+             traffic_floor_spin_us=330.0, traffic_floor_dense_us=580.0,
+             dense_us=609.0, spin_dg_as_run_us=346.5)
+    assert bench.traffic_cells(r) == "0.571 | 1.05x / 1.05x"
+    assert bench.traffic_cells(row(True)) == "- | -"       # rows of older files
+    table = bench.markdown([r, row(True)], 3.0).splitlines()
+    assert table[4].endswith("| 0.571 | 1.05x / 1.05x |")
+    assert table[5].endswith("| - | - |")

@@ -29,9 +29,11 @@ def _bench(monkeypatch, times: dict[str, list[tuple[float, float]]], calls: list
                 "batch": spec["batch"], "next_n": spec["mtp"] + 1, "steps": 4,
                 "step_ms": step, "forward_ms": forward, "prepare_ms": 1.0 + run,
                 "launch_ms": 0.2, "wait_ms": forward, "after_ms": step - forward - 1.2 - run,
+                "sync_ms": 0.5 + run,
                 "spin_steps": 4 if kind == "spin" else 0,
                 "realized_sparsity": 0.5 if kind == "spin" else 0.0,
-                "scored_gb": {"null": 0.0, "dense": 8.0, "spin": 4.0}[kind]}
+                "scored_gb": {"null": 0.0, "dense": 8.0, "spin": 4.0}[kind],
+                "traffic_gb": {"null": 0.0, "dense": 8.4, "spin": 4.8}[kind]}
 
     monkeypatch.setattr(mod, "in_fresh_process", fake)
     monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: True)
@@ -56,6 +58,10 @@ def test_repeats_run_round_robin_and_report_medians(monkeypatch, tmp_path):
     assert spin["forward_speedup"] == pytest.approx(14.2 / 12.3)
     assert spin["indexer_ms"] == pytest.approx(12.3 - 10.1)
     assert spin["indexer_vs_dense"] == pytest.approx((12.3 - 10.1) / (14.2 - 10.1))
+    assert spin["sync_ms"] == 1.5                         # the median of 0.5, 1.5, 2.5
+    # all-keep's indexer time per byte moved, over SPIN's bytes
+    assert spin["ceiling_traffic"] == pytest.approx(14.2 / (10.1 + 4.8 / 8.4 * (14.2 - 10.1)))
+    assert spin["ceiling_kept"] == pytest.approx(14.2 / (10.1 + 0.5 * (14.2 - 10.1)))
     # per round: 25/40, 24/23, 30/22; the GPU's 14.2/12.3 lies inside
     assert spin["step_speedup_range"] == pytest.approx([25.0 / 40.0, 30.0 / 22.0])
     assert spin["wall_agrees_with_gpu"] is True
@@ -76,6 +82,11 @@ def test_a_wall_speedup_outside_the_gpus_is_flagged(monkeypatch, tmp_path):
     assert spin["step_speedup_range"] == pytest.approx([25.2 / 25.1, 25.0 / 24.8])
     assert spin["wall_agrees_with_gpu"] is False
     assert "1.004-1.008 (no)" in md.read_text()
+    # ceilings kept / HBM / traffic; after the forward (its final sync): the median of the
+    # runs, 24.8 - 12.3 - 1.2 - 0 and 25.1 - 12.3 - 1.2 - 1
+    traffic = 14.2 / (10.0 + 4.8 / 8.4 * 4.2)
+    assert f"| {14.2 / (10.0 + 0.5 * 4.2):.3f} / " in md.read_text()
+    assert f" / {traffic:.3f} | 1.004-1.008 (no) | 10.95 (1.00) |" in md.read_text()
     # each engine's median and the range of its runs
     assert "| 24.95 (24.80-25.10) | 12.30 (12.30-12.30) |" in md.read_text()
 
@@ -170,7 +181,9 @@ def test_ceilings_bound_the_speedup_by_the_kept_share_and_by_peak_bandwidth(monk
     assert spin["ceiling_kept"] == pytest.approx(14.0 / 12.0)
     assert spin["ceiling_hbm"] == pytest.approx(14.0 / 11.0)
     assert "ceilings x1.167 kept x1.273 HBM" in capsys.readouterr().out
-    assert "| 1.167 / 1.273 |" in md.read_text() and "4.0 TB/s peak" in md.read_text()
+    # traffic: 4.8 of all-keep's 8.4 GB at its time per byte: 14 / (10 + 4 x 4.8 / 8.4)
+    assert spin["ceiling_traffic"] == pytest.approx(14.0 / (10.0 + 4.0 * 4.8 / 8.4))
+    assert "| 1.167 / 1.273 / 1.140 |" in md.read_text() and "4.0 TB/s peak" in md.read_text()
     assert mod.ceilings(spin, null, dense, 2.0)["ceiling_hbm"] == pytest.approx(14.0 / 12.0)
     with pytest.raises(ValueError, match="peak_tbs"):
         mod.ceilings(spin, null, dense, 0.0)
@@ -195,3 +208,13 @@ def test_peak_bandwidth_follows_the_gpu(monkeypatch, tmp_path, capsys, name, tbs
     assert spin["ceiling_hbm"] == pytest.approx(14.0 / (10.0 + 4.0 / tbs))
     assert f"{tbs} TB/s peak" in md.read_text()
     assert ("not known here" in capsys.readouterr().err) is note
+
+
+def test_rows_without_traffic_get_no_traffic_ceiling(monkeypatch):
+    mod = _bench(monkeypatch, {}, [])
+    null = {"forward_ms": 10.0}
+    best = {"forward_ms": 14.0, "indexer_ms": 4.0}
+    spin = {"realized_sparsity": 0.5, "scored_gb": 4.0}
+    got = mod.ceilings(spin, null, best, 4.0)
+    assert set(got) == {"ceiling_kept", "ceiling_hbm"}
+    assert got["ceiling_hbm"] == pytest.approx(14.0 / 11.0)

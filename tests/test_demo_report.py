@@ -13,7 +13,7 @@ import torch
 
 from spin_trtllm import SpinConfig
 from spin_trtllm.cli import main
-from spin_trtllm.costs import indexer_bytes
+from spin_trtllm.costs import indexer_bytes, traffic_bytes
 from spin_trtllm.harness import Engine, Request, init_weights, tiny
 from spin_trtllm.harness import demo
 from spin_trtllm.harness.demo import (DemoOptions, cpu_threads, run_engine,
@@ -45,6 +45,22 @@ def test_indexer_bytes_by_hand():
     # the hybrid reads both: the summary rows and select's V/D of the visible slots
     assert indexer_bytes(2, 3, "float32", "hybrid") == (16896 + 3 * 144, 1536 + 2560)
     assert indexer_bytes(0, 0, "float32") == (0, 0)
+
+
+def test_traffic_bytes_by_hand():
+    # the case above with two MTP rows: each row's fp32 logits of the 2 scored blocks (128
+    # slots) are written once and read once by the top-K: 2 rows x 128 x 4 x 2
+    assert traffic_bytes(2, 3, 2, "float16") == 16896 + 768 + 1536 + 2048
+    # all-keep: the K cache of 3 blocks and one row's logits of their 192 slots
+    assert traffic_bytes(3, 3, 1) == 192 * 132 + 192 * 8
+    # 96 requests of 2,048 blocks, SPIN keeping half, fp16 state: SPIN moves 0.57 of all-keep's
+    spin = traffic_bytes(96 * 1024, 96 * 2048, 1, "float16")
+    dense = traffic_bytes(96 * 2048, 96 * 2048, 1)
+    assert spin / dense == pytest.approx((1024 * 64 * (132 + 8 + 12) + 2048 * 64 * 4)
+                                         / (2048 * 64 * (132 + 8)))
+    assert 0.57 < spin / dense < 0.572
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        traffic_bytes(1, 1, 0)
 
 
 # ---- summarize ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 
 from ..config import SpinConfig
 from .. import logits as logits_backends
-from ..costs import indexer_bytes
+from ..costs import indexer_bytes, traffic_bytes
 from .config import DsaLiteConfig, v4_flash_indexer
 from .engine import Engine
 
@@ -134,11 +134,17 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "wait_ms": 1e3 * statistics.median(s.wait_seconds for s in hist),
             "after_ms": 1e3 * statistics.median(
                 s.seconds - s.prepare_seconds - s.launch_seconds - s.wait_seconds for s in hist),
+            "sync_ms": 1e3 * statistics.median(s.sync_seconds for s in hist),
             "spin_steps": sum(s.spin for s in hist),
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,
             "accepted_per_step": sum(s.accepted for s in hist) / max(1, sum(s.batch for s in hist)),
             "scored_gb": 0.0 if indexer == "null"
             else indexer_bytes(sel / len(hist), vis / len(hist))[0] / 1e9,
+            # bytes moved a step (costs.traffic_bytes), SPIN's state on the steps SPIN ran
+            "traffic_gb": 0.0 if indexer == "null" else sum(
+                traffic_bytes(s.selected_blocks, s.visible_blocks, cfg.next_n,
+                              state_dtype if s.spin else None, predictor)
+                for s in hist) / len(hist) / 1e9,
             "cache_gb": cache_gb, "state_gb": state_gb}
 
 

@@ -401,7 +401,9 @@ class Engine:
                     self.traces.record(observed, live.rid, step.ctx[b], step.qpos[b],
                                        accepted[b], self.caches)
         self._advance(batch, accepted, emitted, hidden, acc, stats, finished)
+        t_sync = time.perf_counter()
         self._sync()
+        stats.sync_seconds = time.perf_counter() - t_sync
         stats.selected_blocks = int(selected) if selected is not None else stats.visible_blocks
         stats.seconds = time.perf_counter() - t0
         stats.add_event_times()

@@ -32,6 +32,7 @@ class StepStats:
     prepare_seconds: float = 0.0
     launch_seconds: float = 0.0
     wait_seconds: float = 0.0
+    sync_seconds: float = 0.0             # of the rest: the final sync's wait for the GPU
     selected_blocks: int = 0
     visible_blocks: int = 0
     miss: list[float] = field(default_factory=list)
