@@ -126,3 +126,22 @@ def test_a_kernel_log_started_again_on_its_file_keeps_what_it_held(tmp_path):
     again.record({"k2", "k3"}, "t.py::b")
     assert json.loads(path.read_text()) == {"k1": ["t.py::a"], "k2": ["t.py::a", "t.py::b"],
                                             "k3": ["t.py::b"]}
+
+
+@pytest.mark.parametrize("marker", ["large", "own_profiler"])
+def test_the_kernel_log_leaves_large_and_own_profiler_tests_unprofiled(tmp_path, marker):
+    """A test that runs torch.profiler itself would fail under a second one: it runs bare, like
+    the large shapes, and records nothing."""
+    from types import SimpleNamespace
+
+    from spin_trtllm.testing.kernel_log import KernelLog
+
+    path = tmp_path / "kernels.json"
+    log = KernelLog(str(path))
+    item = SimpleNamespace(nodeid="t.py::c",
+                           get_closest_marker=lambda name: object() if name == marker else None)
+    hook = log.pytest_runtest_call(item)
+    next(hook)                                   # the test runs here
+    with pytest.raises(StopIteration):
+        hook.send(None)
+    assert not path.exists()

@@ -214,6 +214,7 @@ def test_gpu_mtp_rows_scored_together_match_reference(state_dtype, cap_pad, R, L
 
 
 @pytest.mark.gpu
+@pytest.mark.own_profiler
 @pytest.mark.parametrize("state_dtype,lens,R,together", [
     ("float16", SKEW_LENS, 1, False), ("float16", SKEW_LENS, 2, True),
     ("float8_e4m3fn", SKEW_LENS, 2, False), ("float8_e4m3fn", FP8_SKEW_LENS, 2, True)])

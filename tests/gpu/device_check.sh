@@ -33,6 +33,7 @@
 # torch's are upstream's, and left uninstrumented they run at full speed, which keeps the engine
 # tests inside the limit. initcheck instruments every kernel: it sees only the writes of the
 # kernels it instruments, so a buffer torch's fill kernel zeroed would read as uninitialized.
+# Every tool leaves out the tests marked own_profiler (they run torch.profiler themselves).
 # racecheck also leaves out the tests marked no_racecheck (it fails on them with no kernel
 # instrumented) and racecheck_slow (top-K shapes it takes minutes on; smaller twins run there);
 # initcheck and racecheck those marked slow_schedule (engine schedules, minutes each there),
@@ -210,7 +211,7 @@ shard_dir="$out/shards"; rm -rf "$shard_dir"; mkdir -p "$shard_dir"   # packed a
 queue_dir=$(mktemp -d)   # a fresh queue per run: a test claimed in an earlier run would be skipped
 trap 'rm -rf "$queue_dir"' EXIT
 for tool in "${tools[@]}"; do
-  n=$shards marks="gpu and not large"
+  n=$shards marks="gpu and not large and not own_profiler"
   if [ "$tool" = initcheck ] || [ "$tool" = racecheck ]; then
     marks="$marks and not slow_schedule"
     [ "$tool" = initcheck ] && marks="$marks and not no_initcheck"
