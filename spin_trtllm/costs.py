@@ -17,7 +17,10 @@ benchmarks/RESULTS.md):
            per row and slot of the table's width; FlashInfer's path (where ops.topk hands it the
            rows) 19 us + 4.3 ps per scored slot per row
   select   0.5 us + 1.25 ps per visible slot (a layer's share of the one launch); each MTP
-           row after the first adds 0.85 of its per-slot term (every row is scored)
+           row after the first adds 0.85 of its per-slot term (every row is scored; fitted
+           when each row read the state: on fp16 state the rows now share one read, and an
+           extra row cost 0.33-0.56 of a row on an H100, so this overprices MTP select there
+           and the switch leans to all-keep; RESULTS.md section 2)
   update   3 us + 4.1 ps per scored slot per row; beside the top-K (next_n 1, sm_90+, spin's
            top-K) a step pays update_beside_share of it; a predictor that reads no V/D history
            (probe, gauss) pays the 3 us alone (its update keeps the counters, not the EMAs)
