@@ -214,6 +214,36 @@ def test_gpu_mtp_rows_scored_together_match_reference(state_dtype, cap_pad, R, L
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", ["float16", "float8_e4m3fn"])
+@pytest.mark.parametrize("R", [2, 8])
+def test_gpu_mtp_rows_together_window_edges_decide(state_dtype, R):
+    """The same rows on state where each row's window edges decide its blocks: D is -12 but for
+    a random value in [-6, -1] at q0 + r' - 64 j for every r' < 8 and block j (V below it all),
+    so row r's window holds block j's spikes r' <= r and block j + 1's r' > r. A row that took
+    an entry past its window's edge, or a vector it did not load (read as zero), scores the
+    blocks otherwise (a window moved by one changed the top half of 61 of 64 such rows in a
+    simulation) and picks other blocks than the reference."""
+    cfg = SpinConfig(index_topk=256, target_sparsity=0.5, exploration=0.0,
+                     state_dtype=state_dtype)
+    lens = FP8_SKEW_LENS if state_dtype == "float8_e4m3fn" else SKEW_LENS
+    cap = 64 * math.ceil((max(lens) + R + 64) / 64)
+    L = 5
+    p_cpu, p_gpu = problem_pair(B=16, R=R, L=L, lens=lens, cap=cap, cfg=cfg, seed=R)
+    gen = torch.Generator().manual_seed(R)
+    V = torch.full(p_cpu.state.V.shape, -14.0)
+    D = torch.full(p_cpu.state.D.shape, -12.0)
+    for b in range(16):
+        q0 = int(p_cpu.q[b, 0])
+        pos = torch.tensor([q0 + r - 64 * j for j in range(cap // 64 + 1) for r in range(8)])
+        pos = pos[(pos >= 0) & (pos < cap)]
+        D[int(p_cpu.slot[b]), :, pos] = torch.rand(L, len(pos), generator=gen) * 5 - 6
+    for p in (p_cpu, p_gpu):
+        p.state.V.copy_(V.to(p.state.V.device))
+        p.state.D.copy_(D.to(p.state.D.device))
+    _select_both(p_cpu, p_gpu, cfg)
+
+
+@pytest.mark.gpu
 @pytest.mark.own_profiler
 @pytest.mark.parametrize("state_dtype,lens,R,together", [
     ("float16", SKEW_LENS, 1, False), ("float16", SKEW_LENS, 2, True),

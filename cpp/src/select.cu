@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
             min((rows_n[threadIdx.x] + kBlockSize - 1) / kBlockSize, p.max_blocks);
       }
       __syncthreads();
-      // half the blocks in flight: each carries every row's max (registers, not spills)
+      // half the blocks in flight: each carries every row's max (at kPer the fp16 kernel
+      // spilled 176 bytes a thread, at half 40)
       score_rows_together<kType, kVec, kPer / 2>(s, base, p.rows, rows_n, rows_blocks,
                                                  p.q[b * p.rows], score0, more_scores,
                                                  p.max_blocks);
@@ -354,8 +355,9 @@ __global__ void __launch_bounds__(kGiven ? kGivenThreads : kThreads,
 }  // namespace
 
 // Shared memory up to which MTP rows are scored together: the extra rows' score buffers keep
-// four CTAs an SM (227 KB) on the kernel of many CTAs; past it rows are scored one at a time.
-constexpr size_t kRowsTogetherSmem = 56 * 1024;
+// four CTAs an SM on the kernel of many CTAs (228 KB an SM, less each CTA's static 1.2 KB and
+// its 1 KB reserved); past it rows are scored one at a time.
+constexpr size_t kRowsTogetherSmem = 53 * 1024;
 // fp8 rows go together from tables of this many blocks: below, a request's state is a few KB,
 // the per-row masks cost more than the reads they save (H100, bench_select_rows.py: next_n 2 at
 // 32K slots 0.90-0.95x, at 128K 1.17-1.20x)
@@ -386,6 +388,7 @@ cudaError_t launch_select_as(const SelectParams& p, size_t smem, cudaStream_t st
 
 cudaError_t launch_select(const SelectParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.state.num_layers == 0) return cudaSuccess;
+  if (p.rows < 1 || p.rows > kMaxNextN) return cudaErrorInvalidValue;  // rows_n's size
   size_t smem = static_cast<size_t>(p.max_blocks) * (sizeof(float) + 2);
   const StateView& s = p.state;
   if (p.block_scores != nullptr && !p.merge_history)
