@@ -29,7 +29,7 @@ def _bench(monkeypatch, times: dict[str, list[tuple[float, float]]], calls: list
                 "batch": spec["batch"], "next_n": spec["mtp"] + 1, "steps": 4,
                 "step_ms": step, "forward_ms": forward, "prepare_ms": 1.0 + run,
                 "launch_ms": 0.2, "wait_ms": forward, "after_ms": step - forward - 1.2 - run,
-                "sync_ms": 0.5 + run,
+                "advance_ms": 0.3, "sync_ms": 0.5 + run,
                 "spin_steps": 4 if kind == "spin" else 0,
                 "realized_sparsity": 0.5 if kind == "spin" else 0.0,
                 "scored_gb": {"null": 0.0, "dense": 8.0, "spin": 4.0}[kind],
@@ -82,11 +82,11 @@ def test_a_wall_speedup_outside_the_gpus_is_flagged(monkeypatch, tmp_path):
     assert spin["step_speedup_range"] == pytest.approx([25.2 / 25.1, 25.0 / 24.8])
     assert spin["wall_agrees_with_gpu"] is False
     assert "1.004-1.008 (no)" in md.read_text()
-    # ceilings kept / HBM / traffic; after the forward (its final sync): the median of the
+    # ceilings kept / HBM / traffic; after the forward (advance / final sync): the median of the
     # runs, 24.8 - 12.3 - 1.2 - 0 and 25.1 - 12.3 - 1.2 - 1
     traffic = 14.2 / (10.0 + 4.8 / 8.4 * 4.2)
     assert f"| {14.2 / (10.0 + 0.5 * 4.2):.3f} / " in md.read_text()
-    assert f" / {traffic:.3f} | 1.004-1.008 (no) | 10.95 (1.00) |" in md.read_text()
+    assert f" / {traffic:.3f} | 1.004-1.008 (no) | 10.95 (0.30 / 1.00) |" in md.read_text()
     # each engine's median and the range of its runs
     assert "| 24.95 (24.80-25.10) | 12.30 (12.30-12.30) |" in md.read_text()
 

@@ -95,8 +95,10 @@ def test_step_stats_split_the_wall_time_by_host_phase():
         phases = (s.prepare_seconds, s.launch_seconds, s.wait_seconds)
         assert all(p >= 0 for p in phases) and s.prepare_seconds > 0 and s.launch_seconds > 0
         assert sum(phases) <= s.seconds
-        # the final sync is timed within what follows the wait (a no-op call on the CPU)
-        assert 0 < s.sync_seconds <= s.seconds - sum(phases)
+        # the advance and the final sync are timed within what follows the wait (the sync a
+        # no-op call on the CPU)
+        assert 0 < s.advance_seconds and 0 < s.sync_seconds
+        assert s.advance_seconds + s.sync_seconds <= s.seconds - sum(phases)
         # on the CPU the forward runs inside the call: it is most of the step
         assert s.launch_seconds > 0.3 * s.seconds
 

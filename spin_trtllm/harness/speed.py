@@ -134,6 +134,7 @@ def measure(cfg: DsaLiteConfig, weights, indexer: str, context: int, batch: int,
             "wait_ms": 1e3 * statistics.median(s.wait_seconds for s in hist),
             "after_ms": 1e3 * statistics.median(
                 s.seconds - s.prepare_seconds - s.launch_seconds - s.wait_seconds for s in hist),
+            "advance_ms": 1e3 * statistics.median(s.advance_seconds for s in hist),
             "sync_ms": 1e3 * statistics.median(s.sync_seconds for s in hist),
             "spin_steps": sum(s.spin for s in hist),
             "realized_sparsity": (1 - sel / vis) if vis and indexer != "null" else 0.0,

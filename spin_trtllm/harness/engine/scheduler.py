@@ -400,8 +400,10 @@ class Engine:
                 if live.rid in self.trace_requests:
                     self.traces.record(observed, live.rid, step.ctx[b], step.qpos[b],
                                        accepted[b], self.caches)
+        t_advance = time.perf_counter()
         self._advance(batch, accepted, emitted, hidden, acc, stats, finished)
         t_sync = time.perf_counter()
+        stats.advance_seconds = t_sync - t_advance
         self._sync()
         stats.sync_seconds = time.perf_counter() - t_sync
         stats.selected_blocks = int(selected) if selected is not None else stats.visible_blocks

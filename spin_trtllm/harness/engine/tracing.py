@@ -32,7 +32,9 @@ class StepStats:
     prepare_seconds: float = 0.0
     launch_seconds: float = 0.0
     wait_seconds: float = 0.0
-    sync_seconds: float = 0.0             # of the rest: the final sync's wait for the GPU
+    # of the rest: committing the accepted rows, emitting and drafting; the final sync's wait
+    advance_seconds: float = 0.0
+    sync_seconds: float = 0.0
     selected_blocks: int = 0
     visible_blocks: int = 0
     miss: list[float] = field(default_factory=list)
