@@ -158,29 +158,57 @@ __device__ __forceinline__ __half2 word_max2(uint32_t w) {
   else return __hmax2(e4m3x2_to_half2(w), e4m3x2_to_half2(w >> 16));
 }
 
-// The lean path's loads of the interior blocks jw + kPerWarp * u * kWarps + group (u < kPer)
-// below j_end: lane h of a block's group its V vector kGroup j + h and D vector
-// dvec0 - kGroup j + h, and where `tail`, the D vector kGroup further (its tail; t is zero
-// elsewhere).
-template <int kType, int kVec, int kPer>
-__device__ __forceinline__ void load_interior(const void* V_row, const void* D_row, int jw,
-                                              int j_end, int dvec0, bool tail,
-                                              StateVec<kType, kVec> (&v)[kPer],
-                                              StateVec<kType, kVec> (&d)[kPer],
-                                              StateVec<kType, kVec> (&t)[kPer]) {
+// The lean path's walk over the interior blocks [j_lo, j_end), kPer blocks a lane group in
+// flight: lane h of block j's group loads its V vector kGroup j + h and D vector
+// dvec0 - kGroup j + h, and where `tail`, the D vector kGroup further (its tail; zero
+// elsewhere); then body(j, v, d, t) runs in every lane for each block of the step (j >= j_end
+// past the end: the body's shuffles stay warp-uniform).
+template <int kType, int kVec, int kPer, typename Body>
+__device__ __forceinline__ void for_interior_blocks(const void* V_row, const void* D_row,
+                                                    int j_lo, int j_end, int dvec0, bool tail,
+                                                    Body body) {
+  using Vec = StateVec<kType, kVec>;
   constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup, kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31, group = lane / kGroup, h = lane % kGroup;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
+  const int h = lane % kGroup;
+#pragma unroll 1
+  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
+    Vec v[kPer], d[kPer], t[kPer];
 #pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int j = jw + kPerWarp * u * kWarps + group;
+    for (int u = 0; u < kPer; ++u) {
+      const int j = jw + kPerWarp * u * kWarps + group;
 #pragma unroll
-    for (int k = 0; k < StateVec<kType, kVec>::kWords; ++k) t[u].w[k] = 0u;
-    if (j < j_end) {
-      v[u].load_vec(V_row, kGroup * j + h);
-      d[u].load_vec(D_row, dvec0 - kGroup * j + h);
-      if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup + h);
+      for (int k = 0; k < Vec::kWords; ++k) t[u].w[k] = 0u;
+      if (j < j_end) {
+        v[u].load_vec(V_row, kGroup * j + h);
+        d[u].load_vec(D_row, dvec0 - kGroup * j + h);
+        if (tail) t[u].load_vec(D_row, dvec0 - kGroup * j + kGroup + h);
+      }
     }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) body(jw + kPerWarp * u * kWarps + group, v[u], d[u], t[u]);
   }
+}
+
+// Blocks [lo, end) of a row are interior (see MaxBlockWindow): 64j + 64 <= min(n, cap),
+// 64j + 63 <= q and q - 64j <= cap - 1 (end < lo: none).
+struct InteriorRange {
+  int lo, end;
+  __device__ InteriorRange(const StateView& s, int B, int n, int q) {
+    const int64_t visible = min(static_cast<int64_t>(n), s.cap);
+    end = static_cast<int>(min(min(visible / kBlockSize,
+                                   (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
+                               static_cast<int64_t>(B) - 1)) + 1;
+    const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
+    lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
+                                               static_cast<int64_t>(B)));
+  }
+};
+
+// A stream's V or D row of state of kType from `base`.
+template <int kType>
+__device__ __forceinline__ const void* state_row(const void* state, int64_t base) {
+  return static_cast<const char*>(state) + base * state_bytes(kType);
 }
 
 // The interior blocks [j_lo, j_end) of a row of fp16 or fp8 state (see MaxBlockWindow): the
@@ -194,16 +222,13 @@ __device__ __forceinline__ void load_interior(const void* V_row, const void* D_r
 template <int kType, int kVec, int kPer>
 __device__ void score_interior_blocks(const void* V_row, const void* D_row, int j_lo, int j_end,
                                       int q, float* score) {
-  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
-  constexpr int kWarps = kThreads / 32;
+  constexpr int kGroup = kBlockSize / kVec;
   using Vec = StateVec<kType, kVec>;
   constexpr int kWords = Vec::kWords;
   constexpr int kPerWord = kVec / kWords;   // entries per 32-bit word: 2 (fp16) or 4 (fp8)
   constexpr int kBits = 32 / kPerWord;
   constexpr uint32_t kEntryMask = (1u << kBits) - 1u;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
-  const int h = lane % kGroup;
-  const bool lead = h == 0;
+  const bool lead = threadIdx.x % kGroup == 0;
   const int dvec0 = (q - (kBlockSize - 1)) / kVec, skew = (q - (kBlockSize - 1)) & (kVec - 1);
   const bool tail = lead && skew != 0;
   uint32_t from_tail[kWords];  // per word, the entries taken from the tail
@@ -214,27 +239,23 @@ __device__ void score_interior_blocks(const void* V_row, const void* D_row, int 
     for (int e = 0; e < kPerWord; ++e)
       if (tail && kPerWord * k + e < skew) from_tail[k] |= kEntryMask << (kBits * e);
   }
-#pragma unroll 1
-  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
-    Vec v[kPer], d[kPer], t[kPer];
-    load_interior<kType, kVec, kPer>(V_row, D_row, jw, j_end, dvec0, tail, v, d, t);
+  for_interior_blocks<kType, kVec, kPer>(
+      V_row, D_row, j_lo, j_end, dvec0, tail, [&](int j, const Vec& v, const Vec& d,
+                                                  const Vec& t) {
+        float m = -CUDART_INF_F;
+        if (j < j_end) {
+          __half2 acc = __float2half2_rn(-CUDART_INF_F);
 #pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int j = jw + kPerWarp * u * kWarps + group;
-      float m = -CUDART_INF_F;
-      if (j < j_end) {
-        __half2 acc = __float2half2_rn(-CUDART_INF_F);
-#pragma unroll
-        for (int k = 0; k < kWords; ++k) {
-          const uint32_t dw = (t[u].w[k] & from_tail[k]) | (d[u].w[k] & ~from_tail[k]);
-          acc = __hmax2(acc, __hmax2(word_max2<kType>(v[u].w[k]), word_max2<kType>(dw)));
+          for (int k = 0; k < kWords; ++k) {
+            const uint32_t dw = (t.w[k] & from_tail[k]) | (d.w[k] & ~from_tail[k]);
+            acc = __hmax2(acc, __hmax2(word_max2<kType>(v.w[k]), word_max2<kType>(dw)));
+          }
+          m = fmaxf(__low2float(acc), __high2float(acc));
         }
-        m = fmaxf(__low2float(acc), __high2float(acc));
-      }
-      for (int o = kGroup / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      if (lead && j < j_end) score[j] = m;
-    }
-  }
+        for (int o = kGroup / 2; o > 0; o >>= 1)
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lead && j < j_end) score[j] = m;
+      });
 }
 
 // Blocks 0..B-1 of a row: with fp16 or fp8 state the interior ones on the lean path, the rest
@@ -247,18 +268,10 @@ __device__ void score_blocks(const StateView& s, int64_t base, int B, int n, int
   if constexpr (kType == kStateF32) {  // no lean path: it would spill more registers
     score_blocks_max<kType, kVec>(s, base, B, n, q, score);
   } else {
-    // interior: 64j + 64 <= min(n, cap), 64j + 63 <= q and q - 64j <= cap - 1
-    const int64_t visible = min(static_cast<int64_t>(n), s.cap);
-    const int j_hi = static_cast<int>(min(min(visible / kBlockSize,
-                                              (static_cast<int64_t>(q) + 1) / kBlockSize) - 1,
-                                          static_cast<int64_t>(B) - 1));
-    const int64_t below = static_cast<int64_t>(q) - s.cap + 1;
-    const int j_lo = below <= 0 ? 0 : static_cast<int>(min((below + kBlockSize - 1) / kBlockSize,
-                                                           static_cast<int64_t>(B)));
-    const int j_end = max(j_hi + 1, j_lo);
-    score_interior_blocks<kType, kVec, kPer>(
-        static_cast<const char*>(s.V) + base * state_bytes(kType),
-        static_cast<const char*>(s.D) + base * state_bytes(kType), j_lo, j_end, q, score);
+    const InteriorRange interior(s, B, n, q);
+    const int j_lo = interior.lo, j_end = max(interior.end, interior.lo);
+    score_interior_blocks<kType, kVec, kPer>(state_row<kType>(s.V, base),
+                                             state_row<kType>(s.D, base), j_lo, j_end, q, score);
     // the few other blocks one at a time (fewer registers beside the lean path's)
     score_blocks_max<kType, kVec, 1, false>(s, base, B, n, q, score, j_lo, j_end);
   }
@@ -279,69 +292,54 @@ __device__ void score_rows_together(const StateView& s, int64_t base, int R,
                                     const int* n, const int* B, int q0, float* score0,
                                     float* more_scores, int stride) {
   auto score = [&](int r) { return r == 0 ? score0 : more_scores + (r - 1) * stride; };
-  constexpr int kGroup = kBlockSize / kVec, kPerWarp = 32 / kGroup;
-  constexpr int kWarps = kThreads / 32;
+  constexpr int kGroup = kBlockSize / kVec;
   using Vec = StateVec<kType, kVec>;
   constexpr int kWords = Vec::kWords;
   constexpr int kPerWord = kVec / kWords;
   constexpr int kBits = 32 / kPerWord;
-  // blocks interior to every row: the intersection of each row's range (score_blocks)
-  int j_lo = 0, j_end = B[0];
+  int j_lo = 0, j_end = B[0];  // blocks interior to every row
   for (int r = 0; r < R; ++r) {
-    const int64_t q = static_cast<int64_t>(q0) + r;
-    const int64_t visible = min(static_cast<int64_t>(n[r]), s.cap);
-    const int64_t hi = min(min(visible / kBlockSize, (q + 1) / kBlockSize),
-                           static_cast<int64_t>(B[r]));
-    const int64_t below = q - s.cap + 1;
-    const int64_t lo = below <= 0 ? 0 : (below + kBlockSize - 1) / kBlockSize;
-    j_lo = static_cast<int>(max(static_cast<int64_t>(j_lo), min(lo, static_cast<int64_t>(B[r]))));
-    j_end = static_cast<int>(min(static_cast<int64_t>(j_end), hi));
+    const InteriorRange interior(s, B[r], n[r], q0 + r);
+    j_lo = max(j_lo, interior.lo);
+    j_end = min(j_end, interior.end);
   }
   j_end = max(j_end, j_lo);
-  const void* V_row = static_cast<const char*>(s.V) + base * state_bytes(kType);
-  const void* D_row = static_cast<const char*>(s.D) + base * state_bytes(kType);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane / kGroup;
-  const int h = lane % kGroup;
+  const int h = threadIdx.x % kGroup;
   const int dvec0 = (q0 - (kBlockSize - 1)) / kVec, skew = (q0 - (kBlockSize - 1)) & (kVec - 1);
   // entries of lane h's D vector that row r takes from the tail instead
   auto from_tail_count = [&](int r) { return min(max(skew + r - kVec * h, 0), kVec); };
   const bool tail = from_tail_count(R - 1) > 0;
+  for_interior_blocks<kType, kVec, kPer>(
+      state_row<kType>(s.V, base), state_row<kType>(s.D, base), j_lo, j_end, dvec0, tail,
+      [&](int j, const Vec& v, const Vec& d, const Vec& t) {
+        __half2 vmax = __float2half2_rn(-CUDART_INF_F);
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) vmax = __hmax2(vmax, word_max2<kType>(v.w[k]));
+        auto row_max = [&](int r) {  // this lane's max of row r (-inf past the rows)
+          const int c = from_tail_count(r);
+          __half2 acc = r < R ? vmax : __float2half2_rn(-CUDART_INF_F);
+#pragma unroll
+          for (int k = 0; k < kWords; ++k) {
+            const int taken = min(max(c - kPerWord * k, 0), kPerWord);
+            const uint32_t mask =
+                taken == kPerWord ? 0xFFFFFFFFu : (1u << (kBits * taken)) - 1u;
+            if (r < R) acc = __hmax2(acc, word_max2<kType>((t.w[k] & mask) | (d.w[k] & ~mask)));
+          }
+          return __hmax(__low2half(acc), __high2half(acc));
+        };
+        // two rows a shuffle: the maxima are fp16 values, so a packed pair holds them exactly
 #pragma unroll 1
-  for (int jw = j_lo + kPerWarp * warp; jw < j_end; jw += kPerWarp * kPer * kWarps) {
-    Vec v[kPer], d[kPer], t[kPer];
-    load_interior<kType, kVec, kPer>(V_row, D_row, jw, j_end, dvec0, tail, v, d, t);
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int j = jw + kPerWarp * u * kWarps + group;
-      __half2 vmax = __float2half2_rn(-CUDART_INF_F);
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) vmax = __hmax2(vmax, word_max2<kType>(v[u].w[k]));
-      auto row_max = [&](int r) {  // this lane's max of row r (-inf past the rows)
-        const int c = from_tail_count(r);
-        __half2 acc = r < R ? vmax : __float2half2_rn(-CUDART_INF_F);
-#pragma unroll
-        for (int k = 0; k < kWords; ++k) {
-          const int taken = min(max(c - kPerWord * k, 0), kPerWord);
-          const uint32_t mask = taken == kPerWord ? 0xFFFFFFFFu : (1u << (kBits * taken)) - 1u;
-          if (r < R)
-            acc = __hmax2(acc, word_max2<kType>((t[u].w[k] & mask) | (d[u].w[k] & ~mask)));
+        for (int r = 0; r < R; r += 2) {  // warp-uniform: the shuffles run in every lane
+          __half2 m = j < j_end ? __halves2half2(row_max(r), row_max(r + 1))
+                                : __float2half2_rn(-CUDART_INF_F);
+          for (int o = kGroup / 2; o > 0; o >>= 1)
+            m = __hmax2(m, __shfl_xor_sync(0xffffffffu, m, o));
+          if (h == 0 && j < j_end) {
+            score(r)[j] = __low2float(m);
+            if (r + 1 < R) score(r + 1)[j] = __high2float(m);
+          }
         }
-        return __hmax(__low2half(acc), __high2half(acc));
-      };
-      // two rows a shuffle: the maxima are fp16 values, so a packed pair holds them exactly
-#pragma unroll 1
-      for (int r = 0; r < R; r += 2) {  // warp-uniform: the shuffles below run in every lane
-        __half2 m = j < j_end ? __halves2half2(row_max(r), row_max(r + 1))
-                              : __float2half2_rn(-CUDART_INF_F);
-        for (int o = kGroup / 2; o > 0; o >>= 1)
-          m = __hmax2(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (h == 0 && j < j_end) {
-          score(r)[j] = __low2float(m);
-          if (r + 1 < R) score(r + 1)[j] = __high2float(m);
-        }
-      }
-    }
-  }
+      });
   for (int r = 0; r < R; ++r)
     score_blocks_max<kType, kVec, 1, false>(s, base, B[r], n[r], q0 + r, score(r), j_lo, j_end);
 }
