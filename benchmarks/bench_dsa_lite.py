@@ -36,13 +36,16 @@ Usage (GPU): python benchmarks/bench_dsa_lite.py [--contexts 131072 524288] [--b
              [--sparsity 0.3 0.5] [--mtp 0 3] [--backends native deepgemm] [--no-auto]
              [--state-dtype float16] [--predictor spin probe hybrid gauss] [--repeats N]
              [--no-overlap-update] [--overlap-select] [--peak-tbs 4.8] [--json F]
-             [--markdown F]
+             [--markdown F] [--host-profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -61,11 +64,50 @@ def one(spec: dict) -> dict:
     from spin_trtllm.harness import init_weights
     from spin_trtllm.harness.speed import measure, step_config
     cfg = step_config(spec["context"], spec["mtp"], spec["warmup"] + spec["steps"])
-    return measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
-                   spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
-                   spec["state_dtype"], predictor=spec.get("predictor", "spin"),
-                   overlap_update=spec.get("overlap_update", True),
-                   overlap_select=spec.get("overlap_select", False))
+    profiler = HostProfile(spec["warmup"]) if spec.get("host_profile") else None
+    result = measure(cfg, init_weights(cfg), spec["indexer"], spec["context"], spec["batch"],
+                     spec["warmup"], spec["steps"], spec.get("rho"), spec["backend"],
+                     spec["state_dtype"], predictor=spec.get("predictor", "spin"),
+                     overlap_update=spec.get("overlap_update", True),
+                     overlap_select=spec.get("overlap_select", False),
+                     on_step=profiler.on_step if profiler else None)
+    if profiler is not None:
+        profiler.write(Path(spec["host_profile"]), spec["steps"])
+    return result
+
+
+class HostProfile:
+    """cProfile of an engine's timed steps (those after `warmup`), for where its host time
+    goes; cProfile's own cost inflates every call, so compare engines, not absolute times."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.done = warmup, 0
+        self.profile = cProfile.Profile()
+        if warmup == 0:
+            self.profile.enable()
+
+    def on_step(self) -> None:
+        self.done += 1
+        if self.done == self.warmup:
+            self.profile.enable()
+
+    def write(self, path: Path, steps: int, top: int = 40) -> None:
+        """path.pstats (the raw stats) and path.txt: the process's threads, then the `top`
+        functions by own time and by cumulative time, in ms a step."""
+        self.profile.disable()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.profile.dump_stats(str(path.parent / f"{path.name}.pstats"))
+        stats = pstats.Stats(self.profile)
+        lines = [f"timed steps {steps}; OS threads {len(os.listdir('/proc/self/task'))}; "
+                 f"torch intra-op threads {torch.get_num_threads()}"]
+        for key in ("tottime", "cumtime"):
+            rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2 if key == "tottime" else 3],
+                          reverse=True)[:top]
+            lines.append(f"\nby {key}: ms a step (own, cumulative), calls a step, function")
+            for (file, line, name), (_, calls, own, cum, _) in rows:
+                lines.append(f"{1e3 * own / steps:9.3f} {1e3 * cum / steps:9.3f} "
+                             f"{calls / steps:8.1f}  {Path(file).name}:{line} {name}")
+        (path.parent / f"{path.name}.txt").write_text("\n".join(lines) + "\n")
 
 
 def in_fresh_process(spec: dict) -> dict:
@@ -227,6 +269,9 @@ def main(argv=None) -> int:
                          f"(default: by the GPU's name, {PEAK_TBS})")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every engine, each in a fresh process; times are medians")
+    ap.add_argument("--host-profile", metavar="DIR",
+                    help="cProfile each engine's timed steps into DIR/<engine>_r<round>.txt "
+                         "(and .pstats): where its host time goes (it slows the host)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -306,7 +351,12 @@ def run_cases(args, backends: list[str], rows: list[dict]) -> None:
                     for round_ in range(args.repeats):
                         for i, spec in enumerate(specs):
                             t0 = time.time()
-                            runs[i].append(in_fresh_process({**base, **spec}))
+                            run = {**base, **spec}
+                            if args.host_profile:
+                                run["host_profile"] = str(Path(args.host_profile) / (
+                                    f"{context}x{batch}_mtp{mtp}_{profile_name(spec)}"
+                                    f"_r{round_}"))
+                            runs[i].append(in_fresh_process(run))
                             seconds[i] += time.time() - t0
                             if round_ == args.repeats - 1:
                                 null = report(merge_runs(runs[i]), null, dense, rows,
@@ -319,6 +369,16 @@ def run_cases(args, backends: list[str], rows: list[dict]) -> None:
                         if runs[i]:
                             null = report(merge_runs(runs[i]), null, dense, rows,
                                           context, batch, mtp, seconds[i], args.peak_tbs)
+
+
+def profile_name(spec: dict) -> str:
+    """A file-name-safe label of an engine: indexer, rho, predictor, backend."""
+    parts = [spec["indexer"]]
+    if spec.get("rho") is not None:
+        parts.append(f"{spec['rho']:g}".replace(".", "p"))
+    if spec.get("predictor", "spin") != "spin":
+        parts.append(spec["predictor"])
+    return "_".join(parts + [spec["backend"]])
 
 
 def markdown(rows: list[dict], args) -> str:

@@ -218,3 +218,54 @@ def test_rows_without_traffic_get_no_traffic_ceiling(monkeypatch):
     got = mod.ceilings(spin, null, best, 4.0)
     assert set(got) == {"ceiling_kept", "ceiling_hbm"}
     assert got["ceiling_hbm"] == pytest.approx(14.0 / 11.0)
+
+
+def test_host_profile_gives_every_engine_and_round_its_own_file(monkeypatch, tmp_path):
+    """--host-profile DIR: each run's spec names its own profile path in DIR (engine and
+    round), so that no run overwrites another's."""
+    specs: list[dict] = []
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)] * 2, "dense": [(25.0, 14.0)] * 2,
+                               "spin": [(22.0, 12.0)] * 2}, [])
+    fake = mod.in_fresh_process
+    monkeypatch.setattr(mod, "in_fresh_process", lambda spec: specs.append(spec) or fake(spec))
+    assert mod.main(ARGS + ["--repeats", "2", "--host-profile", str(tmp_path)]) == 0
+    paths = [Path(s["host_profile"]) for s in specs]
+    assert len(paths) == 6 and len(set(paths)) == 6
+    assert all(p.parent == tmp_path for p in paths)
+    assert [p.name for p in paths[:3]] == ["4096x2_mtp0_null_native_r0",
+                                           "4096x2_mtp0_dense_native_r0",
+                                           "4096x2_mtp0_spin_0p5_native_r0"]
+    assert paths[5].name.endswith("_r1")
+
+
+def test_without_host_profile_no_run_is_profiled(monkeypatch):
+    specs: list[dict] = []
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(22.0, 12.0)]}, [])
+    fake = mod.in_fresh_process
+    monkeypatch.setattr(mod, "in_fresh_process", lambda spec: specs.append(spec) or fake(spec))
+    assert mod.main(ARGS) == 0
+    assert specs and not any("host_profile" in s for s in specs)
+
+
+def test_host_profile_counts_only_the_timed_steps(monkeypatch, tmp_path):
+    """The profiler starts once the warm-up steps end: a function called on every step shows
+    the timed steps' calls alone, and the text has its per-step rows."""
+    mod = _bench(monkeypatch, {}, [])
+    calls = []
+
+    def engine_step():
+        calls.append(1)
+
+    prof = mod.HostProfile(warmup=3)
+    for _ in range(3 + 5):
+        engine_step()
+        prof.on_step()
+    out = tmp_path / "sub" / "spin_0p5_native_r0"
+    prof.write(out, steps=5)
+    text = (tmp_path / "sub" / "spin_0p5_native_r0.txt").read_text()
+    assert (tmp_path / "sub" / "spin_0p5_native_r0.pstats").stat().st_size > 0
+    assert text.startswith("timed steps 5; OS threads ")
+    row = next(ln for ln in text.splitlines() if ln.endswith(" engine_step"))
+    assert float(row.split()[2]) == 1.0      # 5 profiled calls over 5 steps
+    assert len(calls) == 8
