@@ -451,3 +451,38 @@ def test_cost_model_routes_the_topk_on_the_engines_table(monkeypatch):
     assert set(widths) == {32768}
     # the wider table takes the filter's term
     assert H200.dense_us(_requests(ctx, 131136)) != H200.dense_us(ctx)
+
+
+class _Recording(CostModel):
+    """SPIN every step; keeps the visible slots each step's switch was asked with."""
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "asked", [])
+
+    def prefer_spin(self, visible_slots, *args, **kwargs):
+        self.asked.append(list(visible_slots))
+        return True
+
+
+@pytest.mark.parametrize("mtp_depth", [0, 2])
+def test_switch_and_realized_sparsity_see_each_requests_longest_row(mtp_depth):
+    """The switch gets, and visible_blocks counts, each request's longest row as the indexers
+    see it (the row-wise max of the context_lens they are given), MTP rows included."""
+    cfg = tiny().model_copy(update={"mtp_depth": mtp_depth})
+    model = _Recording()
+    e = Engine(cfg, spin_cfg(), weights=init_weights(cfg), switch="auto", cost_model=model)
+    given = []
+    prepare = e.spin_indexer.prepare
+    e.spin_indexer.prepare = lambda ids, ctx, *a, **k: (given.append(ctx.clone()),
+                                                        prepare(ids, ctx, *a, **k))[1]
+    e.run([Request(TEXT[:700], max_new_tokens=6, request_id=1),
+           Request(TEXT[:130], max_new_tokens=6, request_id=2)])
+    steps = [s for s in e.history]
+    assert len(given) == len(model.asked) == len(steps) >= 3
+    layers = len(cfg.csa_layers)
+    for ctx, asked, stats in zip(given, model.asked, steps):
+        assert ctx.shape[1] == mtp_depth + 1
+        longest = ctx.max(1).values.tolist()
+        assert asked == longest and len(set(longest)) == 2
+        assert stats.visible_blocks == layers * sum((n + 63) // 64 for n in longest)

@@ -39,6 +39,9 @@ class _StepInputs:
     start: torch.Tensor                   # position of each request's first row
     ctx: torch.Tensor                     # indexer slots each row sees (its causal length)
     qpos: torch.Tensor                    # indexer slot of each row's query
+    # ctx of each request's last row, its longest (rows are consecutive positions), as ints:
+    # a row-wise max of a small CPU tensor costs ~30 us with torch's intra-op threads
+    longest: list[int]
 
 
 class Engine:
@@ -380,14 +383,14 @@ class Engine:
         t0 = time.perf_counter()
         stats = StepStats(batch=len(batch), seconds=0.0)
         step = self._upload(batch)
-        stats.spin = self._choose(batch, step.ctx)
+        stats.spin = self._choose(batch, step.longest)
         observed = self._prepare_indexers(batch, step, stats)
         logits, hidden, greedy = self._launch(len(batch), observed, stats, t0)
         sampled = [b for b, live in enumerate(batch) if rq.needs_logits(live.req)]
         row_logits = logits[sampled].cpu() if sampled else None
         # realized sparsity counts what was skipped: all-keep steps skip nothing
-        visible = (step.ctx.max(1).values + BLOCK_SLOTS - 1) // BLOCK_SLOTS
-        stats.visible_blocks = int(visible.sum()) * len(self.cfg.csa_layers)
+        visible = sum(-(-n // BLOCK_SLOTS) for n in step.longest)
+        stats.visible_blocks = visible * len(self.cfg.csa_layers)
         # summed on the device now (stream order keeps this step's counts) and read after the
         # step's final sync: no wait for the GPU before verification
         selected = self.indexer.counts[:len(batch)].sum() if stats.spin else None
@@ -425,7 +428,8 @@ class Engine:
         start = torch.tensor([len(live.context) for live in batch], dtype=torch.int64)
         pos = start.view(-1, 1) + torch.arange(R)
         tokens = torch.tensor([[live.pending] + live.drafts for live in batch], dtype=torch.int64)
-        for live, p in zip(batch, pos[:, -1].tolist()):
+        last = pos[:, -1].tolist()
+        for live, p in zip(batch, last):
             self.caches.ensure_pages(live.slot, p // cfg.index_ratio + 1)
         slots = torch.tensor([live.slot for live in batch], dtype=torch.int64)
         self._in["tokens"][:B].copy_(tokens)
@@ -433,7 +437,8 @@ class Engine:
         self._in["slot"][:B].copy_(slots)
         self._in["table"][:B].copy_(self.caches.block_table[slots.to(self.device)])
         return _StepInputs(start=start, ctx=((pos + 1) // cfg.index_ratio).to(torch.int32),
-                           qpos=(pos // cfg.index_ratio).to(torch.int32))
+                           qpos=(pos // cfg.index_ratio).to(torch.int32),
+                           longest=[(p + 1) // cfg.index_ratio for p in last])
 
     def _prepare_indexers(self, batch: list[Live], step: _StepInputs,
                           stats: StepStats) -> Optional[ShadowObserver]:
@@ -502,13 +507,13 @@ class Engine:
                 redraft.append(live)                 # a new turn drafted in its prefill
         self._draft(redraft)
 
-    def _choose(self, batch: list[Live], ctx: torch.Tensor) -> bool:
+    def _choose(self, batch: list[Live], longest: list[int]) -> bool:
         """SPIN or all-keep for this step (self.indexer is set to it). Requests that sat out
         SPIN steps restart warm-up when SPIN takes over: their state missed those steps."""
         if self.spin_indexer is None:
             return False
         if self.switch == "auto":
-            use = self.cost_model.prefer_spin(ctx.max(1).values.tolist(),
+            use = self.cost_model.prefer_spin(longest,
                                               self.spin.target_sparsity, self.cfg.next_n,
                                               self.pool.state.V.element_size(),
                                               running_spin=self._ran_spin,
