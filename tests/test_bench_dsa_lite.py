@@ -269,3 +269,23 @@ def test_host_profile_counts_only_the_timed_steps(monkeypatch, tmp_path):
     row = next(ln for ln in text.splitlines() if ln.endswith(" engine_step"))
     assert float(row.split()[2]) == 1.0      # 5 profiled calls over 5 steps
     assert len(calls) == 8
+
+
+def test_spins_own_host_time_is_its_host_time_over_all_keeps(monkeypatch, tmp_path, capsys):
+    """all-keep 25 ms a step with a 14 ms forward (11 ms of host), SPIN 22 with 12 (10 of
+    host): SPIN adds -1 ms of host, and without its own host time its step would be all-keep's
+    less the 2 ms of GPU time it saves (23 ms); both in the JSON, the markdown and the line."""
+    mod = _bench(monkeypatch, {"null": [(20.0, 10.0)], "dense": [(25.0, 14.0)],
+                               "spin": [(22.0, 12.0)]}, [])
+    out, md = tmp_path / "rows.jsonl", tmp_path / "rows.md"
+    monkeypatch.setattr(mod.torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    assert mod.main(ARGS + ["--json", str(out), "--markdown", str(md)]) == 0
+    null, dense, spin = [json.loads(line) for line in out.read_text().splitlines()]
+    assert spin["host_over_dense_ms"] == pytest.approx(-1.0)
+    assert spin["step_speedup_without_own_host"] == pytest.approx(25.0 / 23.0)
+    assert "host_over_dense_ms" not in dense and "host_over_dense_ms" not in null
+    assert "host -1.00 ms over all-keep's (x1.087 without)" in capsys.readouterr().out
+    spin_row = [ln for ln in md.read_text().splitlines() if "| SPIN 0.5" in ln][0]
+    assert spin_row.endswith("| -1.00 (1.087) |")
+    header = md.read_text().splitlines()[2]
+    assert header.count("|") == spin_row.count("|")
