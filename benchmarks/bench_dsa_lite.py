@@ -102,7 +102,9 @@ class HostProfile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.profile.dump_stats(str(path.parent / f"{path.name}.pstats"))
         stats = pstats.Stats(self.profile)
-        lines = [f"timed steps {steps}; OS threads {len(os.listdir('/proc/self/task'))}; "
+        tasks = Path("/proc/self/task")    # Linux: the process's OS threads
+        threads = len(os.listdir(tasks)) if tasks.is_dir() else "unknown"
+        lines = [f"timed steps {steps}; OS threads {threads}; "
                  f"torch intra-op threads {torch.get_num_threads()}"]
         for key in ("tottime", "cumtime"):
             rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2 if key == "tottime" else 3],
@@ -289,8 +291,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every engine, each in a fresh process; times are medians")
     ap.add_argument("--host-profile", metavar="DIR",
-                    help="cProfile each engine's timed steps into DIR/<engine>_r<round>.txt "
-                         "(and .pstats): where its host time goes (it slows the host)")
+                    help="cProfile each engine's timed steps into "
+                         "DIR/<context>x<batch>_mtp<depth>_<engine>_r<round>.txt (and .pstats): "
+                         "where its host time goes (it slows the host)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -299,6 +302,9 @@ def main(argv=None) -> int:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.peak_tbs is not None and args.peak_tbs <= 0:
         ap.error(f"--peak-tbs must be > 0, got {args.peak_tbs}")
+    if args.host_profile and Path(args.host_profile).exists() \
+            and not Path(args.host_profile).is_dir():
+        ap.error(f"--host-profile must be a directory, {args.host_profile} is a file")
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -289,3 +289,14 @@ def test_spins_own_host_time_is_its_host_time_over_all_keeps(monkeypatch, tmp_pa
     assert spin_row.endswith("| -1.00 (1.087) |")
     header = md.read_text().splitlines()[2]
     assert header.count("|") == spin_row.count("|")
+
+
+def test_host_profile_must_name_a_directory(monkeypatch, tmp_path, capsys):
+    """A file given as --host-profile is refused before any engine runs."""
+    calls: list[str] = []
+    mod = _bench(monkeypatch, {}, calls)
+    not_a_dir = tmp_path / "profile.txt"
+    not_a_dir.write_text("x")
+    with pytest.raises(SystemExit):
+        mod.main(ARGS + ["--host-profile", str(not_a_dir)])
+    assert "--host-profile must be a directory" in capsys.readouterr().err and calls == []
