@@ -81,14 +81,15 @@ def one(spec: dict) -> dict:
 
 
 class HostProfile:
-    """cProfile of an engine's timed steps (those after `warmup`), for where its host time
+    """cProfile of an engine's timed steps (those after `warmup` >= 1: it starts at the end of
+    the last warm-up step, measure's only hook before a timed step), for where its host time
     goes; cProfile's own cost inflates every call, so compare engines, not absolute times."""
 
     def __init__(self, warmup: int):
+        if warmup < 1:
+            raise ValueError(f"HostProfile needs a warm-up step to start after, got {warmup}")
         self.warmup, self.done = warmup, 0
         self.profile = cProfile.Profile()
-        if warmup == 0:
-            self.profile.enable()
 
     def on_step(self) -> None:
         self.done += 1
@@ -305,6 +306,8 @@ def main(argv=None) -> int:
     if args.host_profile and Path(args.host_profile).exists() \
             and not Path(args.host_profile).is_dir():
         ap.error(f"--host-profile must be a directory, {args.host_profile} is a file")
+    if args.host_profile and args.warmup < 1:
+        ap.error("--host-profile needs --warmup >= 1: the profile starts after the warm-up")
     if not torch.cuda.is_available():
         print("bench_dsa_lite: needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -300,3 +300,15 @@ def test_host_profile_must_name_a_directory(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit):
         mod.main(ARGS + ["--host-profile", str(not_a_dir)])
     assert "--host-profile must be a directory" in capsys.readouterr().err and calls == []
+
+
+def test_host_profile_needs_a_warm_up_step(monkeypatch, capsys):
+    """The profile starts after the last warm-up step (measure has no hook before the first
+    step): without one it would profile the engine's set-up, so --warmup 0 is refused."""
+    calls: list[str] = []
+    mod = _bench(monkeypatch, {}, calls)
+    with pytest.raises(SystemExit):
+        mod.main(ARGS + ["--warmup", "0", "--host-profile", "prof"])
+    assert "--host-profile needs --warmup >= 1" in capsys.readouterr().err and calls == []
+    with pytest.raises(ValueError, match="needs a warm-up step"):
+        mod.HostProfile(warmup=0)
