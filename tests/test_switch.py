@@ -474,11 +474,15 @@ def test_switch_and_realized_sparsity_see_each_requests_longest_row(mtp_depth):
     e = Engine(cfg, spin_cfg(), weights=init_weights(cfg), switch="auto", cost_model=model)
     given = []
     prepare = e.spin_indexer.prepare
-    e.spin_indexer.prepare = lambda ids, ctx, *a, **k: (given.append(ctx.clone()),
-                                                        prepare(ids, ctx, *a, **k))[1]
+
+    def recording_prepare(ids, ctx, *args, **kwargs):
+        given.append(ctx.clone())
+        return prepare(ids, ctx, *args, **kwargs)
+
+    e.spin_indexer.prepare = recording_prepare
     e.run([Request(TEXT[:700], max_new_tokens=6, request_id=1),
            Request(TEXT[:130], max_new_tokens=6, request_id=2)])
-    steps = [s for s in e.history]
+    steps = e.history
     assert len(given) == len(model.asked) == len(steps) >= 3
     layers = len(cfg.csa_layers)
     for ctx, asked, stats in zip(given, model.asked, steps):
